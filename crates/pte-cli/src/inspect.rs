@@ -1,0 +1,290 @@
+//! `pte inspect`: what is inside a `.pte`, `.ptd` or `.bpte` file.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use pte_format::summary::{self, MethodSummary, ProgramSummary, ValueSummary};
+use pte_format::{Bpte, FileBytes, FileKind, Ptd, Pte};
+use serde::Serialize;
+
+use crate::table::Table;
+
+#[derive(Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum Document {
+    Program(ProgramSummary),
+    Data(summary::DataSummary),
+    Bundled(summary::BundledSummary),
+}
+
+#[derive(Serialize)]
+struct Envelope<'a> {
+    format_version: u32,
+    path: &'a str,
+    #[serde(flatten)]
+    document: Document,
+}
+
+pub fn run(path: &Path, json: bool) -> Result<()> {
+    let bytes = FileBytes::map(path)?;
+    let document = match FileKind::detect(&bytes) {
+        Some(FileKind::Program) => Document::Program(summary::program(&Pte::parse(&bytes)?)?),
+        Some(FileKind::Data) => Document::Data(summary::data(&Ptd::parse(&bytes)?)?),
+        Some(FileKind::Bundled) => {
+            Document::Bundled(summary::bundled(&Bpte::parse(&bytes)?, bytes.len() as u64)?)
+        }
+        None => bail!(
+            "{} is not a .pte, .ptd or .bpte file (its identifier at offset 4 is {:?})",
+            path.display(),
+            String::from_utf8_lossy(bytes.get(4..8).unwrap_or(&[]))
+        ),
+    };
+    if json {
+        let envelope = Envelope {
+            format_version: summary::SUMMARY_FORMAT_VERSION,
+            path: &path.to_string_lossy(),
+            document,
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&envelope).context("JSON output")?
+        );
+        return Ok(());
+    }
+    let text = match &document {
+        Document::Program(p) => program_text(path, p, "program"),
+        Document::Data(d) => data_text(path, d),
+        Document::Bundled(b) => bundled_text(path, b),
+    };
+    print!("{text}");
+    Ok(())
+}
+
+fn bytes(n: u64) -> String {
+    match n {
+        n if n >= 10 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n if n >= 10 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} B"),
+    }
+}
+
+fn program_text(path: &Path, p: &ProgramSummary, what: &str) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{}: ExecuTorch {what} (ET12, schema version {}), {}",
+        path.display(),
+        p.schema_version,
+        bytes(p.file_size)
+    );
+    match &p.header {
+        Some(h) => {
+            let _ = writeln!(
+                out,
+                "header: eh00, {} bytes; program data {} ; segments at {:#x}, {}",
+                h.length,
+                bytes(h.program_size),
+                h.segment_base_offset,
+                h.segment_data_size
+                    .map_or("size not recorded".to_owned(), bytes)
+            );
+        }
+        None => out.push_str("header: none (no segment data)\n"),
+    }
+    if !p.segments.is_empty() {
+        let mut t = Table::new(["segment", "offset", "size", "role"]);
+        for s in &p.segments {
+            t.row(vec![
+                s.index.to_string(),
+                format!("{:#x}", s.offset),
+                bytes(s.size),
+                s.role.to_owned(),
+            ]);
+        }
+        out.push_str("\nsegments:\n");
+        out.push_str(&t.render());
+    }
+    if !p.named_data.is_empty() {
+        let mut t = Table::new(["key", "segment", "size"]);
+        for n in &p.named_data {
+            t.row(vec![
+                n.key.clone(),
+                n.segment_index.to_string(),
+                bytes(n.bytes),
+            ]);
+        }
+        out.push_str("\nnamed data:\n");
+        out.push_str(&t.render());
+    }
+    for m in &p.methods {
+        method_text(&mut out, m);
+    }
+    out
+}
+
+fn value_row(direction: &str, i: usize, v: &ValueSummary) -> Vec<String> {
+    let shape = v
+        .shape
+        .as_ref()
+        .map(|s| format!("{s:?}"))
+        .or_else(|| v.value.clone())
+        .unwrap_or_default();
+    vec![
+        format!("{direction} {i}"),
+        v.kind.to_owned(),
+        v.dtype.unwrap_or("").to_owned(),
+        shape,
+        v.dim_order
+            .as_ref()
+            .map(|d| format!("{d:?}"))
+            .unwrap_or_default(),
+        v.dynamism.unwrap_or("").to_owned(),
+        match v.memory_planned {
+            Some(true) => "planned".to_owned(),
+            Some(false) => "caller".to_owned(),
+            None => String::new(),
+        },
+        v.nbytes.map(bytes).unwrap_or_default(),
+    ]
+}
+
+fn method_text(out: &mut String, m: &MethodSummary) {
+    let _ = writeln!(
+        out,
+        "\nmethod {:?}: {} values, {} instructions",
+        m.name, m.num_values, m.num_instructions
+    );
+    let mut t = Table::new([
+        "",
+        "kind",
+        "dtype",
+        "shape",
+        "dim order",
+        "dynamism",
+        "memory",
+        "bytes",
+    ]);
+    for (i, v) in m.inputs.iter().enumerate() {
+        t.row(value_row("input", i, v));
+    }
+    for (i, v) in m.outputs.iter().enumerate() {
+        t.row(value_row("output", i, v));
+    }
+    out.push_str(&t.render());
+    let planned: Vec<String> = m
+        .planned_buffers
+        .iter()
+        .map(|&b| bytes(b.max(0) as u64))
+        .collect();
+    let _ = writeln!(
+        out,
+        "  planned memory: {}",
+        if planned.is_empty() {
+            "none".to_owned()
+        } else {
+            planned.join(", ")
+        }
+    );
+    let _ = write!(
+        out,
+        "  constants: {} tensors, {}",
+        m.constants.count,
+        bytes(m.constants.bytes)
+    );
+    if !m.constants.external_keys.is_empty() {
+        let _ = write!(
+            out,
+            "; {} external: {}",
+            m.constants.external_keys.len(),
+            m.constants.external_keys.join(", ")
+        );
+    }
+    out.push('\n');
+    if !m.operators.is_empty() {
+        let mut t = Table::new(["operator", "calls"]);
+        for op in &m.operators {
+            t.row(vec![op.name.clone(), op.calls.to_string()]);
+        }
+        out.push_str(&t.render());
+    }
+    if !m.delegates.is_empty() {
+        let mut t = Table::new(["delegate", "payload", "location", "calls", "compile specs"]);
+        for d in &m.delegates {
+            t.row(vec![
+                d.backend.clone(),
+                bytes(d.payload_bytes),
+                format!("{} {}", d.location, d.index),
+                d.calls.to_string(),
+                d.compile_specs.join(", "),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
+}
+
+fn data_text(path: &Path, d: &summary::DataSummary) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{}: ExecuTorch named data (FT01, schema version {}), {}",
+        path.display(),
+        d.schema_version,
+        bytes(d.file_size)
+    );
+    let _ = writeln!(
+        out,
+        "header: FH01, flatbuffer {} at {}; segments at {:#x}, {}",
+        bytes(d.header.flatbuffer_size),
+        d.header.flatbuffer_offset,
+        d.header.segment_base_offset,
+        bytes(d.header.segment_data_size)
+    );
+    let mut t = Table::new(["key", "dtype", "shape", "dim order", "bytes", "segment"]);
+    for e in &d.entries {
+        t.row(vec![
+            e.key.clone(),
+            e.dtype.unwrap_or("(blob)").to_owned(),
+            e.shape
+                .as_ref()
+                .map(|s| format!("{s:?}"))
+                .unwrap_or_default(),
+            e.dim_order
+                .as_ref()
+                .map(|s| format!("{s:?}"))
+                .unwrap_or_default(),
+            bytes(e.bytes),
+            e.segment_index.to_string(),
+        ]);
+    }
+    out.push('\n');
+    out.push_str(&t.render());
+    out
+}
+
+fn bundled_text(path: &Path, b: &summary::BundledSummary) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{}: ExecuTorch bundled program (BP08, schema version {}), {}",
+        path.display(),
+        b.schema_version,
+        bytes(b.file_size)
+    );
+    let mut t = Table::new(["method", "case", "inputs", "expected outputs"]);
+    for s in &b.test_suites {
+        for (i, c) in s.cases.iter().enumerate() {
+            t.row(vec![
+                s.method.clone(),
+                i.to_string(),
+                c.inputs.join(", "),
+                c.expected_outputs.join(", "),
+            ]);
+        }
+    }
+    out.push_str("\ntest suites:\n");
+    out.push_str(&t.render());
+    out.push_str("\nembedded ");
+    out.push_str(&program_text(Path::new("program"), &b.program, "program"));
+    out
+}

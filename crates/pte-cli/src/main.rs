@@ -1,0 +1,70 @@
+//! The `pte` command line: a thin layer over the `pte-format` and `pte-runtime` crates.
+
+mod inspect;
+mod repack;
+mod table;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "pte",
+    version,
+    about = "Inspect, rewrite and run ExecuTorch programs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show what a .pte, .ptd or .bpte file holds: header, segments, methods with their
+    /// inputs, outputs, operators, delegates, planned memory and constants.
+    Inspect {
+        file: PathBuf,
+        /// Print a JSON document (described in the README) instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rewrite a program: re-align its segments, or move its constants to a .ptd file.
+    Repack {
+        input: PathBuf,
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Alignment of segments in the output (a power of two; 4096 aligns to pages).
+        #[arg(long, default_value_t = 128)]
+        segment_alignment: u64,
+        /// Move every constant tensor into this .ptd file; load the output with it.
+        #[arg(long, value_name = "OUT.ptd")]
+        external_constants: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Inspect { file, json } => inspect::run(&file, json),
+        Command::Repack {
+            input,
+            output,
+            segment_alignment,
+            external_constants,
+        } => repack::run(
+            &input,
+            &output,
+            segment_alignment,
+            external_constants.as_deref(),
+        ),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

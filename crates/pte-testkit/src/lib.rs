@@ -1,0 +1,152 @@
+//! Test support shared by the workspace's integration tests: where the reference fixtures
+//! live and what `tests/fixtures/manifest.json` (written by `tools/gen_fixtures.py`) says
+//! about each of them.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// The committed fixture directory.
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+/// The whole manifest.
+#[derive(Debug, Deserialize)]
+pub struct Manifest {
+    pub executorch: String,
+    pub torch: String,
+    pub fixtures: Vec<Fixture>,
+}
+
+/// One exported program with its cases.
+#[derive(Debug, Deserialize)]
+pub struct Fixture {
+    pub name: String,
+    /// Path of the `.pte` or `.bpte`, relative to the fixture directory.
+    pub program: String,
+    /// `.ptd` files the program needs.
+    #[serde(default)]
+    pub data: Vec<String>,
+    #[serde(default)]
+    pub methods: Vec<String>,
+    /// Sorted operator names each method calls, as upstream's exporter recorded them.
+    #[serde(default)]
+    pub operators: std::collections::BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    pub cases: Vec<Case>,
+    /// Cases must run in order on one loaded method (state carries over).
+    #[serde(default)]
+    pub sequential: bool,
+    /// Loading without the `.ptd` files must fail.
+    #[serde(default)]
+    pub expect_error_without_data: bool,
+    #[serde(default)]
+    pub bundled: bool,
+    #[serde(default)]
+    pub tolerance: Tolerance,
+}
+
+/// One call of a method with upstream's recorded outputs.
+#[derive(Debug, Deserialize)]
+pub struct Case {
+    pub method: String,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    /// `tensor`, `int`, `float` or `bool` per input (all tensors when absent).
+    #[serde(default)]
+    pub input_kinds: Vec<String>,
+    #[serde(default)]
+    pub output_kinds: Vec<String>,
+}
+
+/// Tolerance for float outputs as the manifest records it.
+///
+/// Comparison uses `|a - b| <= A * max|expected| + R * |expected|` with
+/// `A = max(1e-5, atol)` and `R = max(1e-4, rtol)`: the float32 rule of the runtime issue,
+/// loosened where the manifest asks for more (float16 fixtures). Kernels may sum in another
+/// order than upstream's, so errors are judged relative to the output's scale.
+#[derive(Clone, Copy, Debug, Deserialize)]
+pub struct Tolerance {
+    pub rtol: f64,
+    pub atol: f64,
+}
+
+impl Default for Tolerance {
+    fn default() -> Self {
+        Tolerance {
+            rtol: 1e-5,
+            atol: 1e-6,
+        }
+    }
+}
+
+impl Tolerance {
+    /// The first element where `actual` and `expected` differ beyond tolerance, as
+    /// `(index, actual, expected)`. NaN must match NaN and infinities must be equal.
+    pub fn first_mismatch(&self, actual: &[f64], expected: &[f64]) -> Option<(usize, f64, f64)> {
+        let scale = expected
+            .iter()
+            .filter(|v| v.is_finite())
+            .fold(0f64, |m, v| m.max(v.abs()));
+        let a_tol = self.atol.max(1e-5) * scale;
+        let r_tol = self.rtol.max(1e-4);
+        actual
+            .iter()
+            .zip(expected)
+            .enumerate()
+            .find(|(_, (&a, &b))| {
+                if a.is_nan() || b.is_nan() {
+                    !(a.is_nan() && b.is_nan())
+                } else if a.is_infinite() || b.is_infinite() {
+                    a != b
+                } else {
+                    (a - b).abs() > a_tol + r_tol * b.abs()
+                }
+            })
+            .map(|(i, (&a, &b))| (i, a, b))
+    }
+}
+
+impl Fixture {
+    /// Absolute path of a fixture-relative path.
+    pub fn path(&self, relative: &str) -> PathBuf {
+        fixtures_dir().join(relative)
+    }
+
+    /// The program file.
+    pub fn program_path(&self) -> PathBuf {
+        self.path(&self.program)
+    }
+
+    /// The `.ptd` files.
+    pub fn data_paths(&self) -> Vec<PathBuf> {
+        self.data.iter().map(|d| self.path(d)).collect()
+    }
+}
+
+/// Reads the manifest.
+pub fn manifest() -> Manifest {
+    let path = fixtures_dir().join("manifest.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad {}: {e}", path.display()))
+}
+
+/// Every fixture file of a kind (by extension) under the fixture directory.
+pub fn files_with_extension(ext: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![fixtures_dir()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("fixture dir") {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == ext) {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
