@@ -6,9 +6,13 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-/// The committed fixture directory.
+/// The committed fixture directory, or `PTE_FIXTURE_DIR` when set (e.g. the larger
+/// models `tools/gen_fixtures.py --bench DIR` writes, in the same layout).
 pub fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+    match std::env::var_os("PTE_FIXTURE_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures"),
+    }
 }
 
 /// The whole manifest.
@@ -43,6 +47,9 @@ pub struct Fixture {
     pub expect_error_without_data: bool,
     #[serde(default)]
     pub bundled: bool,
+    /// `portable`, or the backend the program was lowered to (`xnnpack`).
+    #[serde(default)]
+    pub lowering: String,
     #[serde(default)]
     pub tolerance: Tolerance,
 }

@@ -1,0 +1,72 @@
+//! `pte bench`: time repeated executions of a loaded method.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Result;
+use pte_runtime::LoadOptions;
+
+use crate::run::{describe_meta, load};
+
+pub struct BenchArgs {
+    pub model: PathBuf,
+    pub data: Vec<PathBuf>,
+    pub method: Option<String>,
+    pub warmup: usize,
+    pub iterations: usize,
+    pub threads: Option<usize>,
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let options = LoadOptions {
+        threads: a.threads,
+        ..LoadOptions::default()
+    };
+    let started = Instant::now();
+    let (name, mut method) = load(&a.model, &a.data, a.method.as_deref(), &options)?;
+    let load_ms = started.elapsed().as_secs_f64() * 1e3;
+    let inputs = method.meta().example_inputs()?;
+    let first = Instant::now();
+    method.set_inputs(&inputs)?;
+    method.execute()?;
+    let first_ms = first.elapsed().as_secs_f64() * 1e3;
+    for _ in 0..a.warmup {
+        method.set_inputs(&inputs)?;
+        method.execute()?;
+    }
+    let mut times = Vec::with_capacity(a.iterations);
+    for _ in 0..a.iterations.max(1) {
+        let t = Instant::now();
+        method.set_inputs(&inputs)?;
+        method.execute()?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    let pct = |p: f64| times[((times.len() - 1) as f64 * p).round() as usize];
+    println!(
+        "{} {name:?} ({}), {} thread(s)",
+        a.model.display(),
+        method
+            .meta()
+            .inputs
+            .iter()
+            .map(describe_meta)
+            .collect::<Vec<_>>()
+            .join(", "),
+        a.threads.unwrap_or_else(rayon_threads)
+    );
+    println!("load {load_ms:.2} ms, first execution {first_ms:.3} ms");
+    println!(
+        "{} executions: median {:.3} ms, p10 {:.3} ms, p90 {:.3} ms, min {:.3} ms",
+        times.len(),
+        pct(0.5),
+        pct(0.1),
+        pct(0.9),
+        times[0]
+    );
+    Ok(())
+}
+
+fn rayon_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}

@@ -1,0 +1,633 @@
+//! Reductions (`sum`, `mean`, `prod`, `amax`/`amin`, `any`, `var`, `max`/`min` with
+//! indices, `argmax`/`argmin`) and the dim-wise scans and selections `cumsum` and `topk`.
+//!
+//! Every reduction goes through one plan: normalize the reduced dims, view the input as
+//! `outer × reduced × inner` (when the reduced dims are not adjacent, the input is first
+//! gathered with the kept dims in front, making `inner` 1), then `fold` each
+//! `(outer, inner)` lane. Lanes advance together row by row, so the innermost loop runs
+//! over contiguous memory whichever dim is reduced. Sums, means and products accumulate
+//! in `f64` for float outputs and wrapping `i64` for integer outputs, then convert to the
+//! output's dtype; `max`/`min` propagate NaN and report the first index on ties, as
+//! PyTorch does.
+
+use std::cmp::Ordering;
+
+use pte_runtime::{
+    Args, DType, Dims, KernelError, KernelRegistry, KernelResult, Scalar, TensorDataMut, TensorInfo,
+};
+use smallvec::SmallVec;
+
+use crate::shape::strided::{self, typed, typed_mut, Bytes, Layout};
+use crate::shape::{dim_set, same_dtype};
+use crate::util::{convert, Elem};
+
+/// A reduction's input as `outer × red × inner` elements, row-major.
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    outer: usize,
+    red: usize,
+    inner: usize,
+}
+
+/// Which dims a reduction reduces and the sizes of its output.
+struct Plan {
+    reduced: SmallVec<[bool; 6]>,
+    out_sizes: Dims,
+}
+
+/// Plans a reduction of `x` over `dims` (`None`: every dim).
+fn plan(x: &TensorInfo, dims: Option<&[i64]>, keepdim: bool) -> KernelResult<Plan> {
+    let reduced = match dims {
+        Some(d) => dim_set(d, x.rank())?,
+        None => smallvec::smallvec![true; x.rank()],
+    };
+    let out_sizes = x
+        .sizes
+        .iter()
+        .zip(&reduced)
+        .filter_map(|(&n, &r)| match (r, keepdim) {
+            (false, _) => Some(n),
+            (true, true) => Some(1),
+            (true, false) => None,
+        })
+        .collect();
+    Ok(Plan { reduced, out_sizes })
+}
+
+/// A dim list where empty means every dim, as `sum`, `mean`, `amax` and `var` read it.
+fn all_if_empty(dims: Option<&[i64]>) -> Option<&[i64]> {
+    dims.filter(|d| !d.is_empty())
+}
+
+/// The input's bytes as a [`Block`]: its own when the reduced dims are adjacent (size-1
+/// dims do not count), else gathered with the kept dims first.
+fn arrange<'a>(
+    bytes: &'a [u8],
+    x: &TensorInfo,
+    reduced: &[bool],
+) -> KernelResult<(Block, Bytes<'a>)> {
+    let dims: SmallVec<[(usize, bool); 6]> = x
+        .sizes
+        .iter()
+        .zip(reduced)
+        .filter(|(&n, _)| n != 1)
+        .map(|(&n, &r)| (n, r))
+        .collect();
+    let first = dims.iter().position(|d| d.1).unwrap_or(dims.len());
+    let last = dims.iter().rposition(|d| d.1).map_or(first, |l| l + 1);
+    let size = |ds: &[(usize, bool)]| ds.iter().map(|d| d.0).product::<usize>();
+    if dims[first..last].iter().all(|d| d.1) {
+        let block = Block {
+            outer: size(&dims[..first]),
+            red: size(&dims[first..last]),
+            inner: size(&dims[last..]),
+        };
+        return Ok((block, Bytes::Borrowed(bytes)));
+    }
+    let st = strided::row_major(&x.sizes);
+    let order: Dims = (0..x.rank())
+        .filter(|&d| !reduced[d])
+        .chain((0..x.rank()).filter(|&d| reduced[d]))
+        .collect();
+    let walk: Dims = order.iter().map(|&d| x.sizes[d]).collect();
+    let src = Layout::new(0, order.iter().map(|&d| st[d]));
+    let mut buf = pte_runtime::AlignedBuf::zeroed(bytes.len());
+    strided::copy(
+        x.dtype.size(),
+        &walk,
+        bytes,
+        &src,
+        buf.as_mut_bytes(),
+        &Layout::contiguous(&walk),
+    )?;
+    let (kept, red) = walk.split_at(x.rank() - reduced.iter().filter(|&&r| r).count());
+    let block = Block {
+        outer: kept.iter().product(),
+        red: red.iter().product(),
+        inner: 1,
+    };
+    Ok((block, Bytes::Owned(buf)))
+}
+
+/// Folds every lane of a block: `step(acc, x, r)` for `r` in `0..red`, starting from
+/// `init`, then `emit(output index, acc)`.
+fn fold<T: Copy, A: Copy>(
+    src: &[T],
+    b: Block,
+    init: A,
+    step: impl Fn(&mut A, T, usize),
+    mut emit: impl FnMut(usize, A),
+) {
+    let lane = b.red * b.inner;
+    if lane == 0 {
+        (0..b.outer * b.inner).for_each(|i| emit(i, init));
+        return;
+    }
+    let mut accs = vec![init; b.inner];
+    for (o, chunk) in src.chunks_exact(lane).take(b.outer).enumerate() {
+        if b.inner == 1 {
+            let mut acc = init;
+            chunk
+                .iter()
+                .enumerate()
+                .for_each(|(r, &x)| step(&mut acc, x, r));
+            emit(o, acc);
+            continue;
+        }
+        accs.fill(init);
+        for (r, row) in chunk.chunks_exact(b.inner).enumerate() {
+            accs.iter_mut().zip(row).for_each(|(a, &x)| step(a, x, r));
+        }
+        accs.iter()
+            .enumerate()
+            .for_each(|(i, &a)| emit(o * b.inner + i, a));
+    }
+}
+
+/// Writes computed values to an output of any dtype.
+fn write<S: Elem>(vals: &[S], out: &mut TensorDataMut<'_>) -> KernelResult {
+    let dtype = out.info.dtype;
+    crate::dispatch_all!(dtype, D => {
+        convert(vals, typed_mut::<D>(out.bytes_mut())?, dtype == DType::Bool);
+        Ok(())
+    }, Err(KernelError::dtypes(&[dtype])))
+}
+
+/// An arithmetic reduction, computed on the input converted to the output's dtype.
+#[derive(Clone, Copy, PartialEq)]
+enum Arith {
+    Sum,
+    Mean,
+    Prod,
+}
+
+/// `sum`, `mean` or `prod` of input 0 over `dims` into output `out`.
+fn arith(
+    args: &mut Args<'_>,
+    op: Arith,
+    dims: Option<&[i64]>,
+    keepdim: bool,
+    out: usize,
+) -> KernelResult {
+    let x = args.tensor(0)?;
+    let p = plan(&x, dims, keepdim)?;
+    args.resize(out, &p.out_sizes)?;
+    let od = args.tensor(out)?.dtype;
+    if op == Arith::Mean && !od.is_float() {
+        return Err(KernelError::invalid(format!(
+            "mean needs a floating-point output, got {od}"
+        )));
+    }
+    let mut io = args.io(&[0.into()], &[out.into()])?;
+    let (block, data) = arrange(io.inputs[0].bytes(), &x, &p.reduced)?;
+    let n = io.outputs[0].info.numel();
+    let out = &mut io.outputs[0];
+    crate::dispatch_all!(x.dtype, T => {
+        let src = typed::<T>(&data)?;
+        let in_bool = x.dtype == DType::Bool;
+        if od.is_float() {
+            let mut res = vec![0f64; n];
+            let (init, f): (f64, fn(f64, f64) -> f64) = match op {
+                Arith::Prod => (1.0, |a, b| a * b),
+                _ => (0.0, |a, b| a + b),
+            };
+            fold(src, block, init, |a, v, _| *a = f(*a, v.to_f64()), |i, a| res[i] = a);
+            if op == Arith::Mean {
+                res.iter_mut().for_each(|v| *v /= block.red as f64);
+            }
+            write(&res, out)
+        } else {
+            // A bool output sums (or multiplies) the inputs as bools.
+            let as_bool = od == DType::Bool || in_bool;
+            let mut res = vec![0i64; n];
+            let (init, f): (i64, fn(i64, i64) -> i64) = match op {
+                Arith::Prod => (1, i64::wrapping_mul),
+                _ => (0, i64::wrapping_add),
+            };
+            let elem = |v: T| if as_bool { i64::from(v != T::default()) } else { v.to_i64() };
+            fold(src, block, init, |a, v, _| *a = f(*a, elem(v)), |i, a| res[i] = a);
+            write(&res, out)
+        }
+    }, Err(KernelError::dtypes(&[x.dtype])))
+}
+
+/// `sum.IntList_out` / `mean.out`: `(self, dim?, keepdim, dtype?, out)`.
+fn sum_mean(args: &mut Args<'_>, op: Arith) -> KernelResult {
+    let dims = args.opt_int_list(1)?;
+    let keepdim = args.bool(2)?;
+    arith(args, op, all_if_empty(dims.as_deref()), keepdim, 4)
+}
+
+/// True when `x` is NaN (never for integers).
+#[allow(clippy::eq_op)]
+fn is_nan<T: PartialEq>(x: T) -> bool {
+    x != x
+}
+
+/// Whether `x` replaces the running extreme `a`: NaN wins and sticks; ties keep `a`.
+fn better<T: PartialOrd + Copy>(x: T, a: T, largest: bool) -> bool {
+    !is_nan(a) && (is_nan(x) || if largest { x > a } else { x < a })
+}
+
+/// Errors when a max/min-like reduction has nothing to choose from.
+fn check_nonempty(block: Block, op: &str) -> KernelResult {
+    if block.red == 0 {
+        return Err(KernelError::invalid(format!(
+            "{op}: cannot reduce over an empty dimension"
+        )));
+    }
+    Ok(())
+}
+
+/// The extremes (values and/or first indices) of input 0 over `dims` into `values` and
+/// `indices` outputs (either may be absent).
+fn extreme(
+    args: &mut Args<'_>,
+    p: &Plan,
+    largest: bool,
+    values: Option<usize>,
+    indices: Option<usize>,
+    op: &str,
+) -> KernelResult {
+    let x = args.tensor(0)?;
+    let writes: SmallVec<[pte_runtime::Arg; 2]> =
+        values.iter().chain(&indices).map(|&i| i.into()).collect();
+    for &w in &writes {
+        args.resize(w, &p.out_sizes)?;
+    }
+    if let Some(v) = values {
+        same_dtype(x.dtype, args.tensor(v)?.dtype)?;
+    }
+    if let Some(i) = indices {
+        same_dtype(DType::I64, args.tensor(i)?.dtype)?;
+    }
+    let mut io = args.io(&[0.into()], &writes)?;
+    let (block, data) = arrange(io.inputs[0].bytes(), &x, &p.reduced)?;
+    check_nonempty(block, op)?;
+    let mut outs = io.outputs.iter_mut();
+    let vout = values.and_then(|_| outs.next());
+    let iout = indices.and_then(|_| outs.next());
+    crate::dispatch_all!(x.dtype, T => {
+        let src = typed::<T>(&data)?;
+        let mut vals = vout.map(|o| typed_mut::<T>(o.bytes_mut())).transpose()?;
+        let mut idxs = iout.map(|o| typed_mut::<i64>(o.bytes_mut())).transpose()?;
+        let step = |a: &mut (T, usize), v: T, r: usize| {
+            if r == 0 || better(v, a.0, largest) {
+                *a = (v, r);
+            }
+        };
+        fold(src, block, (T::default(), 0), step, |i, (v, r)| {
+            if let Some(s) = vals.as_deref_mut() {
+                s[i] = v;
+            }
+            if let Some(s) = idxs.as_deref_mut() {
+                s[i] = r as i64;
+            }
+        });
+        Ok(())
+    }, Err(KernelError::dtypes(&[x.dtype])))
+}
+
+/// `amax.out` / `amin.out`: `(self, dim[], keepdim, out)`; an empty list reduces all.
+fn amax(args: &mut Args<'_>, largest: bool) -> KernelResult {
+    let dims = args.int_list(1)?;
+    let p = plan(&args.tensor(0)?, all_if_empty(Some(&dims)), args.bool(2)?)?;
+    extreme(
+        args,
+        &p,
+        largest,
+        Some(3),
+        None,
+        if largest { "amax" } else { "amin" },
+    )
+}
+
+/// `max.dim_max` / `min.dim_min`: `(self, dim, keepdim, values, indices, returns)`.
+fn max_dim(args: &mut Args<'_>, largest: bool) -> KernelResult {
+    let p = plan(&args.tensor(0)?, Some(&[args.int(1)?]), args.bool(2)?)?;
+    extreme(
+        args,
+        &p,
+        largest,
+        Some(3),
+        Some(4),
+        if largest { "max" } else { "min" },
+    )
+}
+
+/// `max.unary_out` / `min.unary_out`: `(self, out)`, over every element.
+fn max_all(args: &mut Args<'_>, largest: bool) -> KernelResult {
+    let p = plan(&args.tensor(0)?, None, false)?;
+    extreme(
+        args,
+        &p,
+        largest,
+        Some(1),
+        None,
+        if largest { "max" } else { "min" },
+    )
+}
+
+/// `argmax.out` / `argmin.out`: `(self, dim?, keepdim, out)`; no dim means the flattened
+/// input (with keepdim, every dim becomes 1).
+fn argmax(args: &mut Args<'_>, largest: bool) -> KernelResult {
+    let x = args.tensor(0)?;
+    let dim = args.opt_int(1)?;
+    let p = plan(&x, dim.as_ref().map(std::slice::from_ref), args.bool(2)?)?;
+    extreme(
+        args,
+        &p,
+        largest,
+        None,
+        Some(3),
+        if largest { "argmax" } else { "argmin" },
+    )
+}
+
+/// `any` of input 0 over a plan into output `out` (bool or uint8).
+fn any(args: &mut Args<'_>, p: Plan, out: usize) -> KernelResult {
+    let x = args.tensor(0)?;
+    args.resize(out, &p.out_sizes)?;
+    let od = args.tensor(out)?.dtype;
+    if !matches!(od, DType::Bool | DType::U8) {
+        return Err(KernelError::dtypes(&[x.dtype, od]));
+    }
+    let mut io = args.io(&[0.into()], &[out.into()])?;
+    let (block, data) = arrange(io.inputs[0].bytes(), &x, &p.reduced)?;
+    let dst = typed_mut::<u8>(io.outputs[0].bytes_mut())?;
+    crate::dispatch_all!(x.dtype, T => {
+        let src = typed::<T>(&data)?;
+        fold(src, block, false, |a, v, _| *a |= v != T::default(), |i, a| dst[i] = u8::from(a));
+        Ok(())
+    }, Err(KernelError::dtypes(&[x.dtype])))
+}
+
+/// `var.correction_out` (`correction`) and `var.out` (`unbiased`): `(self, dim?, ..,
+/// keepdim, out)`, by Welford's algorithm in `f64`.
+fn var(args: &mut Args<'_>, correction: f64) -> KernelResult {
+    let x = args.tensor(0)?;
+    let dims = args.opt_int_list(1)?;
+    let p = plan(&x, all_if_empty(dims.as_deref()), args.bool(3)?)?;
+    args.resize(4, &p.out_sizes)?;
+    let od = args.tensor(4)?.dtype;
+    if !x.dtype.is_float() || !od.is_float() {
+        return Err(KernelError::dtypes(&[x.dtype, od]));
+    }
+    let mut io = args.io(&[0.into()], &[4.into()])?;
+    let (block, data) = arrange(io.inputs[0].bytes(), &x, &p.reduced)?;
+    let mut res = vec![0f64; io.outputs[0].info.numel()];
+    crate::dispatch_float!(x.dtype, T => {
+        let src = typed::<T>(&data)?;
+        let step = |(n, mean, m2): &mut (f64, f64, f64), v: T, _| {
+            let v = v.to_f64();
+            *n += 1.0;
+            let delta = v - *mean;
+            *mean += delta / *n;
+            *m2 += delta * (v - *mean);
+        };
+        fold(src, block, (0.0, 0.0, 0.0), step, |i, (n, _, m2)| res[i] = m2 / (n - correction).max(0.0));
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    write(&res, &mut io.outputs[0])
+}
+
+/// `cumsum.out(self, dim, dtype?, out)`: running sums along a dim, accumulated like
+/// [`arith`] sums.
+fn cumsum(args: &mut Args<'_>) -> KernelResult {
+    let x = args.tensor(0)?;
+    let dim = x.dim(args.int(1)?)?;
+    args.resize(3, &x.sizes)?;
+    let od = args.tensor(3)?.dtype;
+    let (outer, red, inner) = match x.rank() {
+        0 => (1, 1, 1),
+        _ => (
+            crate::util::prod(&x.sizes[..dim]),
+            x.sizes[dim],
+            crate::util::prod(&x.sizes[dim + 1..]),
+        ),
+    };
+    let mut io = args.io(&[0.into()], &[3.into()])?;
+    let n = x.numel();
+    crate::dispatch_all!(x.dtype, T => {
+        let src = typed::<T>(io.inputs[0].bytes())?;
+        if od.is_float() {
+            let mut res = vec![0f64; n];
+            scan(src, &mut res, (outer, red, inner), |v| v.to_f64(), |a, b| a + b);
+            write(&res, &mut io.outputs[0])
+        } else {
+            let as_bool = od == DType::Bool || x.dtype == DType::Bool;
+            let mut res = vec![0i64; n];
+            let elem = |v: T| if as_bool { i64::from(v != T::default()) } else { v.to_i64() };
+            scan(src, &mut res, (outer, red, inner), elem, i64::wrapping_add);
+            write(&res, &mut io.outputs[0])
+        }
+    }, Err(KernelError::dtypes(&[x.dtype])))
+}
+
+/// Inclusive scan of `outer × red × inner` data along `red`.
+fn scan<T: Copy, A: Copy + Default>(
+    src: &[T],
+    dst: &mut [A],
+    (outer, red, inner): (usize, usize, usize),
+    elem: impl Fn(T) -> A,
+    add: impl Fn(A, A) -> A,
+) {
+    let lane = red * inner;
+    if lane == 0 {
+        return;
+    }
+    for (s, d) in src
+        .chunks_exact(lane)
+        .zip(dst.chunks_exact_mut(lane))
+        .take(outer)
+    {
+        let mut acc = vec![A::default(); inner];
+        for (srow, drow) in s.chunks_exact(inner).zip(d.chunks_exact_mut(inner)) {
+            for ((a, &v), o) in acc.iter_mut().zip(srow).zip(drow) {
+                *a = add(*a, elem(v));
+                *o = *a;
+            }
+        }
+    }
+}
+
+/// PyTorch's sort order for `topk`: NaN above every number.
+fn nan_last<T: PartialOrd + Copy>(a: &T, b: &T) -> Ordering {
+    match (is_nan(*a), is_nan(*b)) {
+        (true, true) => Ordering::Equal,
+        (true, false) => Ordering::Greater,
+        (false, true) => Ordering::Less,
+        (false, false) => a.partial_cmp(b).unwrap_or(Ordering::Equal),
+    }
+}
+
+/// `topk.values(self, k, dim, largest, sorted, values, indices, returns)`: the k largest
+/// (or smallest) along a dim, always in sorted order, ties by lower index first.
+fn topk(args: &mut Args<'_>) -> KernelResult {
+    let x = args.tensor(0)?;
+    let k = args.int(1)?;
+    let dim = x.dim(args.int(2)?)?;
+    let largest = args.bool(3)?;
+    let (outer, red, inner) = match x.rank() {
+        0 => (1, 1, 1),
+        _ => (
+            crate::util::prod(&x.sizes[..dim]),
+            x.sizes[dim],
+            crate::util::prod(&x.sizes[dim + 1..]),
+        ),
+    };
+    let k = usize::try_from(k)
+        .ok()
+        .filter(|&k| k <= red)
+        .ok_or_else(|| {
+            KernelError::invalid(format!(
+                "topk: k = {k} is out of range for a dimension of size {red}"
+            ))
+        })?;
+    let mut sizes = x.sizes.clone();
+    if let Some(s) = sizes.get_mut(dim) {
+        *s = k;
+    }
+    args.resize(5, &sizes)?;
+    args.resize(6, &sizes)?;
+    same_dtype(x.dtype, args.tensor(5)?.dtype)?;
+    same_dtype(DType::I64, args.tensor(6)?.dtype)?;
+    let mut io = args.io(&[0.into()], &[5.into(), 6.into()])?;
+    let (inputs, outputs) = (&io.inputs, &mut io.outputs);
+    let [vout, iout] = &mut outputs[..] else {
+        return Err(KernelError::invalid("topk has two outputs"));
+    };
+    crate::dispatch_all!(x.dtype, T => {
+        let src = typed::<T>(inputs[0].bytes())?;
+        let vals = typed_mut::<T>(vout.bytes_mut())?;
+        let idxs = typed_mut::<i64>(iout.bytes_mut())?;
+        let mut lane: Vec<(T, usize)> = Vec::with_capacity(red);
+        for o in 0..outer {
+            for i in 0..inner {
+                lane.clear();
+                lane.extend((0..red).map(|r| (src[(o * red + r) * inner + i], r)));
+                // Stable sorts keep equal values in index order.
+                if largest {
+                    lane.sort_by(|a, b| nan_last(&b.0, &a.0));
+                } else {
+                    lane.sort_by(|a, b| nan_last(&a.0, &b.0));
+                }
+                for (j, &(v, r)) in lane.iter().take(k).enumerate() {
+                    let at = (o * k + j) * inner + i;
+                    vals[at] = v;
+                    idxs[at] = r as i64;
+                }
+            }
+        }
+        Ok(())
+    }, Err(KernelError::dtypes(&[x.dtype])))
+}
+
+/// Registers this module's kernels.
+pub fn register(r: &mut KernelRegistry) {
+    r.register_fn("aten::sum.IntList_out", |a| sum_mean(a, Arith::Sum));
+    r.register_fn("aten::mean.out", |a| sum_mean(a, Arith::Mean));
+    // mean.dtype_out(self, dtype?, out), prod.out(self, dtype?, out).
+    r.register_fn("aten::mean.dtype_out", |a| {
+        arith(a, Arith::Mean, None, false, 2)
+    });
+    r.register_fn("aten::prod.out", |a| arith(a, Arith::Prod, None, false, 2));
+    // prod.int_out(self, dim, keepdim, dtype?, out).
+    r.register_fn("aten::prod.int_out", |a| {
+        let (dim, keepdim) = (a.int(1)?, a.bool(2)?);
+        arith(a, Arith::Prod, Some(&[dim]), keepdim, 4)
+    });
+    r.register_fn("aten::amax.out", |a| amax(a, true));
+    r.register_fn("aten::amin.out", |a| amax(a, false));
+    r.register_fn("aten::max.dim_max", |a| max_dim(a, true));
+    r.register_fn("aten::min.dim_min", |a| max_dim(a, false));
+    r.register_fn("aten::max.unary_out", |a| max_all(a, true));
+    r.register_fn("aten::min.unary_out", |a| max_all(a, false));
+    r.register_fn("aten::argmax.out", |a| argmax(a, true));
+    r.register_fn("aten::argmin.out", |a| argmax(a, false));
+    // any.out(self, dim, keepdim, out), any.all_out(self, out), any.dims_out(self, dim?,
+    // keepdim, out) where an empty list reduces nothing.
+    r.register_fn("aten::any.out", |a| {
+        let p = plan(&a.tensor(0)?, Some(&[a.int(1)?]), a.bool(2)?)?;
+        any(a, p, 3)
+    });
+    r.register_fn("aten::any.all_out", |a| {
+        let p = plan(&a.tensor(0)?, None, false)?;
+        any(a, p, 1)
+    });
+    r.register_fn("aten::any.dims_out", |a| {
+        let p = plan(&a.tensor(0)?, a.opt_int_list(1)?.as_deref(), a.bool(2)?)?;
+        any(a, p, 3)
+    });
+    r.register_fn("aten::var.correction_out", |a| {
+        let c = a.opt_scalar(2)?.map_or(1.0, Scalar::to_f64);
+        var(a, c)
+    });
+    r.register_fn("aten::var.out", |a| {
+        let c = f64::from(u8::from(a.bool(2)?));
+        var(a, c)
+    });
+    r.register_fn("aten::cumsum.out", cumsum);
+    r.register_fn("aten::topk.values", topk);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(sizes: &[usize]) -> TensorInfo {
+        TensorInfo {
+            dtype: DType::I32,
+            sizes: sizes.into(),
+            dim_order: (0..sizes.len()).collect(),
+        }
+    }
+
+    #[test]
+    fn adjacent_dims_reduce_in_place_others_are_gathered() {
+        let data: Vec<i32> = (0..24).collect();
+        let bytes: &[u8] = bytemuck::cast_slice(&data);
+        let x = info(&[2, 3, 4]);
+        let (b, d) = arrange(bytes, &x, &[false, true, true]).unwrap();
+        assert_eq!((b.outer, b.red, b.inner), (2, 12, 1));
+        assert!(matches!(d, Bytes::Borrowed(_)));
+        // Reducing dims 0 and 2 gathers [3, 2, 4] with the kept dim first.
+        let (b, d) = arrange(bytes, &x, &[true, false, true]).unwrap();
+        assert_eq!((b.outer, b.red, b.inner), (3, 8, 1));
+        let mut sums = [0; 3];
+        fold(
+            typed::<i32>(&d).unwrap(),
+            b,
+            0,
+            |a, v, _| *a += v,
+            |i, a| sums[i] = a,
+        );
+        assert_eq!(sums, [60, 92, 124]);
+    }
+
+    #[test]
+    fn extremes_keep_the_first_nan_and_the_first_tie() {
+        let step = |a: &mut (f32, usize), v: f32, r: usize| {
+            if r == 0 || better(v, a.0, true) {
+                *a = (v, r);
+            }
+        };
+        let block = Block {
+            outer: 1,
+            red: 5,
+            inner: 1,
+        };
+        let mut got = (0.0, 0);
+        fold(
+            &[1.0, 3.0, 3.0, f32::NAN, f32::NAN],
+            block,
+            (0.0, 0),
+            step,
+            |_, a| got = a,
+        );
+        assert_eq!(got.1, 3);
+        fold(&[1.0, 3.0, 3.0, 2.0, 0.0], block, (0.0, 0), step, |_, a| {
+            got = a
+        });
+        assert_eq!(got, (3.0, 1));
+    }
+}

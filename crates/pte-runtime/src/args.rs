@@ -1,0 +1,669 @@
+//! What a kernel sees of one call: its arguments, their metadata, and views of their data.
+//!
+//! A kernel reads scalars and tensor metadata through [`Args`], resizes its outputs, then
+//! asks [`Args::io`] for views of the tensors it reads and writes. The views never alias:
+//! an input that shares memory with an output is copied first, so kernels are plain safe
+//! Rust over slices.
+
+use smallvec::SmallVec;
+
+use crate::dtype::{DType, Element};
+use crate::error::{KernelError, KernelResult};
+use crate::memory::{Access, Memory, Storage};
+use crate::tensor::{checked_numel, contiguous_dim_order, strides_for, Dims};
+use crate::value::{Dynamism, Slot, TensorSlot};
+
+/// A scalar argument (an `Int`, `Double` or `Bool` value).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Scalar {
+    Int(i64),
+    Double(f64),
+    Bool(bool),
+}
+
+impl Scalar {
+    /// As a float.
+    pub fn to_f64(self) -> f64 {
+        match self {
+            Scalar::Int(v) => v as f64,
+            Scalar::Double(v) => v,
+            Scalar::Bool(v) => f64::from(u8::from(v)),
+        }
+    }
+
+    /// As an integer (doubles truncate toward zero).
+    pub fn to_i64(self) -> i64 {
+        match self {
+            Scalar::Int(v) => v,
+            Scalar::Double(v) => v as i64,
+            Scalar::Bool(v) => i64::from(v),
+        }
+    }
+
+    /// As a bool (non-zero is true).
+    pub fn to_bool(self) -> bool {
+        match self {
+            Scalar::Int(v) => v != 0,
+            Scalar::Double(v) => v != 0.0,
+            Scalar::Bool(v) => v,
+        }
+    }
+
+    /// The dtype PyTorch gives a tensor made from this scalar alone.
+    pub fn dtype(self) -> DType {
+        match self {
+            Scalar::Int(_) => DType::I64,
+            Scalar::Double(_) => DType::F64,
+            Scalar::Bool(_) => DType::Bool,
+        }
+    }
+}
+
+/// Metadata of a tensor argument.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorInfo {
+    pub dtype: DType,
+    pub sizes: Dims,
+    pub dim_order: Dims,
+}
+
+impl TensorInfo {
+    /// Number of dimensions.
+    pub fn rank(&self) -> usize {
+        self.sizes.len()
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.sizes.iter().product()
+    }
+
+    /// Bytes of data.
+    pub fn nbytes(&self) -> usize {
+        self.numel() * self.dtype.size()
+    }
+
+    /// True for the default (row-major) dim order.
+    pub fn is_contiguous(&self) -> bool {
+        self.dim_order.iter().enumerate().all(|(i, &d)| i == d)
+    }
+
+    /// Strides in elements, from the dim order.
+    pub fn strides(&self) -> Dims {
+        strides_for(&self.sizes, &self.dim_order)
+    }
+
+    /// Normalizes a possibly negative dimension index against this rank.
+    pub fn dim(&self, d: i64) -> KernelResult<usize> {
+        normalize_dim(d, self.rank())
+    }
+}
+
+/// Normalizes a dimension index in `-rank..rank` (a rank-0 tensor accepts -1 and 0).
+pub fn normalize_dim(d: i64, rank: usize) -> KernelResult<usize> {
+    let r = rank.max(1) as i64;
+    let n = if d < 0 { d + r } else { d };
+    if n < 0 || n >= r {
+        return Err(KernelError::invalid(format!(
+            "dimension {d} is out of range for rank {rank}"
+        )));
+    }
+    Ok(n as usize)
+}
+
+/// Names a tensor of the call: the argument at a position, or element `j` of the tensor
+/// list at position `i`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arg {
+    At(usize),
+    Item(usize, usize),
+}
+
+impl From<usize> for Arg {
+    fn from(i: usize) -> Self {
+        Arg::At(i)
+    }
+}
+
+/// The arguments of one kernel or delegate call.
+pub struct Args<'a> {
+    pub(crate) op: &'a str,
+    pub(crate) ids: &'a [u32],
+    pub(crate) values: &'a mut [Slot],
+    pub(crate) memory: &'a mut Memory,
+}
+
+impl<'a> Args<'a> {
+    /// The operator (or delegate) name, for messages.
+    pub fn op(&self) -> &str {
+        self.op
+    }
+
+    /// Number of arguments (schema arguments, then returns).
+    pub fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// True when the call has no arguments.
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+    }
+
+    fn id(&self, i: usize) -> KernelResult<usize> {
+        self.ids.get(i).map(|&v| v as usize).ok_or_else(|| {
+            KernelError::invalid(format!(
+                "argument {i} is missing: the call has {} arguments",
+                self.ids.len()
+            ))
+        })
+    }
+
+    fn slot(&self, i: usize) -> KernelResult<&Slot> {
+        Ok(&self.values[self.id(i)?])
+    }
+
+    fn wrong(&self, i: usize, expected: &str) -> KernelError {
+        let found = self.slot(i).map_or("missing", Slot::kind);
+        KernelError::invalid(format!("argument {i} is {found}, expected {expected}"))
+    }
+
+    /// The kind of argument `i` (`Tensor`, `Int`, ...).
+    pub fn kind(&self, i: usize) -> KernelResult<&'static str> {
+        self.slot(i).map(Slot::kind)
+    }
+
+    /// True when argument `i` is None.
+    pub fn is_none(&self, i: usize) -> KernelResult<bool> {
+        Ok(matches!(self.slot(i)?, Slot::None))
+    }
+
+    /// An `Int` argument.
+    pub fn int(&self, i: usize) -> KernelResult<i64> {
+        match self.slot(i)? {
+            Slot::Int(v) => Ok(*v),
+            _ => Err(self.wrong(i, "Int")),
+        }
+    }
+
+    /// A `Double` argument (an `Int` is converted).
+    pub fn double(&self, i: usize) -> KernelResult<f64> {
+        match self.slot(i)? {
+            Slot::Double(v) => Ok(*v),
+            Slot::Int(v) => Ok(*v as f64),
+            _ => Err(self.wrong(i, "Double")),
+        }
+    }
+
+    /// A `Bool` argument.
+    pub fn bool(&self, i: usize) -> KernelResult<bool> {
+        match self.slot(i)? {
+            Slot::Bool(v) => Ok(*v),
+            _ => Err(self.wrong(i, "Bool")),
+        }
+    }
+
+    /// A scalar argument of any kind.
+    pub fn scalar(&self, i: usize) -> KernelResult<Scalar> {
+        match self.slot(i)? {
+            Slot::Int(v) => Ok(Scalar::Int(*v)),
+            Slot::Double(v) => Ok(Scalar::Double(*v)),
+            Slot::Bool(v) => Ok(Scalar::Bool(*v)),
+            _ => Err(self.wrong(i, "a scalar")),
+        }
+    }
+
+    /// An optional `Int`.
+    pub fn opt_int(&self, i: usize) -> KernelResult<Option<i64>> {
+        if self.is_none(i)? {
+            Ok(None)
+        } else {
+            self.int(i).map(Some)
+        }
+    }
+
+    /// An optional `Double`.
+    pub fn opt_double(&self, i: usize) -> KernelResult<Option<f64>> {
+        if self.is_none(i)? {
+            Ok(None)
+        } else {
+            self.double(i).map(Some)
+        }
+    }
+
+    /// An optional `Bool`.
+    pub fn opt_bool(&self, i: usize) -> KernelResult<Option<bool>> {
+        if self.is_none(i)? {
+            Ok(None)
+        } else {
+            self.bool(i).map(Some)
+        }
+    }
+
+    /// An optional scalar.
+    pub fn opt_scalar(&self, i: usize) -> KernelResult<Option<Scalar>> {
+        if self.is_none(i)? {
+            Ok(None)
+        } else {
+            self.scalar(i).map(Some)
+        }
+    }
+
+    /// A `String` argument.
+    pub fn string(&self, i: usize) -> KernelResult<&str> {
+        match self.slot(i)? {
+            Slot::String(s) => Ok(s),
+            _ => Err(self.wrong(i, "String")),
+        }
+    }
+
+    /// An `IntList` argument, its elements read from their values now.
+    pub fn int_list(&self, i: usize) -> KernelResult<SmallVec<[i64; 6]>> {
+        match self.slot(i)? {
+            Slot::IntList(items) => items
+                .iter()
+                .map(|&v| match &self.values[v as usize] {
+                    Slot::Int(x) => Ok(*x),
+                    other => Err(KernelError::invalid(format!(
+                        "argument {i}: int list element (value {v}) is {}",
+                        other.kind()
+                    ))),
+                })
+                .collect(),
+            _ => Err(self.wrong(i, "IntList")),
+        }
+    }
+
+    /// An optional `IntList`.
+    pub fn opt_int_list(&self, i: usize) -> KernelResult<Option<SmallVec<[i64; 6]>>> {
+        if self.is_none(i)? {
+            Ok(None)
+        } else {
+            self.int_list(i).map(Some)
+        }
+    }
+
+    /// A `DoubleList` argument.
+    pub fn double_list(&self, i: usize) -> KernelResult<&[f64]> {
+        match self.slot(i)? {
+            Slot::DoubleList(v) => Ok(v),
+            _ => Err(self.wrong(i, "DoubleList")),
+        }
+    }
+
+    /// A `BoolList` argument.
+    pub fn bool_list(&self, i: usize) -> KernelResult<&[bool]> {
+        match self.slot(i)? {
+            Slot::BoolList(v) => Ok(v),
+            _ => Err(self.wrong(i, "BoolList")),
+        }
+    }
+
+    /// Value index of a tensor argument or list element.
+    fn tensor_id(&self, a: Arg) -> KernelResult<usize> {
+        match a {
+            Arg::At(i) => match self.slot(i)? {
+                Slot::Tensor(_) => self.id(i),
+                _ => Err(self.wrong(i, "Tensor")),
+            },
+            Arg::Item(i, j) => {
+                let item = match self.slot(i)? {
+                    Slot::TensorList(items) => items.get(j).copied(),
+                    Slot::OptionalTensorList(items) => items.get(j).copied().flatten(),
+                    _ => return Err(self.wrong(i, "TensorList")),
+                };
+                let id = item.ok_or_else(|| {
+                    KernelError::invalid(format!("argument {i}: no tensor at list position {j}"))
+                })? as usize;
+                match &self.values[id] {
+                    Slot::Tensor(_) => Ok(id),
+                    other => Err(KernelError::invalid(format!(
+                        "argument {i}: list element {j} is {}",
+                        other.kind()
+                    ))),
+                }
+            }
+        }
+    }
+
+    fn tensor_slot(&self, a: Arg) -> KernelResult<&TensorSlot> {
+        match &self.values[self.tensor_id(a)?] {
+            Slot::Tensor(t) => Ok(t),
+            _ => unreachable!("tensor_id checked the kind"),
+        }
+    }
+
+    fn tensor_slot_mut(&mut self, a: Arg) -> KernelResult<&mut TensorSlot> {
+        let id = self.tensor_id(a)?;
+        match &mut self.values[id] {
+            Slot::Tensor(t) => Ok(t),
+            _ => unreachable!("tensor_id checked the kind"),
+        }
+    }
+
+    /// Metadata of a tensor argument.
+    pub fn tensor(&self, a: impl Into<Arg>) -> KernelResult<TensorInfo> {
+        let t = self.tensor_slot(a.into())?;
+        Ok(TensorInfo {
+            dtype: t.dtype,
+            sizes: t.sizes.clone(),
+            dim_order: t.dim_order.clone(),
+        })
+    }
+
+    /// Metadata of an optional tensor argument.
+    pub fn opt_tensor(&self, i: usize) -> KernelResult<Option<TensorInfo>> {
+        if self.is_none(i)? {
+            Ok(None)
+        } else {
+            self.tensor(i).map(Some)
+        }
+    }
+
+    /// Length of a `TensorList` or `OptionalTensorList` argument.
+    pub fn list_len(&self, i: usize) -> KernelResult<usize> {
+        match self.slot(i)? {
+            Slot::TensorList(items) => Ok(items.len()),
+            Slot::OptionalTensorList(items) => Ok(items.len()),
+            _ => Err(self.wrong(i, "TensorList")),
+        }
+    }
+
+    /// Element `j` of an `OptionalTensorList` argument (None for absent entries).
+    pub fn opt_list_item(&self, i: usize, j: usize) -> KernelResult<Option<TensorInfo>> {
+        match self.slot(i)? {
+            Slot::OptionalTensorList(items) => match items.get(j) {
+                Some(None) => Ok(None),
+                Some(Some(_)) => self.tensor(Arg::Item(i, j)).map(Some),
+                None => Err(KernelError::invalid(format!(
+                    "argument {i}: list has no position {j}"
+                ))),
+            },
+            _ => self.tensor(Arg::Item(i, j)).map(Some),
+        }
+    }
+
+    /// Gives an output tensor new sizes, within what its declaration allows: the same
+    /// rank, and for a static tensor the same sizes, for a dynamic one at most its
+    /// serialized number of elements.
+    pub fn resize(&mut self, a: impl Into<Arg>, sizes: &[usize]) -> KernelResult {
+        let t = self.tensor_slot_mut(a.into())?;
+        resize_slot(t, sizes)
+    }
+
+    /// Sets a scalar output (a prim op's result). The value keeps the kind it was
+    /// declared with when the scalar can be converted to it.
+    pub fn set_scalar(&mut self, i: usize, value: Scalar) -> KernelResult {
+        let id = self.id(i)?;
+        let slot = &mut self.values[id];
+        *slot = match (&*slot, value) {
+            (Slot::Int(_), v) => Slot::Int(v.to_i64()),
+            (Slot::Double(_), v) => Slot::Double(v.to_f64()),
+            (Slot::Bool(_), v) => Slot::Bool(v.to_bool()),
+            (Slot::None, Scalar::Int(v)) => Slot::Int(v),
+            (Slot::None, Scalar::Double(v)) => Slot::Double(v),
+            (Slot::None, Scalar::Bool(v)) => Slot::Bool(v),
+            (other, _) => {
+                return Err(KernelError::invalid(format!(
+                    "argument {i} is {}, cannot hold a scalar result",
+                    other.kind()
+                )))
+            }
+        };
+        Ok(())
+    }
+
+    /// Makes output `out` a view of `src`'s data with new sizes (same dtype, contiguous,
+    /// no more bytes than `src` has).
+    pub fn alias(&mut self, out: usize, src: usize, sizes: &[usize]) -> KernelResult {
+        let s = self.tensor_slot(Arg::At(src))?.clone();
+        let t = self.tensor_slot_mut(Arg::At(out))?;
+        if t.dtype != s.dtype {
+            return Err(KernelError::dtypes(&[s.dtype, t.dtype]));
+        }
+        let numel =
+            checked_numel(sizes).ok_or_else(|| KernelError::invalid("view size overflows"))?;
+        if numel != s.numel() {
+            return Err(KernelError::invalid(format!(
+                "cannot view {} elements as {sizes:?}",
+                s.numel()
+            )));
+        }
+        if sizes.len() != t.sizes.len() {
+            return Err(KernelError::invalid(format!(
+                "view output has rank {}, not {}",
+                t.sizes.len(),
+                sizes.len()
+            )));
+        }
+        t.sizes = sizes.into();
+        t.dim_order = contiguous_dim_order(sizes.len());
+        t.storage = s.storage;
+        Ok(())
+    }
+
+    fn access(&self, a: Arg) -> KernelResult<Access> {
+        let t = self.tensor_slot(a)?;
+        Ok(Access {
+            storage: t.storage,
+            nbytes: t.nbytes(),
+        })
+    }
+
+    /// Bytes of a tensor that lives in the program or its data files (constants), which
+    /// stay the same for the life of the method; `None` for any other tensor.
+    pub fn constant(&self, a: impl Into<Arg>) -> KernelResult<Option<&[u8]>> {
+        let access = self.access(a.into())?;
+        match access.storage {
+            Storage::Program { .. } | Storage::External { .. } => {
+                self.memory.read(access).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// A shared view of one tensor, for kernels that read some data (an index, a
+    /// condition) before deciding on output sizes.
+    pub fn read(&self, a: impl Into<Arg>) -> KernelResult<TensorData<'_>> {
+        let a = a.into();
+        let info = self.tensor(a)?;
+        let bytes = self.memory.read(self.access(a)?)?;
+        Ok(TensorData { info, bytes })
+    }
+
+    /// Views of the tensors a kernel reads and writes; all must have the default (row
+    /// major) dim order.
+    pub fn io(&mut self, reads: &[Arg], writes: &[Arg]) -> KernelResult<Io<'_>> {
+        self.io_inner(reads, writes, true)
+    }
+
+    /// Like [`Args::io`], for kernels that handle any dim order themselves.
+    pub fn io_strided(&mut self, reads: &[Arg], writes: &[Arg]) -> KernelResult<Io<'_>> {
+        self.io_inner(reads, writes, false)
+    }
+
+    fn io_inner(
+        &mut self,
+        reads: &[Arg],
+        writes: &[Arg],
+        contiguous: bool,
+    ) -> KernelResult<Io<'_>> {
+        // Outputs that are not memory-planned get runtime-owned memory on first use.
+        for &w in writes {
+            let id = self.tensor_id(w)?;
+            let nbytes = match &self.values[id] {
+                Slot::Tensor(t) => t.nbytes(),
+                _ => unreachable!(),
+            };
+            let storage = match &self.values[id] {
+                Slot::Tensor(t) => t.storage,
+                _ => unreachable!(),
+            };
+            match storage {
+                Storage::Null => {
+                    let index = self.memory.new_heap(nbytes);
+                    if let Slot::Tensor(t) = &mut self.values[id] {
+                        t.storage = Storage::Heap { index };
+                    }
+                }
+                Storage::Heap { index } => self.memory.grow_heap(index, nbytes),
+                Storage::Planned { .. } => {}
+                Storage::Program { .. } | Storage::External { .. } => {
+                    return Err(KernelError::invalid(format!(
+                        "{}: a constant tensor cannot be written",
+                        self.op
+                    )))
+                }
+            }
+        }
+        let mut infos: SmallVec<[TensorInfo; 6]> = SmallVec::new();
+        let mut accesses: SmallVec<[Access; 6]> = SmallVec::new();
+        for &a in reads.iter().chain(writes) {
+            let info = self.tensor(a)?;
+            if contiguous && !info.is_contiguous() {
+                return Err(KernelError::invalid(format!(
+                    "{}: tensor with dim order {:?} is not supported (only the default order)",
+                    self.op, info.dim_order
+                )));
+            }
+            infos.push(info);
+            accesses.push(self.access(a)?);
+        }
+        let borrowed = self
+            .memory
+            .borrow(&accesses[..reads.len()], &accesses[reads.len()..])?;
+        let mut infos = infos.into_iter();
+        let inputs = borrowed
+            .reads
+            .into_iter()
+            .map(|bytes| TensorData {
+                info: infos.next().expect("one info per read"),
+                bytes,
+            })
+            .collect();
+        let outputs = borrowed
+            .writes
+            .into_iter()
+            .map(|bytes| TensorDataMut {
+                info: infos.next().expect("one info per write"),
+                bytes,
+            })
+            .collect();
+        Ok(Io {
+            inputs,
+            outputs,
+            scratch: borrowed.workspace,
+        })
+    }
+}
+
+pub(crate) fn resize_slot(t: &mut TensorSlot, sizes: &[usize]) -> KernelResult {
+    if t.sizes.as_slice() == sizes {
+        return Ok(());
+    }
+    if sizes.len() != t.sizes.len() {
+        return Err(KernelError::invalid(format!(
+            "cannot resize a rank-{} tensor {:?} to rank {} {sizes:?}",
+            t.sizes.len(),
+            t.sizes.as_slice(),
+            sizes.len()
+        )));
+    }
+    match t.dynamism {
+        Dynamism::Static => Err(KernelError::invalid(format!(
+            "cannot resize a static tensor of shape {:?} to {sizes:?}",
+            t.sizes.as_slice()
+        ))),
+        Dynamism::Bound => {
+            let numel = checked_numel(sizes).unwrap_or(usize::MAX);
+            if numel > t.capacity {
+                return Err(KernelError::invalid(format!(
+                    "shape {sizes:?} has {numel} elements, more than the tensor's bound of {}",
+                    t.capacity
+                )));
+            }
+            t.sizes = sizes.into();
+            Ok(())
+        }
+    }
+}
+
+/// Views of a kernel call's data: inputs shared, outputs exclusive, never overlapping;
+/// and the method's scratch memory, kept between calls (grow it with
+/// [`AlignedBuf::slice_mut`]).
+pub struct Io<'a> {
+    pub inputs: SmallVec<[TensorData<'a>; 4]>,
+    pub outputs: SmallVec<[TensorDataMut<'a>; 2]>,
+    pub scratch: &'a mut crate::tensor::AlignedBuf,
+}
+
+/// A shared view of a tensor's data.
+pub struct TensorData<'a> {
+    pub info: TensorInfo,
+    bytes: &'a [u8],
+}
+
+impl<'a> TensorData<'a> {
+    /// The raw bytes.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// The elements as `T` (`u8` for bool tensors); errors if `T` is not the dtype.
+    pub fn as_slice<T: Element>(&self) -> KernelResult<&'a [T]> {
+        check_type::<T>(self.info.dtype)?;
+        if self.bytes.is_empty() {
+            return Ok(&[]);
+        }
+        bytemuck::try_cast_slice(self.bytes)
+            .map_err(|e| KernelError::Failed(format!("tensor data is misaligned: {e}")))
+    }
+}
+
+/// An exclusive view of an output tensor's data.
+pub struct TensorDataMut<'a> {
+    pub info: TensorInfo,
+    bytes: &'a mut [u8],
+}
+
+impl<'a> TensorDataMut<'a> {
+    /// The raw bytes.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        self.bytes
+    }
+
+    /// The elements as `T` (`u8` for bool tensors); errors if `T` is not the dtype.
+    pub fn as_mut_slice<T: Element>(&mut self) -> KernelResult<&mut [T]> {
+        check_type::<T>(self.info.dtype)?;
+        if self.bytes.is_empty() {
+            return Ok(&mut []);
+        }
+        bytemuck::try_cast_slice_mut(self.bytes)
+            .map_err(|e| KernelError::Failed(format!("tensor data is misaligned: {e}")))
+    }
+
+    /// Like [`TensorDataMut::as_mut_slice`], giving up the view.
+    pub fn into_slice<T: Element>(self) -> KernelResult<&'a mut [T]> {
+        check_type::<T>(self.info.dtype)?;
+        if self.bytes.is_empty() {
+            return Ok(&mut []);
+        }
+        bytemuck::try_cast_slice_mut(self.bytes)
+            .map_err(|e| KernelError::Failed(format!("tensor data is misaligned: {e}")))
+    }
+
+    /// Consumes the view, returning its raw bytes.
+    pub fn into_bytes(self) -> &'a mut [u8] {
+        self.bytes
+    }
+}
+
+fn check_type<T: Element>(dtype: DType) -> KernelResult {
+    if T::DTYPE == dtype || (dtype == DType::Bool && T::DTYPE == DType::U8) {
+        Ok(())
+    } else {
+        Err(KernelError::invalid(format!(
+            "tensor holds {dtype}, read as {}",
+            T::DTYPE
+        )))
+    }
+}

@@ -1,0 +1,119 @@
+//! The runtime's error type.
+
+use pte_format::FormatError;
+
+/// What a kernel reports when it cannot run; the executor adds which operator and which
+/// instruction.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    /// The kernel has no implementation for these element types.
+    #[error("unsupported dtypes: {0}")]
+    UnsupportedDType(String),
+    /// An argument has the wrong kind, value or shape.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// A runtime failure that is not the arguments' fault.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl KernelError {
+    /// Shorthand for [`KernelError::InvalidArgument`].
+    pub fn invalid(message: impl Into<String>) -> Self {
+        KernelError::InvalidArgument(message.into())
+    }
+
+    /// An unsupported dtype combination, listing the dtypes.
+    pub fn dtypes(dtypes: &[crate::DType]) -> Self {
+        KernelError::UnsupportedDType(
+            dtypes
+                .iter()
+                .map(|d| d.name())
+                .collect::<Vec<_>>()
+                .join(", "),
+        )
+    }
+}
+
+/// The result type of kernels.
+pub type KernelResult<T = ()> = std::result::Result<T, KernelError>;
+
+/// Everything that can go wrong loading or running a program.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The file is malformed.
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// The program is well-formed but not a valid program: bad indices, wrong value kinds,
+    /// tensors outside their memory.
+    #[error("invalid program: {0}")]
+    InvalidProgram(String),
+    /// The program uses something this runtime does not support (and upstream does not
+    /// either).
+    #[error("not supported: {0}")]
+    NotSupported(String),
+    /// Operators the program calls that no registered kernel implements.
+    #[error("{} operator(s) missing from the kernel registry: {}", .0.len(), .0.join(", "))]
+    MissingOperators(Vec<String>),
+    /// Backends the program delegates to that are not registered.
+    #[error("backend(s) not available: {}", .0.join(", "))]
+    MissingBackends(Vec<String>),
+    /// No method of that name.
+    #[error("no method named {name:?}; the program has {available:?}")]
+    NoSuchMethod {
+        name: String,
+        available: Vec<String>,
+    },
+    /// External data the program needs is absent or does not match.
+    #[error("external data: {0}")]
+    ExternalData(String),
+    /// A caller-provided value does not fit the method.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// An input was not set before execution.
+    #[error("input {0} has not been set")]
+    InputNotSet(usize),
+    /// A kernel failed.
+    #[error("{op} (chain {chain}, instruction {instruction}): {source}")]
+    Kernel {
+        op: String,
+        chain: usize,
+        instruction: usize,
+        #[source]
+        source: KernelError,
+    },
+    /// A delegate failed.
+    #[error("delegate {backend} (chain {chain}, instruction {instruction}): {source}")]
+    Delegate {
+        backend: String,
+        chain: usize,
+        instruction: usize,
+        #[source]
+        source: KernelError,
+    },
+    /// The method executed more instructions than allowed (a loop that does not end).
+    #[error("execution exceeded {0} instructions")]
+    InstructionLimit(u64),
+    /// An I/O failure reading inputs or writing outputs.
+    #[error("{path}: {message}")]
+    Io { path: String, message: String },
+}
+
+impl RuntimeError {
+    pub(crate) fn invalid_program(message: impl Into<String>) -> Self {
+        RuntimeError::InvalidProgram(message.into())
+    }
+
+    pub(crate) fn invalid_argument(message: impl Into<String>) -> Self {
+        RuntimeError::InvalidArgument(message.into())
+    }
+}
+
+/// The result type of the runtime.
+pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;
+
+impl From<planus::Error> for RuntimeError {
+    fn from(e: planus::Error) -> Self {
+        RuntimeError::Format(e.into())
+    }
+}

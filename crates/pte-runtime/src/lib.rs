@@ -1,0 +1,50 @@
+//! Loads and executes ExecuTorch programs (`.pte`, with `.ptd` data) as upstream
+//! ExecuTorch 1.5.1 does.
+//!
+//! A [`Program`] opens a file (memory-mapped by default) and lists its methods and their
+//! metadata. [`Program::load_method`] builds a [`Method`]: it allocates the planned
+//! buffers once, places every tensor at its planned offset (bounds-checked), uses
+//! constants in place from the file, resolves external constants from `.ptd` files with
+//! an exact layout check, restores mutable state from the program, looks up every
+//! operator in a [`KernelRegistry`] (reporting all missing ones at once) and every
+//! delegate in a [`BackendRegistry`], and prepares each call's kernel. [`Method::execute`]
+//! runs the instruction chains with upstream's semantics and an instruction cap.
+//!
+//! This crate knows no operator: kernels come from a registry (the `pte-kernels` crate
+//! provides the standard set). Kernels see their call through [`Args`]: scalars,
+//! tensor metadata, resizing of outputs, and non-aliasing views of tensor data.
+//!
+//! ```no_run
+//! # fn kernels() -> pte_runtime::KernelRegistry { unimplemented!() }
+//! use pte_runtime::{EValue, Program, Tensor};
+//! let program = Program::open("model.pte")?;
+//! let mut method = program.load_method("forward", &kernels())?;
+//! method.set_input(0, &EValue::Tensor(Tensor::from_slice(&[3, 4], &[0f32; 12])?))?;
+//! method.execute()?;
+//! let outputs = method.outputs()?;
+//! # Ok::<(), pte_runtime::RuntimeError>(())
+//! ```
+
+mod args;
+mod dtype;
+mod error;
+mod memory;
+mod method;
+pub mod npy;
+mod program;
+mod registry;
+mod tensor;
+mod value;
+
+pub use args::{normalize_dim, Arg, Args, Io, Scalar, TensorData, TensorDataMut, TensorInfo};
+pub use dtype::{DType, Element};
+pub use error::{KernelError, KernelResult, Result, RuntimeError};
+pub use memory::SourceBytes;
+pub use method::{LoadOptions, Method, MAX_INSTRUCTIONS};
+pub use program::{MethodMeta, Program, TensorMeta, ValueMeta, MAX_SCHEMA_VERSION};
+pub use registry::{
+    Backend, BackendRegistry, DelegateInit, Kernel, KernelFn, KernelRegistry, NamedData,
+    PreparedKernel,
+};
+pub use tensor::{contiguous_dim_order, strides_for, AlignedBuf, Dims, Tensor, MAX_RANK};
+pub use value::{Dynamism, EValue};

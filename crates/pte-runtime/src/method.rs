@@ -1,0 +1,906 @@
+//! A loaded method: its values, planned memory, prepared kernels and delegates, and the
+//! instruction loop.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use pte_format::schema::executorch_flatbuffer as et;
+use pte_format::{summary::operator_name, Ptd, Pte};
+
+use crate::args::{resize_slot, Args};
+use crate::dtype::DType;
+use crate::error::{KernelError, Result, RuntimeError};
+use crate::memory::{Access, Memory, Storage};
+use crate::program::{tensor_shape, MethodMeta, Program};
+use crate::registry::{BackendRegistry, DelegateInit, KernelRegistry, NamedData, PreparedKernel};
+use crate::tensor::{AlignedBuf, Tensor};
+use crate::value::{EValue, Slot, TensorSlot};
+
+/// Most instructions one execution may run (upstream's `ET_MAX_INSTRUCTIONS`).
+pub const MAX_INSTRUCTIONS: u64 = 10_000_000;
+
+/// Choices for loading a method.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Refuse to load a method whose planned buffers add up to more than this.
+    pub max_planned_bytes: u64,
+    /// Run kernels on a thread pool of its own with this many threads; `None` uses the
+    /// process-wide pool.
+    pub threads: Option<usize>,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            max_planned_bytes: 16 << 30,
+            threads: None,
+        }
+    }
+}
+
+enum Instr {
+    Kernel {
+        kernel: u32,
+        op: u32,
+        args: Range<u32>,
+    },
+    Delegate {
+        delegate: u32,
+        args: Range<u32>,
+    },
+    Move {
+        from: u32,
+        to: u32,
+    },
+    JumpFalse {
+        cond: u32,
+        destination: usize,
+    },
+    Free {
+        value: u32,
+    },
+}
+
+/// A method ready to run. It owns its memory; mutable state (buffers a program updates in
+/// place) persists from one execution to the next.
+pub struct Method {
+    meta: MethodMeta,
+    values: Vec<Slot>,
+    memory: Memory,
+    chains: Vec<Vec<Instr>>,
+    call_args: Vec<u32>,
+    op_names: Vec<String>,
+    kernels: Vec<Box<dyn PreparedKernel>>,
+    delegates: Vec<(String, Box<dyn PreparedKernel>)>,
+    inputs: Vec<u32>,
+    outputs: Vec<u32>,
+    input_set: Vec<bool>,
+    pool: Option<Arc<rayon::ThreadPool>>,
+}
+
+impl std::fmt::Debug for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Method").field("meta", &self.meta).finish()
+    }
+}
+
+fn bad(message: impl Into<String>) -> RuntimeError {
+    RuntimeError::invalid_program(message)
+}
+
+/// Offset of `inner` inside `outer` (both slices of the same file).
+fn offset_in(outer: &[u8], inner: &[u8]) -> usize {
+    inner.as_ptr() as usize - outer.as_ptr() as usize
+}
+
+fn value_index(v: i64, n: usize, what: impl Fn() -> String) -> Result<u32> {
+    usize::try_from(v)
+        .ok()
+        .filter(|&i| i < n)
+        .map(|i| i as u32)
+        .ok_or_else(|| {
+            bad(format!(
+                "{}: value index {v} is out of range (0..{n})",
+                what()
+            ))
+        })
+}
+
+struct DataNames<'p> {
+    pte: &'p Pte<'p>,
+    ptds: &'p [Ptd<'p>],
+}
+
+impl NamedData for DataNames<'_> {
+    fn get(&self, key: &str) -> Option<&[u8]> {
+        for ptd in self.ptds {
+            if let Ok(Some(e)) = ptd.get(key) {
+                return Some(e.data);
+            }
+        }
+        self.pte.named_data(key).ok().flatten()
+    }
+}
+
+impl Method {
+    pub(crate) fn load(
+        program: &Program,
+        name: &str,
+        kernels: &KernelRegistry,
+        backends: &BackendRegistry,
+        options: &LoadOptions,
+    ) -> Result<Method> {
+        let pte = program.pte()?;
+        let plan = program.plan(&pte, name)?;
+        let meta = MethodMeta::from_plan(plan)?;
+        let ptds = program
+            .data
+            .iter()
+            .map(|d| Ptd::parse(d).map_err(RuntimeError::from))
+            .collect::<Result<Vec<_>>>()?;
+
+        // Planned memory.
+        let total: u64 = meta.planned_buffers.iter().map(|&b| b as u64).sum();
+        if total > options.max_planned_bytes {
+            return Err(RuntimeError::NotSupported(format!(
+                "method {name} plans {total} bytes of memory, more than the limit of {}",
+                options.max_planned_bytes
+            )));
+        }
+        let planned: Vec<AlignedBuf> = meta
+            .planned_buffers
+            .iter()
+            .map(|&b| AlignedBuf::zeroed(b))
+            .collect();
+        let mut memory = Memory::new(planned, program.bytes.clone(), program.data.clone());
+
+        let values = parse_values(&pte, plan, &ptds, program, &mut memory)?;
+        let n = values.len();
+        let list = |v: Option<planus::Vector<'_, i32>>, what: &str| -> Result<Vec<u32>> {
+            v.ok_or_else(|| bad(format!("method {name}: no {what} list")))?
+                .iter()
+                .enumerate()
+                .map(|(k, i)| value_index(i.into(), n, || format!("{what} {k}")))
+                .collect()
+        };
+        let inputs = list(plan.inputs()?, "input")?;
+        let outputs = list(plan.outputs()?, "output")?;
+
+        // Operators and delegates.
+        let mut op_names = Vec::new();
+        for op in plan.operators()?.into_iter().flatten() {
+            let op = op?;
+            op_names.push(operator_name(
+                op.name()?.unwrap_or_default(),
+                op.overload()?.unwrap_or_default(),
+            ));
+        }
+        let delegate_refs: Vec<et::BackendDelegateRef<'_>> = plan
+            .delegates()?
+            .ok_or_else(|| bad(format!("method {name}: no delegates list")))?
+            .iter()
+            .collect::<planus::Result<_>>()?;
+        // Instructions.
+        let chains_ref = plan
+            .chains()?
+            .ok_or_else(|| bad(format!("method {name}: no chains")))?;
+        if chains_ref.is_empty() {
+            return Err(bad(format!("method {name}: no chains")));
+        }
+        let mut call_args = Vec::new();
+        let mut chains = Vec::new();
+        let mut kernel_calls = Vec::new();
+        for (c, chain) in chains_ref.iter().enumerate() {
+            let chain = chain?;
+            let instrs = chain
+                .instructions()?
+                .ok_or_else(|| bad(format!("chain {c} has no instructions list")))?;
+            let mut out = Vec::with_capacity(instrs.len());
+            for (k, instr) in instrs.iter().enumerate() {
+                let at = || format!("chain {c} instruction {k}");
+                let mut push_args = |args: Option<planus::Vector<'_, i32>>| -> Result<Range<u32>> {
+                    let start = call_args.len() as u32;
+                    for a in args.into_iter().flatten() {
+                        call_args.push(value_index(a.into(), n, at)?);
+                    }
+                    Ok(start..call_args.len() as u32)
+                };
+                use et::InstructionArgumentsRef as I;
+                out.push(match instr?.instr_args()? {
+                    Some(I::KernelCall(kc)) => {
+                        let op = kc.op_index()?;
+                        let op = usize::try_from(op)
+                            .ok()
+                            .filter(|&o| o < op_names.len())
+                            .ok_or_else(|| {
+                                bad(format!("{}: operator index {op} is out of range", at()))
+                            })?;
+                        let args = push_args(kc.args()?)?;
+                        kernel_calls.push((op, args.clone()));
+                        Instr::Kernel {
+                            kernel: (kernel_calls.len() - 1) as u32,
+                            op: op as u32,
+                            args,
+                        }
+                    }
+                    Some(I::DelegateCall(dc)) => {
+                        let d = dc.delegate_index()?;
+                        let d = usize::try_from(d)
+                            .ok()
+                            .filter(|&x| x < delegate_refs.len())
+                            .ok_or_else(|| {
+                                bad(format!("{}: delegate index {d} is out of range", at()))
+                            })?;
+                        Instr::Delegate {
+                            delegate: d as u32,
+                            args: push_args(dc.args()?)?,
+                        }
+                    }
+                    Some(I::MoveCall(m)) => Instr::Move {
+                        from: value_index(m.move_from()?.into(), n, at)?,
+                        to: value_index(m.move_to()?.into(), n, at)?,
+                    },
+                    Some(I::JumpFalseCall(j)) => {
+                        let dest = j.destination_instruction()?;
+                        Instr::JumpFalse {
+                            cond: value_index(j.cond_value_index()?.into(), n, at)?,
+                            destination: usize::try_from(dest).map_err(|_| {
+                                bad(format!("{}: jump destination {dest} is negative", at()))
+                            })?,
+                        }
+                    }
+                    Some(I::FreeCall(f)) => Instr::Free {
+                        value: value_index(f.value_index()?.into(), n, at)?,
+                    },
+                    None => return Err(bad(format!("{}: instruction has no arguments", at()))),
+                });
+            }
+            chains.push(out);
+        }
+
+        let mut missing: Vec<String> = op_names
+            .iter()
+            .filter(|n| kernels.get(n).is_none())
+            .cloned()
+            .collect();
+        missing.sort();
+        missing.dedup();
+        let mut missing_backends = Vec::new();
+        for d in &delegate_refs {
+            let id = d.id()?.unwrap_or_default();
+            if backends.get(id).is_none() && !missing_backends.iter().any(|m| m == id) {
+                missing_backends.push(id.to_owned());
+            }
+        }
+        if !missing.is_empty() {
+            return Err(RuntimeError::MissingOperators(missing));
+        }
+        if !missing_backends.is_empty() {
+            return Err(RuntimeError::MissingBackends(missing_backends));
+        }
+
+        let mut values = values;
+        // Delegates.
+        let names = DataNames {
+            pte: &pte,
+            ptds: &ptds,
+        };
+        let mut delegates = Vec::with_capacity(delegate_refs.len());
+        for (i, d) in delegate_refs.iter().enumerate() {
+            let id = d.id()?.unwrap_or_default().to_owned();
+            let processed = d
+                .processed()?
+                .ok_or_else(|| bad(format!("delegate {i} ({id}) has no payload reference")))?;
+            let processed = pte.delegate_data(processed)?;
+            let mut specs = Vec::new();
+            for s in d.compile_specs()?.into_iter().flatten() {
+                let s = s?;
+                specs.push((
+                    s.key()?.unwrap_or_default().to_owned(),
+                    s.value()?.unwrap_or_default().to_vec(),
+                ));
+            }
+            let init = DelegateInit {
+                processed,
+                compile_specs: &specs,
+                named_data: &names,
+            };
+            let handle = backends
+                .get(&id)
+                .expect("missing backends were reported")
+                .init(&init)
+                .map_err(|source| RuntimeError::Delegate {
+                    backend: id.clone(),
+                    chain: 0,
+                    instruction: 0,
+                    source,
+                })?;
+            delegates.push((id, handle));
+        }
+
+        // Kernels, prepared once per call site.
+        let mut prepared = Vec::with_capacity(kernel_calls.len());
+        for (op, args) in &kernel_calls {
+            let kernel = kernels
+                .get(&op_names[*op])
+                .expect("missing kernels were reported");
+            let a = Args {
+                op: &op_names[*op],
+                ids: &call_args[args.start as usize..args.end as usize],
+                values: &mut values,
+                memory: &mut memory,
+            };
+            prepared.push(kernel.prepare(&a).map_err(|source| RuntimeError::Kernel {
+                op: op_names[*op].clone(),
+                chain: 0,
+                instruction: 0,
+                source,
+            })?);
+        }
+
+        let pool = match options.threads {
+            Some(t) => Some(Arc::new(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(t)
+                    .build()
+                    .map_err(|e| RuntimeError::NotSupported(format!("thread pool: {e}")))?,
+            )),
+            None => None,
+        };
+        // As upstream, every input must be set before the first execution.
+        let input_set = vec![false; inputs.len()];
+        Ok(Method {
+            meta,
+            values,
+            memory,
+            chains,
+            call_args,
+            op_names,
+            kernels: prepared,
+            delegates,
+            inputs,
+            outputs,
+            input_set,
+            pool,
+        })
+    }
+
+    /// The method's interface and memory needs.
+    pub fn meta(&self) -> &MethodMeta {
+        &self.meta
+    }
+
+    /// Number of inputs.
+    pub fn num_inputs(&self) -> usize {
+        self.inputs.len()
+    }
+
+    /// Number of outputs.
+    pub fn num_outputs(&self) -> usize {
+        self.outputs.len()
+    }
+
+    /// Sets input `index`. Tensors must have the declared dtype, rank and dim order, and
+    /// sizes the declaration allows; their data is copied in. Scalar inputs must equal
+    /// the value the program was exported with, as upstream requires.
+    pub fn set_input(&mut self, index: usize, value: &EValue) -> Result<()> {
+        let id = *self.inputs.get(index).ok_or_else(|| {
+            RuntimeError::invalid_argument(format!(
+                "input {index} does not exist: the method has {} inputs",
+                self.inputs.len()
+            ))
+        })? as usize;
+        let err = |m: String| RuntimeError::invalid_argument(format!("input {index}: {m}"));
+        match (&mut self.values[id], value) {
+            (Slot::Tensor(t), EValue::Tensor(x)) => {
+                if t.dtype != x.dtype() {
+                    return Err(err(format!("expected {}, got {}", t.dtype, x.dtype())));
+                }
+                if t.sizes.len() != x.sizes().len() {
+                    return Err(err(format!(
+                        "expected rank {} (shape {:?}), got rank {} (shape {:?})",
+                        t.sizes.len(),
+                        t.sizes.as_slice(),
+                        x.sizes().len(),
+                        x.sizes()
+                    )));
+                }
+                if t.dim_order.as_slice() != x.dim_order() {
+                    return Err(err(format!(
+                        "expected dim order {:?}, got {:?}",
+                        t.dim_order.as_slice(),
+                        x.dim_order()
+                    )));
+                }
+                resize_slot(t, x.sizes()).map_err(|e| {
+                    err(format!(
+                        "shape {:?} does not fit the declared {:?}: {e}",
+                        x.sizes(),
+                        self.meta.inputs.get(index).map(|m| match m {
+                            crate::program::ValueMeta::Tensor(t) => t.sizes.clone(),
+                            _ => Vec::new(),
+                        })
+                    ))
+                })?;
+                let nbytes = t.nbytes();
+                match t.storage {
+                    Storage::Planned { buffer, offset } => {
+                        self.memory.planned[buffer as usize].as_mut_bytes()
+                            [offset..offset + nbytes]
+                            .copy_from_slice(x.as_bytes());
+                    }
+                    Storage::Heap { index } => {
+                        self.memory.grow_heap(index, nbytes);
+                        self.memory.heap[index as usize].as_mut_bytes()[..nbytes]
+                            .copy_from_slice(x.as_bytes());
+                    }
+                    Storage::Null => {
+                        let h = self.memory.new_heap(nbytes);
+                        self.memory.heap[h as usize]
+                            .as_mut_bytes()
+                            .copy_from_slice(x.as_bytes());
+                        t.storage = Storage::Heap { index: h };
+                    }
+                    Storage::Program { .. } | Storage::External { .. } => {
+                        return Err(err("the input is a constant of the program".into()))
+                    }
+                }
+            }
+            (Slot::Int(a), EValue::Int(b)) if a == b => {}
+            (Slot::Bool(a), EValue::Bool(b)) if a == b => {}
+            (Slot::Double(a), EValue::Double(b))
+                if (a.is_nan() && b.is_nan())
+                    || (*a - *b).abs() <= 1e-4 + 1e-5 * b.abs()
+                    || a == b => {}
+            (Slot::String(a), EValue::String(b)) if **a == **b => {}
+            (Slot::None, EValue::None) => {}
+            (slot @ (Slot::Int(_) | Slot::Bool(_) | Slot::Double(_) | Slot::String(_)), v)
+                if slot.kind() == v.kind() =>
+            {
+                return Err(err(format!(
+                    "the program was exported with the constant {slot:?} here; got {v:?}"
+                )))
+            }
+            (slot, v) => return Err(err(format!("expected {}, got {}", slot.kind(), v.kind()))),
+        }
+        self.input_set[index] = true;
+        Ok(())
+    }
+
+    /// Sets every input, in order.
+    pub fn set_inputs(&mut self, values: &[EValue]) -> Result<()> {
+        if values.len() != self.inputs.len() {
+            return Err(RuntimeError::invalid_argument(format!(
+                "the method takes {} inputs, got {}",
+                self.inputs.len(),
+                values.len()
+            )));
+        }
+        values
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, v)| self.set_input(i, v))
+    }
+
+    /// Runs the method once.
+    pub fn execute(&mut self) -> Result<()> {
+        if let Some(i) = self.input_set.iter().position(|s| !s) {
+            return Err(RuntimeError::InputNotSet(i));
+        }
+        match self.pool.clone() {
+            Some(pool) => pool.install(|| self.run()),
+            None => self.run(),
+        }
+    }
+
+    fn run(&mut self) -> Result<()> {
+        let Method {
+            values,
+            memory,
+            chains,
+            call_args,
+            op_names,
+            kernels,
+            delegates,
+            ..
+        } = self;
+        let mut executed = 0u64;
+        for (c, chain) in chains.iter().enumerate() {
+            let mut pc = 0;
+            while pc < chain.len() {
+                executed += 1;
+                if executed > MAX_INSTRUCTIONS {
+                    return Err(RuntimeError::InstructionLimit(MAX_INSTRUCTIONS));
+                }
+                pc = match &chain[pc] {
+                    Instr::Kernel { kernel, op, args } => {
+                        let op = &op_names[*op as usize];
+                        let mut a = Args {
+                            op,
+                            ids: &call_args[args.start as usize..args.end as usize],
+                            values,
+                            memory,
+                        };
+                        kernels[*kernel as usize].run(&mut a).map_err(|source| {
+                            RuntimeError::Kernel {
+                                op: op.clone(),
+                                chain: c,
+                                instruction: pc,
+                                source,
+                            }
+                        })?;
+                        pc + 1
+                    }
+                    Instr::Delegate { delegate, args } => {
+                        let (id, handle) = &mut delegates[*delegate as usize];
+                        let mut a = Args {
+                            op: id,
+                            ids: &call_args[args.start as usize..args.end as usize],
+                            values,
+                            memory,
+                        };
+                        handle
+                            .run(&mut a)
+                            .map_err(|source| RuntimeError::Delegate {
+                                backend: id.clone(),
+                                chain: c,
+                                instruction: pc,
+                                source,
+                            })?;
+                        pc + 1
+                    }
+                    Instr::Move { from, to } => {
+                        values[*to as usize] = values[*from as usize].clone();
+                        pc + 1
+                    }
+                    Instr::JumpFalse { cond, destination } => {
+                        if condition(&values[*cond as usize], memory)
+                            .map_err(|e| bad(format!("chain {c} instruction {pc}: {e}")))?
+                        {
+                            pc + 1
+                        } else {
+                            *destination
+                        }
+                    }
+                    Instr::Free { value } => {
+                        match &mut values[*value as usize] {
+                            Slot::Tensor(t) => t.storage = Storage::Null,
+                            other => {
+                                return Err(bad(format!(
+                                    "chain {c} instruction {pc}: cannot free a {}",
+                                    other.kind()
+                                )))
+                            }
+                        }
+                        pc + 1
+                    }
+                };
+            }
+        }
+        Ok(())
+    }
+
+    /// Output `index`, copied out of the method's memory.
+    pub fn output(&self, index: usize) -> Result<EValue> {
+        let id = *self.outputs.get(index).ok_or_else(|| {
+            RuntimeError::invalid_argument(format!(
+                "output {index} does not exist: the method has {} outputs",
+                self.outputs.len()
+            ))
+        })?;
+        self.evalue(id as usize)
+    }
+
+    /// All outputs, copied out of the method's memory.
+    pub fn outputs(&self) -> Result<Vec<EValue>> {
+        (0..self.outputs.len()).map(|i| self.output(i)).collect()
+    }
+
+    fn tensor(&self, t: &TensorSlot) -> Result<Tensor> {
+        let bytes = self
+            .memory
+            .read(Access {
+                storage: t.storage,
+                nbytes: t.nbytes(),
+            })
+            .map_err(|e| RuntimeError::invalid_argument(e.to_string()))?;
+        Tensor::from_bytes(t.dtype, &t.sizes, &t.dim_order, bytes)
+    }
+
+    fn evalue(&self, id: usize) -> Result<EValue> {
+        let tensor_at = |i: u32| match &self.values[i as usize] {
+            Slot::Tensor(t) => self.tensor(t),
+            other => Err(bad(format!("list element {i} is a {}", other.kind()))),
+        };
+        Ok(match &self.values[id] {
+            Slot::None => EValue::None,
+            Slot::Int(v) => EValue::Int(*v),
+            Slot::Double(v) => EValue::Double(*v),
+            Slot::Bool(v) => EValue::Bool(*v),
+            Slot::String(s) => EValue::String(s.to_string()),
+            Slot::Tensor(t) => EValue::Tensor(self.tensor(t)?),
+            Slot::IntList(items) => EValue::IntList(
+                items
+                    .iter()
+                    .map(|&i| match &self.values[i as usize] {
+                        Slot::Int(v) => Ok(*v),
+                        other => Err(bad(format!("int list element is a {}", other.kind()))),
+                    })
+                    .collect::<Result<_>>()?,
+            ),
+            Slot::DoubleList(v) => EValue::DoubleList(v.to_vec()),
+            Slot::BoolList(v) => EValue::BoolList(v.to_vec()),
+            Slot::TensorList(items) => {
+                EValue::TensorList(items.iter().map(|&i| tensor_at(i)).collect::<Result<_>>()?)
+            }
+            Slot::OptionalTensorList(items) => EValue::OptionalTensorList(
+                items
+                    .iter()
+                    .map(|i| i.map(tensor_at).transpose())
+                    .collect::<Result<_>>()?,
+            ),
+        })
+    }
+
+    /// Names of the operators the method calls.
+    pub fn operator_names(&self) -> &[String] {
+        &self.op_names
+    }
+}
+
+/// A JumpFalse condition: a Bool, or a bool tensor that is true when all elements are.
+fn condition(v: &Slot, memory: &Memory) -> std::result::Result<bool, KernelError> {
+    match v {
+        Slot::Bool(b) => Ok(*b),
+        Slot::Tensor(t) if t.dtype == DType::Bool => Ok(memory
+            .read(Access {
+                storage: t.storage,
+                nbytes: t.nbytes(),
+            })?
+            .iter()
+            .all(|&b| b != 0)),
+        other => Err(KernelError::invalid(format!(
+            "a jump condition must be a Bool or a bool tensor, not {}",
+            match other {
+                Slot::Tensor(t) => format!("a {} tensor", t.dtype),
+                o => o.kind().to_owned(),
+            }
+        ))),
+    }
+}
+
+fn parse_values(
+    pte: &Pte<'_>,
+    plan: et::ExecutionPlanRef<'_>,
+    ptds: &[Ptd<'_>],
+    program: &Program,
+    memory: &mut Memory,
+) -> Result<Vec<Slot>> {
+    let refs = plan.values()?.ok_or_else(|| bad("method has no values"))?;
+    let n = refs.len();
+    let mut values: Vec<Slot> = Vec::with_capacity(n);
+    for (i, v) in refs.iter().enumerate() {
+        let what = format!("value {i}");
+        use et::KernelTypesRef as K;
+        let index = |x: i64| value_index(x, n, || what.clone());
+        let slot = match v?.val()? {
+            None => return Err(bad(format!("{what} has no contents"))),
+            Some(K::Null(_)) => Slot::None,
+            Some(K::Int(x)) => Slot::Int(x.int_val()?),
+            Some(K::Double(x)) => Slot::Double(x.double_val()?),
+            Some(K::Bool(x)) => Slot::Bool(x.bool_val()?),
+            Some(K::String(s)) => Slot::String(s.string_val()?.unwrap_or_default().into()),
+            Some(K::IntList(l)) => Slot::IntList(
+                l.items()?
+                    .into_iter()
+                    .flatten()
+                    .map(index)
+                    .collect::<Result<_>>()?,
+            ),
+            Some(K::DoubleList(l)) => Slot::DoubleList(l.items()?.into_iter().flatten().collect()),
+            Some(K::BoolList(l)) => Slot::BoolList(l.items()?.into_iter().flatten().collect()),
+            Some(K::TensorList(l)) => Slot::TensorList(
+                l.items()?
+                    .into_iter()
+                    .flatten()
+                    .map(|x| {
+                        let j = index(x.into())?;
+                        // Elements must be tensors parsed before the list, as upstream requires.
+                        match values.get(j as usize) {
+                            Some(Slot::Tensor(_)) => Ok(j),
+                            _ => Err(bad(format!(
+                                "{what}: tensor list element {x} is not an earlier tensor value"
+                            ))),
+                        }
+                    })
+                    .collect::<Result<_>>()?,
+            ),
+            Some(K::OptionalTensorList(l)) => Slot::OptionalTensorList(
+                l.items()?
+                    .into_iter()
+                    .flatten()
+                    .map(|x| {
+                        if x == -1 {
+                            return Ok(None);
+                        }
+                        let j = index(x.into())?;
+                        match values.get(j as usize) {
+                            Some(Slot::Tensor(_) | Slot::None) => Ok(Some(j)),
+                            _ => Err(bad(format!(
+                                "{what}: optional tensor list element {x} is not an earlier tensor"
+                            ))),
+                        }
+                    })
+                    .collect::<Result<_>>()?,
+            ),
+            Some(K::Tensor(t)) => Slot::Tensor(parse_tensor(t, &what, pte, ptds, program, memory)?),
+        };
+        values.push(slot);
+    }
+    Ok(values)
+}
+
+fn parse_tensor(
+    t: et::TensorRef<'_>,
+    what: &str,
+    pte: &Pte<'_>,
+    ptds: &[Ptd<'_>],
+    program: &Program,
+    memory: &mut Memory,
+) -> Result<TensorSlot> {
+    let shape = tensor_shape(t, what)?;
+    let alloc = t.allocation_info()?;
+    let buffer_idx = t.data_buffer_idx()? as usize;
+    let external = match t.extra_tensor_info()? {
+        Some(e) if e.location()? == et::TensorDataLocation::External => Some(
+            e.fully_qualified_name()?
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| bad(format!("{what}: external tensor without a name")))?,
+        ),
+        _ => None,
+    };
+
+    let planned_at = |alloc: et::AllocationDetailsRef<'_>| -> Result<Storage> {
+        let id = alloc.memory_id()?;
+        let buffer = id
+            .checked_sub(1)
+            .filter(|&b| (b as usize) < memory.planned.len())
+            .ok_or_else(|| {
+                bad(format!(
+                    "{what}: memory id {id} does not name one of the {} planned buffers",
+                    memory.planned.len()
+                ))
+            })?;
+        let offset =
+            u64::from(alloc.memory_offset_low()?) | (u64::from(alloc.memory_offset_high()?) << 32);
+        let len = memory.planned[buffer as usize].len() as u64;
+        let end = offset.checked_add(shape.nbytes as u64);
+        if end.is_none_or(|e| e > len) {
+            return Err(bad(format!(
+                "{what}: {} bytes at offset {offset} lie past the end of planned buffer {id} ({len} bytes)",
+                shape.nbytes
+            )));
+        }
+        Ok(Storage::Planned {
+            buffer,
+            offset: offset as usize,
+        })
+    };
+
+    let find_external = |name: &str| -> Result<(u32, &[u8])> {
+        if ptds.is_empty() {
+            return Err(RuntimeError::ExternalData(format!(
+                "{what} ({name:?}) is stored outside the program; provide the .ptd file that holds it"
+            )));
+        }
+        for (f, ptd) in ptds.iter().enumerate() {
+            let Some(entry) = ptd.get(name)? else {
+                continue;
+            };
+            let layout = entry.layout.as_ref().ok_or_else(|| {
+                RuntimeError::ExternalData(format!("{name:?} in data file {f} is not a tensor"))
+            })?;
+            let sizes: Vec<usize> = shape.sizes.to_vec();
+            let ok = DType::from_scalar_type(layout.scalar_type) == shape.dtype
+                && layout
+                    .sizes
+                    .iter()
+                    .map(|&s| s as usize)
+                    .eq(sizes.iter().copied())
+                && layout
+                    .dim_order
+                    .iter()
+                    .map(|&d| usize::from(d))
+                    .eq(shape.dim_order.iter().copied());
+            if !ok {
+                return Err(RuntimeError::ExternalData(format!(
+                    "{name:?}: the data file holds {}{:?} (dim order {:?}), the program expects {}{:?} (dim order {:?})",
+                    DType::from_scalar_type(layout.scalar_type),
+                    layout.sizes,
+                    layout.dim_order,
+                    shape.dtype,
+                    sizes,
+                    shape.dim_order.as_slice()
+                )));
+            }
+            return Ok((f as u32, &entry.data[..shape.nbytes]));
+        }
+        Err(RuntimeError::ExternalData(format!(
+            "{what} ({name:?}) is in none of the {} data file(s) given",
+            ptds.len()
+        )))
+    };
+
+    let storage = match (external, alloc, buffer_idx) {
+        (Some(name), None, _) => {
+            let (f, bytes) = find_external(name)?;
+            Storage::External {
+                file: f,
+                offset: offset_in(&program.data[f as usize], bytes),
+            }
+        }
+        (Some(name), Some(a), _) => {
+            let storage = planned_at(a)?;
+            let (_, bytes) = find_external(name)?;
+            write_planned(memory, storage, bytes);
+            storage
+        }
+        (None, None, 0) => Storage::Null,
+        (None, None, idx) => {
+            let Some(constants) = pte.constant_segment()? else {
+                return Err(RuntimeError::NotSupported(format!(
+                    "{what}: constants in the deprecated inline constant_buffer (upstream rejects \
+                     these too); `pte repack` moves them into a constant segment"
+                )));
+            };
+            if idx >= constants.len() {
+                return Err(bad(format!(
+                    "{what}: constant index {idx} is out of range (0..{})",
+                    constants.len()
+                )));
+            }
+            let bytes = constants.get(idx, shape.nbytes)?;
+            Storage::Program {
+                offset: offset_in(&program.bytes, bytes),
+            }
+        }
+        (None, Some(a), 0) => planned_at(a)?,
+        (None, Some(a), idx) => {
+            let storage = planned_at(a)?;
+            let init = pte.mutable_data(0)?.ok_or_else(|| {
+                bad(format!(
+                    "{what}: initial state in a missing mutable data segment"
+                ))
+            })?;
+            let bytes = init.get(idx, shape.nbytes)?;
+            write_planned(memory, storage, bytes);
+            storage
+        }
+    };
+    Ok(TensorSlot {
+        dtype: shape.dtype,
+        capacity: shape.numel,
+        sizes: shape.sizes,
+        dim_order: shape.dim_order,
+        dynamism: shape.dynamism,
+        storage,
+    })
+}
+
+fn write_planned(memory: &mut Memory, storage: Storage, bytes: &[u8]) {
+    if let Storage::Planned { buffer, offset } = storage {
+        // `planned_at` checked that the tensor's bytes fit.
+        memory.planned[buffer as usize].as_mut_bytes()[offset..offset + bytes.len()]
+            .copy_from_slice(bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn loaded_methods_can_move_to_other_threads() {
+        fn send<T: Send>() {}
+        send::<super::Method>();
+        send::<crate::Program>();
+    }
+}

@@ -1,0 +1,124 @@
+//! Kernel and backend registries: how operators and delegates are found by name.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::args::Args;
+use crate::error::KernelResult;
+
+/// A kernel as registered: it prepares one runnable instance per call site when a method
+/// loads. Preparing may read the call's constant arguments (weights) and keep derived
+/// state, such as packed weights or a chosen algorithm.
+pub trait Kernel: Send + Sync {
+    /// Prepares the instance that will run this call site.
+    fn prepare(&self, args: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>>;
+}
+
+/// One call site's kernel instance, run at each execution.
+pub trait PreparedKernel: Send {
+    /// Runs the call.
+    fn run(&mut self, args: &mut Args<'_>) -> KernelResult;
+}
+
+/// A stateless kernel: a plain function.
+pub type KernelFn = fn(&mut Args<'_>) -> KernelResult;
+
+#[derive(Clone, Copy)]
+struct FnKernel(KernelFn);
+
+impl Kernel for FnKernel {
+    fn prepare(&self, _: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
+        Ok(Box::new(*self))
+    }
+}
+
+impl PreparedKernel for FnKernel {
+    fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
+        (self.0)(args)
+    }
+}
+
+/// Kernels by operator name (`namespace::name.overload`, or `namespace::name` for the
+/// default overload).
+#[derive(Clone, Default)]
+pub struct KernelRegistry {
+    kernels: BTreeMap<String, Arc<dyn Kernel>>,
+}
+
+impl KernelRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers (or replaces) a kernel.
+    pub fn register(&mut self, name: &str, kernel: impl Kernel + 'static) {
+        self.kernels.insert(name.to_owned(), Arc::new(kernel));
+    }
+
+    /// Registers (or replaces) a stateless kernel function.
+    pub fn register_fn(&mut self, name: &str, f: KernelFn) {
+        self.register(name, FnKernel(f));
+    }
+
+    /// The kernel for an operator name.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Kernel>> {
+        self.kernels.get(name)
+    }
+
+    /// Registered operator names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.kernels.keys().map(String::as_str)
+    }
+}
+
+/// Data a backend can look up while initializing a delegate: the program's named data and
+/// the `.ptd` files, by key.
+pub trait NamedData {
+    /// The bytes stored under `key`, if any.
+    fn get(&self, key: &str) -> Option<&[u8]>;
+}
+
+/// What a backend gets to initialize one delegate.
+pub struct DelegateInit<'a> {
+    /// The delegate's processed payload.
+    pub processed: &'a [u8],
+    /// Compile specs as (key, value) pairs.
+    pub compile_specs: &'a [(String, Vec<u8>)],
+    /// Named data of the program and its data files.
+    pub named_data: &'a dyn NamedData,
+}
+
+/// A backend that runs delegated subgraphs (`BackendDelegate.id` names it).
+pub trait Backend: Send + Sync {
+    /// Prepares one delegate; called once per delegate when a method loads.
+    fn init(&self, init: &DelegateInit<'_>) -> KernelResult<Box<dyn PreparedKernel>>;
+}
+
+/// Backends by id.
+#[derive(Clone, Default)]
+pub struct BackendRegistry {
+    backends: BTreeMap<String, Arc<dyn Backend>>,
+}
+
+impl BackendRegistry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers (or replaces) a backend.
+    pub fn register(&mut self, id: &str, backend: impl Backend + 'static) {
+        self.backends.insert(id.to_owned(), Arc::new(backend));
+    }
+
+    /// The backend for an id.
+    pub fn get(&self, id: &str) -> Option<&Arc<dyn Backend>> {
+        self.backends.get(id)
+    }
+
+    /// Registered backend ids, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.backends.keys().map(String::as_str)
+    }
+}

@@ -1,0 +1,328 @@
+//! The owned tensor type that crosses the runtime's API: inputs in, outputs out.
+
+use smallvec::SmallVec;
+
+use crate::dtype::{DType, Element};
+use crate::error::{Result, RuntimeError};
+
+/// Sizes, strides or a dim order: at most 16 entries, inline up to 6.
+pub type Dims = SmallVec<[usize; 6]>;
+
+/// Largest rank the runtime accepts (upstream's `kTensorDimensionLimit`).
+pub const MAX_RANK: usize = 16;
+
+/// A byte buffer whose start is 16-byte aligned, so it can be viewed as any element type.
+#[derive(Clone, Default)]
+pub struct AlignedBuf {
+    words: Vec<u128>,
+    len: usize,
+}
+
+impl AlignedBuf {
+    /// A zeroed buffer of `len` bytes.
+    pub fn zeroed(len: usize) -> Self {
+        AlignedBuf {
+            words: vec![0; len.div_ceil(16)],
+            len,
+        }
+    }
+
+    /// A copy of `bytes`.
+    pub fn from_bytes(bytes: &[u8]) -> Self {
+        let mut b = Self::zeroed(bytes.len());
+        b.as_mut_bytes().copy_from_slice(bytes);
+        b
+    }
+
+    /// Grows or shrinks to `len` bytes, keeping the contents that fit; never shrinks the
+    /// allocation.
+    pub fn resize(&mut self, len: usize) {
+        let words = len.div_ceil(16);
+        if words > self.words.len() {
+            self.words.resize(words, 0);
+        }
+        self.len = len;
+    }
+
+    /// The first `len` elements of `T`, growing the buffer when it is shorter; `None` if
+    /// the byte size overflows. Contents are whatever was left there.
+    pub fn slice_mut<T: bytemuck::Pod>(&mut self, len: usize) -> Option<&mut [T]> {
+        debug_assert!(std::mem::align_of::<T>() <= 16);
+        let nbytes = len.checked_mul(std::mem::size_of::<T>())?;
+        if self.len < nbytes {
+            self.resize(nbytes);
+        }
+        bytemuck::try_cast_slice_mut(&mut self.as_mut_bytes()[..nbytes]).ok()
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &bytemuck::cast_slice(&self.words)[..self.len]
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_bytes(&mut self) -> &mut [u8] {
+        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AlignedBuf({} bytes)", self.len)
+    }
+}
+
+/// Strides (in elements) of a dense tensor laid out in `dim_order`.
+///
+/// A size-0 dimension counts as size 1, as upstream does, so strides stay meaningful.
+pub fn strides_for(sizes: &[usize], dim_order: &[usize]) -> Dims {
+    let mut strides: Dims = smallvec::smallvec![0; sizes.len()];
+    let mut step = 1usize;
+    for &d in dim_order.iter().rev() {
+        strides[d] = step;
+        step = step.saturating_mul(sizes[d].max(1));
+    }
+    strides
+}
+
+/// The identity dim order `0..rank` (contiguous, row-major).
+pub fn contiguous_dim_order(rank: usize) -> Dims {
+    (0..rank).collect()
+}
+
+/// Number of elements, overflow-checked.
+pub fn checked_numel(sizes: &[usize]) -> Option<usize> {
+    sizes.iter().try_fold(1usize, |a, &s| a.checked_mul(s))
+}
+
+/// An owned, dense tensor.
+#[derive(Clone, Debug)]
+pub struct Tensor {
+    dtype: DType,
+    sizes: Dims,
+    dim_order: Dims,
+    data: AlignedBuf,
+}
+
+impl Tensor {
+    /// A tensor from raw bytes laid out in `dim_order`; the byte count must match.
+    pub fn from_bytes(
+        dtype: DType,
+        sizes: &[usize],
+        dim_order: &[usize],
+        bytes: &[u8],
+    ) -> Result<Self> {
+        Self::check_layout(sizes, dim_order)?;
+        let nbytes = checked_numel(sizes)
+            .and_then(|n| n.checked_mul(dtype.size()))
+            .ok_or_else(|| RuntimeError::invalid_argument("tensor byte size overflows"))?;
+        if nbytes != bytes.len() {
+            return Err(RuntimeError::invalid_argument(format!(
+                "{dtype}{sizes:?} needs {nbytes} bytes, got {}",
+                bytes.len()
+            )));
+        }
+        Ok(Tensor {
+            dtype,
+            sizes: sizes.into(),
+            dim_order: dim_order.into(),
+            data: AlignedBuf::from_bytes(bytes),
+        })
+    }
+
+    /// A contiguous tensor from elements.
+    pub fn from_slice<T: Element>(sizes: &[usize], values: &[T]) -> Result<Self> {
+        Self::from_bytes(
+            T::DTYPE,
+            sizes,
+            &contiguous_dim_order(sizes.len()),
+            bytemuck::cast_slice(values),
+        )
+    }
+
+    /// A contiguous bool tensor.
+    pub fn from_bools(sizes: &[usize], values: &[bool]) -> Result<Self> {
+        let bytes: Vec<u8> = values.iter().map(|&b| u8::from(b)).collect();
+        Self::from_bytes(
+            DType::Bool,
+            sizes,
+            &contiguous_dim_order(sizes.len()),
+            &bytes,
+        )
+    }
+
+    /// A zero-filled contiguous tensor.
+    pub fn zeros(dtype: DType, sizes: &[usize]) -> Result<Self> {
+        let n = checked_numel(sizes)
+            .and_then(|n| n.checked_mul(dtype.size()))
+            .ok_or_else(|| RuntimeError::invalid_argument("tensor byte size overflows"))?;
+        Ok(Tensor {
+            dtype,
+            sizes: sizes.into(),
+            dim_order: contiguous_dim_order(sizes.len()),
+            data: AlignedBuf::zeroed(n),
+        })
+    }
+
+    fn check_layout(sizes: &[usize], dim_order: &[usize]) -> Result<()> {
+        if sizes.len() > MAX_RANK {
+            return Err(RuntimeError::invalid_argument(format!(
+                "rank {} exceeds the limit of {MAX_RANK}",
+                sizes.len()
+            )));
+        }
+        let mut seen = [false; MAX_RANK];
+        if dim_order.len() != sizes.len()
+            || dim_order
+                .iter()
+                .any(|&d| d >= sizes.len() || std::mem::replace(&mut seen[d], true))
+        {
+            return Err(RuntimeError::invalid_argument(format!(
+                "dim order {dim_order:?} is not a permutation of 0..{}",
+                sizes.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Sizes in logical order.
+    pub fn sizes(&self) -> &[usize] {
+        &self.sizes
+    }
+
+    /// Memory order of the dimensions, outermost first.
+    pub fn dim_order(&self) -> &[usize] {
+        &self.dim_order
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.sizes.iter().product()
+    }
+
+    /// The raw bytes, in `dim_order` layout.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.data.as_bytes()
+    }
+
+    /// The elements, if `T` is this tensor's element type (`u8` for bool).
+    pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
+        let ok = T::DTYPE == self.dtype || (self.dtype == DType::Bool && T::DTYPE == DType::U8);
+        if !ok {
+            return Err(RuntimeError::invalid_argument(format!(
+                "tensor holds {}, not {}",
+                self.dtype,
+                T::DTYPE
+            )));
+        }
+        Ok(bytemuck::cast_slice(self.data.as_bytes()))
+    }
+
+    /// The same tensor laid out in the default (row-major) dim order.
+    pub fn to_contiguous(&self) -> Tensor {
+        if self.dim_order.iter().enumerate().all(|(i, &d)| i == d) {
+            return self.clone();
+        }
+        let size = self.dtype.size();
+        let strides = strides_for(&self.sizes, &self.dim_order);
+        let src = self.data.as_bytes();
+        let mut out = AlignedBuf::zeroed(src.len());
+        let dst = out.as_mut_bytes();
+        let mut index: Dims = smallvec::smallvec![0; self.sizes.len()];
+        for chunk in dst.chunks_exact_mut(size) {
+            let at: usize = index
+                .iter()
+                .zip(&strides)
+                .map(|(i, s)| i * s)
+                .sum::<usize>()
+                * size;
+            chunk.copy_from_slice(&src[at..at + size]);
+            for d in (0..index.len()).rev() {
+                index[d] += 1;
+                if index[d] < self.sizes[d] {
+                    break;
+                }
+                index[d] = 0;
+            }
+        }
+        Tensor {
+            dtype: self.dtype,
+            sizes: self.sizes.clone(),
+            dim_order: contiguous_dim_order(self.sizes.len()),
+            data: out,
+        }
+    }
+
+    /// Every element converted to f64 (bools as 0/1), in memory order.
+    pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
+        let b = self.as_bytes();
+        Ok(match self.dtype {
+            DType::F32 => cast::<f32>(b).iter().map(|&v| v.into()).collect(),
+            DType::F64 => cast::<f64>(b).to_vec(),
+            DType::F16 => cast::<half::f16>(b).iter().map(|v| v.to_f64()).collect(),
+            DType::BF16 => cast::<half::bf16>(b).iter().map(|v| v.to_f64()).collect(),
+            DType::I8 => cast::<i8>(b).iter().map(|&v| v.into()).collect(),
+            DType::I16 => cast::<i16>(b).iter().map(|&v| v.into()).collect(),
+            DType::I32 => cast::<i32>(b).iter().map(|&v| v.into()).collect(),
+            DType::I64 => cast::<i64>(b).iter().map(|&v| v as f64).collect(),
+            DType::U8 | DType::Bool => b.iter().map(|&v| v.into()).collect(),
+            DType::U16 => cast::<u16>(b).iter().map(|&v| v.into()).collect(),
+            DType::U32 => cast::<u32>(b).iter().map(|&v| v.into()).collect(),
+            DType::U64 => cast::<u64>(b).iter().map(|&v| v as f64).collect(),
+            DType::Other(_) => {
+                return Err(RuntimeError::invalid_argument(format!(
+                    "cannot convert {} to numbers",
+                    self.dtype
+                )))
+            }
+        })
+    }
+}
+
+fn cast<T: bytemuck::Pod>(b: &[u8]) -> &[T] {
+    bytemuck::cast_slice(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn channels_last_becomes_row_major() {
+        // Logical [1, 2, 2, 3] (N, C, H, W) stored channels-last: memory order N, H, W, C.
+        let logical: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        let mut memory = vec![0f32; 12];
+        for c in 0..2 {
+            for h in 0..2 {
+                for w in 0..3 {
+                    memory[(h * 3 + w) * 2 + c] = logical[(c * 2 + h) * 3 + w];
+                }
+            }
+        }
+        let t = Tensor::from_bytes(
+            DType::F32,
+            &[1, 2, 2, 3],
+            &[0, 2, 3, 1],
+            bytemuck::cast_slice(&memory),
+        )
+        .unwrap();
+        let c = t.to_contiguous();
+        assert_eq!(c.as_slice::<f32>().unwrap(), logical.as_slice());
+        assert_eq!(c.dim_order(), &[0, 1, 2, 3]);
+    }
+}

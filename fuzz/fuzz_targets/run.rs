@@ -1,0 +1,39 @@
+//! Load and execute arbitrary bytes as a program with the standard kernels. Seeded with
+//! the fixtures, the fuzzer mostly produces programs that verify but are wrong inside:
+//! bad indices, wrong value kinds, tensors outside their memory. Nothing may panic.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use pte_runtime::{BackendRegistry, EValue, LoadOptions, Program, ValueMeta};
+
+/// Keeps one run small: planned memory and generated inputs are capped.
+const LIMIT_BYTES: u64 = 64 << 20;
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(program) = Program::from_bytes(data) else { return };
+    let kernels = pte_kernels::registry();
+    let options = LoadOptions {
+        max_planned_bytes: LIMIT_BYTES,
+        threads: None,
+    };
+    for name in program.method_names().to_vec() {
+        let Ok(meta) = program.method_meta(&name) else { continue };
+        let too_big = meta.inputs.iter().any(|m| match m {
+            ValueMeta::Tensor(t) => t.nbytes as u64 > LIMIT_BYTES,
+            _ => false,
+        });
+        if too_big {
+            continue;
+        }
+        let Ok(mut method) =
+            program.load_method_with(&name, &kernels, &BackendRegistry::new(), &options)
+        else {
+            continue;
+        };
+        let Ok(inputs) = meta.example_inputs() else { continue };
+        if method.set_inputs(&inputs).is_ok() {
+            let _ = method.execute();
+            let _: Vec<EValue> = method.outputs().unwrap_or_default();
+        }
+    }
+});
