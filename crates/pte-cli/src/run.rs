@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use pte_runtime::{npy, BackendRegistry, EValue, LoadOptions, Method, Program, ValueMeta};
+use pte_runtime::{
+    npy, BackendRegistry, EValue, LoadOptions, Method, Program, RuntimeError, ValueMeta,
+};
 
 pub struct RunArgs {
     pub model: PathBuf,
@@ -76,7 +78,15 @@ pub fn load(
             &BackendRegistry::new(),
             options,
         )
-        .with_context(|| format!("loading method {name:?}"))?;
+        .map_err(|e| {
+            let hint = match e {
+                RuntimeError::ExternalData(_) if data.is_empty() => {
+                    " (give data files with --data FILE.ptd)"
+                }
+                _ => "",
+            };
+            anyhow::Error::new(e).context(format!("loading method {name:?}{hint}"))
+        })?;
     Ok((name, method))
 }
 

@@ -570,14 +570,14 @@ pub(crate) fn resize_slot(t: &mut TensorSlot, sizes: &[usize]) -> KernelResult {
     }
     match t.dynamism {
         Dynamism::Static => Err(KernelError::invalid(format!(
-            "cannot resize a static tensor of shape {:?} to {sizes:?}",
+            "the tensor has the static shape {:?}; got {sizes:?}",
             t.sizes.as_slice()
         ))),
         Dynamism::Bound => {
             let numel = checked_numel(sizes).unwrap_or(usize::MAX);
             if numel > t.capacity {
                 return Err(KernelError::invalid(format!(
-                    "shape {sizes:?} has {numel} elements, more than the tensor's bound of {}",
+                    "shape {sizes:?} has {numel} elements, more than the {} its dynamic bound allows",
                     t.capacity
                 )));
             }

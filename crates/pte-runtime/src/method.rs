@@ -412,16 +412,7 @@ impl Method {
                         x.dim_order()
                     )));
                 }
-                resize_slot(t, x.sizes()).map_err(|e| {
-                    err(format!(
-                        "shape {:?} does not fit the declared {:?}: {e}",
-                        x.sizes(),
-                        self.meta.inputs.get(index).map(|m| match m {
-                            crate::program::ValueMeta::Tensor(t) => t.sizes.clone(),
-                            _ => Vec::new(),
-                        })
-                    ))
-                })?;
+                resize_slot(t, x.sizes()).map_err(|e| err(e.to_string()))?;
                 let nbytes = t.nbytes();
                 match t.storage {
                     Storage::Planned { buffer, offset } => {
