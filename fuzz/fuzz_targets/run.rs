@@ -6,8 +6,11 @@
 use libfuzzer_sys::fuzz_target;
 use pte_runtime::{BackendRegistry, EValue, LoadOptions, Program, ValueMeta};
 
-/// Keeps one run small: planned memory and generated inputs are capped.
+/// Keeps one run small: planned memory, generated inputs and executed instructions are
+/// capped (a loop under the default 10M-instruction cap is bounded, but slow under the
+/// fuzzer's instrumentation).
 const LIMIT_BYTES: u64 = 64 << 20;
+const LIMIT_INSTRUCTIONS: u64 = 100_000;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(program) = Program::from_bytes(data) else { return };
@@ -15,6 +18,7 @@ fuzz_target!(|data: &[u8]| {
     let options = LoadOptions {
         max_planned_bytes: LIMIT_BYTES,
         threads: None,
+        max_instructions: LIMIT_INSTRUCTIONS,
     };
     for name in program.method_names().to_vec() {
         let Ok(meta) = program.method_meta(&name) else { continue };

@@ -21,7 +21,7 @@ pub mod pool;
 
 /// Arithmetic of a computation type (float32 or float64).
 pub(crate) trait Real:
-    Copy
+    bytemuck::Pod
     + Send
     + Sync
     + PartialOrd

@@ -4,11 +4,13 @@
 //! Every reduction goes through one plan: normalize the reduced dims, view the input as
 //! `outer × reduced × inner` (when the reduced dims are not adjacent, the input is first
 //! gathered with the kept dims in front, making `inner` 1), then `fold` each
-//! `(outer, inner)` lane. Lanes advance together row by row, so the innermost loop runs
-//! over contiguous memory whichever dim is reduced. Sums, means and products accumulate
-//! in `f64` for float outputs and wrapping `i64` for integer outputs, then convert to the
-//! output's dtype; `max`/`min` propagate NaN and report the first index on ties, as
-//! PyTorch does.
+//! `(outer, inner)` lane. Lanes advance together row by row, up to 256 at a time
+//! with their accumulators on the stack, so the innermost loop runs over contiguous
+//! memory whichever dim is reduced. Sums, means and products accumulate in `f64` for
+//! float outputs and wrapping `i64` for integer outputs, then convert to the output's
+//! dtype; `max`/`min` propagate NaN and report the first index on ties, as PyTorch does.
+//! Gathered inputs, accumulated results and `topk`'s sort order live in the method's
+//! scratch memory, so a steady-state run allocates nothing.
 
 use std::cmp::Ordering;
 
@@ -17,9 +19,9 @@ use pte_runtime::{
 };
 use smallvec::SmallVec;
 
-use crate::shape::strided::{self, typed, typed_mut, Bytes, Layout};
+use crate::shape::strided::{self, typed, typed_mut, Layout};
 use crate::shape::{dim_set, same_dtype};
-use crate::util::{convert, Elem};
+use crate::util::{convert, Elem, Scratch};
 
 /// A reduction's input as `outer × red × inner` elements, row-major.
 #[derive(Clone, Copy, Debug)]
@@ -59,13 +61,9 @@ fn all_if_empty(dims: Option<&[i64]>) -> Option<&[i64]> {
     dims.filter(|d| !d.is_empty())
 }
 
-/// The input's bytes as a [`Block`]: its own when the reduced dims are adjacent (size-1
-/// dims do not count), else gathered with the kept dims first.
-fn arrange<'a>(
-    bytes: &'a [u8],
-    x: &TensorInfo,
-    reduced: &[bool],
-) -> KernelResult<(Block, Bytes<'a>)> {
+/// The input as a [`Block`] in place, when the reduced dims are adjacent (size-1 dims do
+/// not count).
+fn adjacent(x: &TensorInfo, reduced: &[bool]) -> Option<Block> {
     let dims: SmallVec<[(usize, bool); 6]> = x
         .sizes
         .iter()
@@ -76,13 +74,34 @@ fn arrange<'a>(
     let first = dims.iter().position(|d| d.1).unwrap_or(dims.len());
     let last = dims.iter().rposition(|d| d.1).map_or(first, |l| l + 1);
     let size = |ds: &[(usize, bool)]| ds.iter().map(|d| d.0).product::<usize>();
-    if dims[first..last].iter().all(|d| d.1) {
-        let block = Block {
-            outer: size(&dims[..first]),
-            red: size(&dims[first..last]),
-            inner: size(&dims[last..]),
-        };
-        return Ok((block, Bytes::Borrowed(bytes)));
+    dims[first..last].iter().all(|d| d.1).then(|| Block {
+        outer: size(&dims[..first]),
+        red: size(&dims[first..last]),
+        inner: size(&dims[last..]),
+    })
+}
+
+/// The scratch piece (bytes) [`arrange`] needs: room for a gathered copy of the input
+/// unless it reduces in place.
+fn gather_piece(x: &TensorInfo, reduced: &[bool]) -> (usize, usize) {
+    let bytes = match adjacent(x, reduced) {
+        Some(_) => 0,
+        None => x.nbytes(),
+    };
+    Scratch::piece::<u8>(bytes)
+}
+
+/// The input's bytes as a [`Block`]: its own when the reduced dims are adjacent, else
+/// gathered with the kept dims first into the piece of `scratch` that [`gather_piece`]
+/// declared.
+fn arrange<'a>(
+    bytes: &'a [u8],
+    x: &TensorInfo,
+    reduced: &[bool],
+    scratch: &mut Scratch<'a>,
+) -> KernelResult<(Block, &'a [u8])> {
+    if let Some(block) = adjacent(x, reduced) {
+        return Ok((block, bytes));
     }
     let st = strided::row_major(&x.sizes);
     let order: Dims = (0..x.rank())
@@ -91,13 +110,13 @@ fn arrange<'a>(
         .collect();
     let walk: Dims = order.iter().map(|&d| x.sizes[d]).collect();
     let src = Layout::new(0, order.iter().map(|&d| st[d]));
-    let mut buf = pte_runtime::AlignedBuf::zeroed(bytes.len());
+    let buf = scratch.take::<u8>(bytes.len())?;
     strided::copy(
         x.dtype.size(),
         &walk,
         bytes,
         &src,
-        buf.as_mut_bytes(),
+        buf,
         &Layout::contiguous(&walk),
     )?;
     let (kept, red) = walk.split_at(x.rank() - reduced.iter().filter(|&&r| r).count());
@@ -106,8 +125,11 @@ fn arrange<'a>(
         red: red.iter().product(),
         inner: 1,
     };
-    Ok((block, Bytes::Owned(buf)))
+    Ok((block, buf))
 }
+
+/// Lanes of `inner` that [`fold`] advances together (accumulators on the stack).
+const LANES: usize = 256;
 
 /// Folds every lane of a block: `step(acc, x, r)` for `r` in `0..red`, starting from
 /// `init`, then `emit(output index, acc)`.
@@ -123,7 +145,6 @@ fn fold<T: Copy, A: Copy>(
         (0..b.outer * b.inner).for_each(|i| emit(i, init));
         return;
     }
-    let mut accs = vec![init; b.inner];
     for (o, chunk) in src.chunks_exact(lane).take(b.outer).enumerate() {
         if b.inner == 1 {
             let mut acc = init;
@@ -134,13 +155,18 @@ fn fold<T: Copy, A: Copy>(
             emit(o, acc);
             continue;
         }
-        accs.fill(init);
-        for (r, row) in chunk.chunks_exact(b.inner).enumerate() {
-            accs.iter_mut().zip(row).for_each(|(a, &x)| step(a, x, r));
+        for i0 in (0..b.inner).step_by(LANES) {
+            let w = LANES.min(b.inner - i0);
+            let mut accs = [init; LANES];
+            let accs = &mut accs[..w];
+            for (r, row) in chunk.chunks_exact(b.inner).enumerate() {
+                let run = &row[i0..i0 + w];
+                accs.iter_mut().zip(run).for_each(|(a, &x)| step(a, x, r));
+            }
+            accs.iter()
+                .enumerate()
+                .for_each(|(i, &a)| emit(o * b.inner + i0 + i, a));
         }
-        accs.iter()
-            .enumerate()
-            .for_each(|(i, &a)| emit(o * b.inner + i, a));
     }
 }
 
@@ -179,14 +205,17 @@ fn arith(
         )));
     }
     let mut io = args.io(&[0.into()], &[out.into()])?;
-    let (block, data) = arrange(io.inputs[0].bytes(), &x, &p.reduced)?;
     let n = io.outputs[0].info.numel();
+    // Results accumulate as f64 or i64 (same size).
+    let pieces = [gather_piece(&x, &p.reduced), Scratch::piece::<f64>(n)];
+    let mut scratch = Scratch::new(io.scratch, &pieces)?;
+    let (block, data) = arrange(io.inputs[0].bytes(), &x, &p.reduced, &mut scratch)?;
     let out = &mut io.outputs[0];
     crate::dispatch_all!(x.dtype, T => {
-        let src = typed::<T>(&data)?;
+        let src = typed::<T>(data)?;
         let in_bool = x.dtype == DType::Bool;
         if od.is_float() {
-            let mut res = vec![0f64; n];
+            let res = scratch.take::<f64>(n)?;
             let (init, f): (f64, fn(f64, f64) -> f64) = match op {
                 Arith::Prod => (1.0, |a, b| a * b),
                 _ => (0.0, |a, b| a + b),
@@ -195,18 +224,18 @@ fn arith(
             if op == Arith::Mean {
                 res.iter_mut().for_each(|v| *v /= block.red as f64);
             }
-            write(&res, out)
+            write(res, out)
         } else {
             // A bool output sums (or multiplies) the inputs as bools.
             let as_bool = od == DType::Bool || in_bool;
-            let mut res = vec![0i64; n];
+            let res = scratch.take::<i64>(n)?;
             let (init, f): (i64, fn(i64, i64) -> i64) = match op {
                 Arith::Prod => (1, i64::wrapping_mul),
                 _ => (0, i64::wrapping_add),
             };
             let elem = |v: T| if as_bool { i64::from(v != T::default()) } else { v.to_i64() };
             fold(src, block, init, |a, v, _| *a = f(*a, elem(v)), |i, a| res[i] = a);
-            write(&res, out)
+            write(res, out)
         }
     }, Err(KernelError::dtypes(&[x.dtype])))
 }
@@ -262,13 +291,14 @@ fn extreme(
         same_dtype(DType::I64, args.tensor(i)?.dtype)?;
     }
     let mut io = args.io(&[0.into()], &writes)?;
-    let (block, data) = arrange(io.inputs[0].bytes(), &x, &p.reduced)?;
+    let mut scratch = Scratch::new(io.scratch, &[gather_piece(&x, &p.reduced)])?;
+    let (block, data) = arrange(io.inputs[0].bytes(), &x, &p.reduced, &mut scratch)?;
     check_nonempty(block, op)?;
     let mut outs = io.outputs.iter_mut();
     let vout = values.and_then(|_| outs.next());
     let iout = indices.and_then(|_| outs.next());
     crate::dispatch_all!(x.dtype, T => {
-        let src = typed::<T>(&data)?;
+        let src = typed::<T>(data)?;
         let mut vals = vout.map(|o| typed_mut::<T>(o.bytes_mut())).transpose()?;
         let mut idxs = iout.map(|o| typed_mut::<i64>(o.bytes_mut())).transpose()?;
         let step = |a: &mut (T, usize), v: T, r: usize| {
@@ -353,10 +383,11 @@ fn any(args: &mut Args<'_>, p: Plan, out: usize) -> KernelResult {
         return Err(KernelError::dtypes(&[x.dtype, od]));
     }
     let mut io = args.io(&[0.into()], &[out.into()])?;
-    let (block, data) = arrange(io.inputs[0].bytes(), &x, &p.reduced)?;
+    let mut scratch = Scratch::new(io.scratch, &[gather_piece(&x, &p.reduced)])?;
+    let (block, data) = arrange(io.inputs[0].bytes(), &x, &p.reduced, &mut scratch)?;
     let dst = typed_mut::<u8>(io.outputs[0].bytes_mut())?;
     crate::dispatch_all!(x.dtype, T => {
-        let src = typed::<T>(&data)?;
+        let src = typed::<T>(data)?;
         fold(src, block, false, |a, v, _| *a |= v != T::default(), |i, a| dst[i] = u8::from(a));
         Ok(())
     }, Err(KernelError::dtypes(&[x.dtype])))
@@ -374,10 +405,13 @@ fn var(args: &mut Args<'_>, correction: f64) -> KernelResult {
         return Err(KernelError::dtypes(&[x.dtype, od]));
     }
     let mut io = args.io(&[0.into()], &[4.into()])?;
-    let (block, data) = arrange(io.inputs[0].bytes(), &x, &p.reduced)?;
-    let mut res = vec![0f64; io.outputs[0].info.numel()];
+    let n = io.outputs[0].info.numel();
+    let pieces = [gather_piece(&x, &p.reduced), Scratch::piece::<f64>(n)];
+    let mut scratch = Scratch::new(io.scratch, &pieces)?;
+    let (block, data) = arrange(io.inputs[0].bytes(), &x, &p.reduced, &mut scratch)?;
+    let res = scratch.take::<f64>(n)?;
     crate::dispatch_float!(x.dtype, T => {
-        let src = typed::<T>(&data)?;
+        let src = typed::<T>(data)?;
         let step = |(n, mean, m2): &mut (f64, f64, f64), v: T, _| {
             let v = v.to_f64();
             *n += 1.0;
@@ -387,7 +421,7 @@ fn var(args: &mut Args<'_>, correction: f64) -> KernelResult {
         };
         fold(src, block, (0.0, 0.0, 0.0), step, |i, (n, _, m2)| res[i] = m2 / (n - correction).max(0.0));
     }, return Err(KernelError::dtypes(&[x.dtype])));
-    write(&res, &mut io.outputs[0])
+    write(res, &mut io.outputs[0])
 }
 
 /// `cumsum.out(self, dim, dtype?, out)`: running sums along a dim, accumulated like
@@ -407,23 +441,26 @@ fn cumsum(args: &mut Args<'_>) -> KernelResult {
     };
     let mut io = args.io(&[0.into()], &[3.into()])?;
     let n = x.numel();
+    // Sums accumulate as f64 or i64 (same size).
+    let mut scratch = Scratch::new(io.scratch, &[Scratch::piece::<f64>(n)])?;
     crate::dispatch_all!(x.dtype, T => {
         let src = typed::<T>(io.inputs[0].bytes())?;
         if od.is_float() {
-            let mut res = vec![0f64; n];
-            scan(src, &mut res, (outer, red, inner), |v| v.to_f64(), |a, b| a + b);
-            write(&res, &mut io.outputs[0])
+            let res = scratch.take::<f64>(n)?;
+            scan(src, res, (outer, red, inner), |v| v.to_f64(), |a, b| a + b);
+            write(res, &mut io.outputs[0])
         } else {
             let as_bool = od == DType::Bool || x.dtype == DType::Bool;
-            let mut res = vec![0i64; n];
+            let res = scratch.take::<i64>(n)?;
             let elem = |v: T| if as_bool { i64::from(v != T::default()) } else { v.to_i64() };
-            scan(src, &mut res, (outer, red, inner), elem, i64::wrapping_add);
-            write(&res, &mut io.outputs[0])
+            scan(src, res, (outer, red, inner), elem, i64::wrapping_add);
+            write(res, &mut io.outputs[0])
         }
     }, Err(KernelError::dtypes(&[x.dtype])))
 }
 
-/// Inclusive scan of `outer × red × inner` data along `red`.
+/// Inclusive scan of `outer × red × inner` data along `red`, each row adding to the one
+/// before it.
 fn scan<T: Copy, A: Copy + Default>(
     src: &[T],
     dst: &mut [A],
@@ -440,12 +477,12 @@ fn scan<T: Copy, A: Copy + Default>(
         .zip(dst.chunks_exact_mut(lane))
         .take(outer)
     {
-        let mut acc = vec![A::default(); inner];
+        let mut prev: Option<&[A]> = None;
         for (srow, drow) in s.chunks_exact(inner).zip(d.chunks_exact_mut(inner)) {
-            for ((a, &v), o) in acc.iter_mut().zip(srow).zip(drow) {
-                *a = add(*a, elem(v));
-                *o = *a;
+            for (i, (o, &v)) in drow.iter_mut().zip(srow).enumerate() {
+                *o = add(prev.map_or(A::default(), |p| p[i]), elem(v));
             }
+            prev = Some(drow);
         }
     }
 }
@@ -496,25 +533,29 @@ fn topk(args: &mut Args<'_>) -> KernelResult {
     let [vout, iout] = &mut outputs[..] else {
         return Err(KernelError::invalid("topk has two outputs"));
     };
+    // One lane's positions along the dim, sorted by value.
+    let lane = Scratch::new(io.scratch, &[Scratch::piece::<usize>(red)])?.take::<usize>(red)?;
     crate::dispatch_all!(x.dtype, T => {
         let src = typed::<T>(inputs[0].bytes())?;
         let vals = typed_mut::<T>(vout.bytes_mut())?;
         let idxs = typed_mut::<i64>(iout.bytes_mut())?;
-        let mut lane: Vec<(T, usize)> = Vec::with_capacity(red);
         for o in 0..outer {
             for i in 0..inner {
-                lane.clear();
-                lane.extend((0..red).map(|r| (src[(o * red + r) * inner + i], r)));
-                // Stable sorts keep equal values in index order.
-                if largest {
-                    lane.sort_by(|a, b| nan_last(&b.0, &a.0));
-                } else {
-                    lane.sort_by(|a, b| nan_last(&a.0, &b.0));
-                }
-                for (j, &(v, r)) in lane.iter().take(k).enumerate() {
-                    let at = (o * k + j) * inner + i;
-                    vals[at] = v;
-                    idxs[at] = r as i64;
+                let at = |r: usize| src[(o * red + r) * inner + i];
+                lane.iter_mut().enumerate().for_each(|(r, p)| *p = r);
+                // Equal values keep index order.
+                lane.sort_unstable_by(|&a, &b| {
+                    let order = if largest {
+                        nan_last(&at(b), &at(a))
+                    } else {
+                        nan_last(&at(a), &at(b))
+                    };
+                    order.then(a.cmp(&b))
+                });
+                for (j, &r) in lane.iter().take(k).enumerate() {
+                    let to = (o * k + j) * inner + i;
+                    vals[to] = at(r);
+                    idxs[to] = r as i64;
                 }
             }
         }
@@ -587,15 +628,21 @@ mod tests {
         let data: Vec<i32> = (0..24).collect();
         let bytes: &[u8] = bytemuck::cast_slice(&data);
         let x = info(&[2, 3, 4]);
-        let (b, d) = arrange(bytes, &x, &[false, true, true]).unwrap();
+        let mut buf = pte_runtime::AlignedBuf::default();
+        let in_place = [false, true, true];
+        assert_eq!(gather_piece(&x, &in_place), (1, 0));
+        let mut scratch = Scratch::new(&mut buf, &[]).unwrap();
+        let (b, d) = arrange(bytes, &x, &in_place, &mut scratch).unwrap();
         assert_eq!((b.outer, b.red, b.inner), (2, 12, 1));
-        assert!(matches!(d, Bytes::Borrowed(_)));
+        assert_eq!(d.as_ptr(), bytes.as_ptr());
         // Reducing dims 0 and 2 gathers [3, 2, 4] with the kept dim first.
-        let (b, d) = arrange(bytes, &x, &[true, false, true]).unwrap();
+        let apart = [true, false, true];
+        let mut scratch = Scratch::new(&mut buf, &[gather_piece(&x, &apart)]).unwrap();
+        let (b, d) = arrange(bytes, &x, &apart, &mut scratch).unwrap();
         assert_eq!((b.outer, b.red, b.inner), (3, 8, 1));
         let mut sums = [0; 3];
         fold(
-            typed::<i32>(&d).unwrap(),
+            typed::<i32>(d).unwrap(),
             b,
             0,
             |a, v, _| *a += v,

@@ -16,8 +16,8 @@ use pte_runtime::{
 };
 use smallvec::SmallVec;
 
-use crate::util::{infer_sizes, prod, to_size};
-use strided::{copy, copy_into, row_major, Layout, Strides};
+use crate::util::{infer_sizes, prod, to_size, Scratch};
+use strided::{as_dtype, as_dtype_piece, copy, copy_into, row_major, Layout, Strides, Walk};
 
 /// Errors unless two tensors share a dtype (views and moves never convert).
 pub(crate) fn same_dtype(a: DType, b: DType) -> KernelResult {
@@ -142,8 +142,7 @@ fn reshape(args: &mut Args<'_>, out: usize, sizes: &[usize]) -> KernelResult {
 fn copy_op(args: &mut Args<'_>, src: usize, out: usize, sizes: &[usize]) -> KernelResult {
     args.resize(out, sizes)?;
     let mut io = args.io_strided(&[src.into()], &[out.into()])?;
-    let (inputs, outputs) = (&io.inputs, &mut io.outputs);
-    copy_into(&inputs[0], &mut outputs[0])
+    copy_into(&io.inputs[0], &mut io.outputs[0], io.scratch)
 }
 
 /// Output sizes and input layout of a permutation of `x`'s dims.
@@ -303,55 +302,85 @@ fn copy_in_place(args: &mut Args<'_>) -> KernelResult {
     copy_op(args, 1, 0, &sizes)
 }
 
-/// Writes inputs `reads` one after another along a dim of output `out`, which is
-/// `outer × total × inner` with input k taking `extents[k]` of the middle dim.
-fn concat(
-    args: &mut Args<'_>,
-    reads: &[Arg],
-    out: usize,
+/// A tensor seen as `outer × total × inner` around the dim that `cat`, `stack` and the
+/// splits work along.
+#[derive(Clone, Copy)]
+struct Along {
     outer: usize,
+    total: usize,
     inner: usize,
-    extents: &[usize],
+}
+
+impl Along {
+    fn new(sizes: &[usize], dim: usize) -> Self {
+        Along {
+            outer: prod(&sizes[..dim]),
+            total: sizes[dim],
+            inner: prod(&sizes[dim + 1..]),
+        }
+    }
+
+    /// Where entries `at..at + extent` of the dim sit: the walk and the layout.
+    fn part(self, at: usize, extent: usize) -> ([usize; 2], Layout) {
+        let layout = Layout::new(at * self.inner, [(self.total * self.inner) as isize, 1]);
+        ([self.outer, extent * self.inner], layout)
+    }
+}
+
+/// Writes `input` (converted to the output's dtype) at entries `at..at + extent` of the
+/// dim of output `out` seen as `along`. Inputs go one `io` call each, so any number of
+/// them is fine.
+fn place(
+    args: &mut Args<'_>,
+    input: Arg,
+    out: usize,
+    along: Along,
+    at: usize,
+    extent: usize,
 ) -> KernelResult {
     let dtype = args.tensor(out)?.dtype;
-    let total: usize = extents.iter().sum();
-    let mut io = args.io(reads, &[out.into()])?;
-    let (inputs, outputs) = (&io.inputs, &mut io.outputs);
-    let mut at = 0;
-    for (input, &e) in inputs.iter().zip(extents) {
-        let data = strided::as_dtype(input, dtype)?;
-        let src = Layout::new(0, [(e * inner) as isize, 1]);
-        let dst = Layout::new(at * inner, [(total * inner) as isize, 1]);
-        copy(
-            dtype.size(),
-            &[outer, e * inner],
-            &data,
-            &src,
-            outputs[0].bytes_mut(),
-            &dst,
-        )?;
-        at += e;
-    }
-    Ok(())
+    let mut io = args.io(&[input], &[out.into()])?;
+    let piece = as_dtype_piece(&io.inputs[0].info, dtype);
+    let mut scratch = Scratch::new(io.scratch, &[piece])?;
+    let data = as_dtype(&io.inputs[0], dtype, &mut scratch)?;
+    let (walk, dst) = along.part(at, extent);
+    let src = Layout::contiguous(&walk);
+    copy(
+        dtype.size(),
+        &walk,
+        data,
+        &src,
+        io.outputs[0].bytes_mut(),
+        &dst,
+    )
+}
+
+/// PyTorch's `cat` skips 1-D empty tensors whatever the other shapes are.
+fn skipped_by_cat(t: &TensorInfo) -> bool {
+    t.sizes.as_slice() == [0]
 }
 
 fn cat(args: &mut Args<'_>) -> KernelResult {
     let n = args.list_len(0)?;
-    let mut items: Vec<(Arg, TensorInfo)> = Vec::with_capacity(n);
+    let mut first = None;
     for j in 0..n {
         let info = args.tensor(Arg::Item(0, j))?;
-        // PyTorch skips 1-D empty tensors whatever the other shapes are.
-        if info.sizes.as_slice() != [0] {
-            items.push((Arg::Item(0, j), info));
+        if !skipped_by_cat(&info) {
+            first = Some(info);
+            break;
         }
     }
-    let Some((_, first)) = items.first() else {
+    let Some(first) = first else {
         return args.resize(2, &[0]);
     };
-    let dim = dim_of(first, args.int(1)?)?;
+    let dim = dim_of(&first, args.int(1)?)?;
     let mut sizes = first.sizes.clone();
     sizes[dim] = 0;
-    for (_, t) in &items {
+    for j in 0..n {
+        let t = args.tensor(Arg::Item(0, j))?;
+        if skipped_by_cat(&t) {
+            continue;
+        }
         let matches =
             t.rank() == sizes.len() && (0..sizes.len()).all(|d| d == dim || t.sizes[d] == sizes[d]);
         if !matches {
@@ -364,16 +393,16 @@ fn cat(args: &mut Args<'_>) -> KernelResult {
         sizes[dim] += t.sizes[dim];
     }
     args.resize(2, &sizes)?;
-    let reads: Vec<Arg> = items.iter().map(|(a, _)| *a).collect();
-    let extents: Vec<usize> = items.iter().map(|(_, t)| t.sizes[dim]).collect();
-    concat(
-        args,
-        &reads,
-        2,
-        prod(&sizes[..dim]),
-        prod(&sizes[dim + 1..]),
-        &extents,
-    )
+    let along = Along::new(&sizes, dim);
+    let mut at = 0;
+    for j in 0..n {
+        let t = args.tensor(Arg::Item(0, j))?;
+        if !skipped_by_cat(&t) {
+            place(args, Arg::Item(0, j), 2, along, at, t.sizes[dim])?;
+            at += t.sizes[dim];
+        }
+    }
+    Ok(())
 }
 
 fn stack(args: &mut Args<'_>) -> KernelResult {
@@ -398,15 +427,11 @@ fn stack(args: &mut Args<'_>) -> KernelResult {
     let mut sizes = first.sizes.clone();
     sizes.insert(dim, n);
     args.resize(2, &sizes)?;
-    let reads: Vec<Arg> = (0..n).map(|j| Arg::Item(0, j)).collect();
-    concat(
-        args,
-        &reads,
-        2,
-        prod(&sizes[..dim]),
-        prod(&sizes[dim + 1..]),
-        &vec![1; n],
-    )
+    let along = Along::new(&sizes, dim);
+    for j in 0..n {
+        place(args, Arg::Item(0, j), 2, along, j, 1)?;
+    }
+    Ok(())
 }
 
 /// Sizes and layout of the `len` entries of `dim` from `start` (every `step`-th) of a
@@ -473,55 +498,50 @@ fn narrow_copy(args: &mut Args<'_>) -> KernelResult {
     gather(args, 0, 4, &sizes, &sizes, &layout)
 }
 
-/// Splits input 0 along `dim` into consecutive pieces of `extents` (with `drop`, pieces
-/// of 1 lose the dim), written to the tensor list at `list`.
+/// Splits input 0 along `dim` into `count` consecutive pieces, piece `j` of `extent(j)`
+/// entries (with `drop`, pieces of 1 lose the dim), written to the tensor list at `list`
+/// one `io` call each, so any number of pieces is fine.
 fn split_into(
     args: &mut Args<'_>,
     dim: usize,
-    extents: &[usize],
+    count: usize,
+    extent: impl Fn(usize) -> usize,
     drop: bool,
     list: usize,
 ) -> KernelResult {
     let x = args.tensor(0)?;
-    if args.list_len(list)? != extents.len() {
+    if args.list_len(list)? != count {
         return Err(KernelError::invalid(format!(
-            "split into {} pieces, but the output list holds {}",
-            extents.len(),
+            "split into {count} pieces, but the output list holds {}",
             args.list_len(list)?
         )));
     }
-    if extents.iter().sum::<usize>() != x.sizes[dim] {
+    let sum = (0..count).try_fold(0usize, |s, j| s.checked_add(extent(j)));
+    if sum != Some(x.sizes[dim]) {
         return Err(KernelError::invalid(format!(
-            "split sizes {extents:?} do not sum to dimension size {}",
+            "split sizes do not sum to dimension size {}",
             x.sizes[dim]
         )));
     }
-    let mut writes = Vec::with_capacity(extents.len());
-    for (j, &e) in extents.iter().enumerate() {
-        let (sizes, _) = window(&x, dim, 0, e, 1, drop);
-        let a = Arg::Item(list, j);
-        args.resize(a, &sizes)?;
-        same_dtype(x.dtype, args.tensor(a)?.dtype)?;
-        writes.push(a);
-    }
-    let (outer, total, inner) = (
-        prod(&x.sizes[..dim]),
-        x.sizes[dim],
-        prod(&x.sizes[dim + 1..]),
-    );
-    let mut io = args.io(&[0.into()], &writes)?;
-    let (inputs, outputs) = (&io.inputs, &mut io.outputs);
+    let along = Along::new(&x.sizes, dim);
     let mut at = 0;
-    for (out, &e) in outputs.iter_mut().zip(extents) {
-        let src = Layout::new(at * inner, [(total * inner) as isize, 1]);
-        let walk = [outer, e * inner];
+    for j in 0..count {
+        let e = extent(j);
+        let (sizes, _) = window(&x, dim, 0, e, 1, drop);
+        let piece = Arg::Item(list, j);
+        args.resize(piece, &sizes)?;
+        same_dtype(x.dtype, args.tensor(piece)?.dtype)?;
+        let mut io = args.io(&[0.into()], &[piece])?;
+        let (walk, src) = along.part(at, e);
+        let input = io.inputs[0].bytes();
+        let dst = Layout::contiguous(&walk);
         copy(
             x.dtype.size(),
             &walk,
-            inputs[0].bytes(),
+            input,
             &src,
-            out.bytes_mut(),
-            &Layout::contiguous(&walk),
+            io.outputs[0].bytes_mut(),
+            &dst,
         )?;
         at += e;
     }
@@ -530,13 +550,12 @@ fn split_into(
 
 fn split_with_sizes_copy(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;
-    let extents: Vec<usize> = args
-        .int_list(1)?
-        .iter()
-        .map(|&s| to_size(s, "split size"))
-        .collect::<KernelResult<_>>()?;
+    let sizes = args.int_list(1)?;
+    for &s in &sizes {
+        to_size(s, "split size")?;
+    }
     let dim = dim_of(&x, args.int(2)?)?;
-    split_into(args, dim, &extents, false, 3)
+    split_into(args, dim, sizes.len(), |j| sizes[j] as usize, false, 3)
 }
 
 fn split_copy(args: &mut Args<'_>) -> KernelResult {
@@ -544,21 +563,18 @@ fn split_copy(args: &mut Args<'_>) -> KernelResult {
     let split = to_size(args.int(1)?, "split size")?;
     let dim = dim_of(&x, args.int(2)?)?;
     let size = x.sizes[dim];
-    let extents: Vec<usize> = if split == 0 {
-        vec![0; usize::from(size == 0)]
-    } else {
-        let n = size.div_ceil(split).max(1);
-        (0..n)
-            .map(|k| split.min(size - (k * split).min(size)))
-            .collect()
-    };
-    split_into(args, dim, &extents, false, 3)
+    if split == 0 {
+        return split_into(args, dim, usize::from(size == 0), |_| 0, false, 3);
+    }
+    let count = size.div_ceil(split).max(1);
+    let extent = |k: usize| split.min(size - (k * split).min(size));
+    split_into(args, dim, count, extent, false, 3)
 }
 
 fn unbind_copy(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;
     let dim = dim_of(&x, args.int(1)?)?;
-    split_into(args, dim, &vec![1; x.sizes[dim]], true, 2)
+    split_into(args, dim, x.sizes[dim], |_| 1, true, 2)
 }
 
 fn constant_pad_nd(args: &mut Args<'_>) -> KernelResult {
@@ -629,7 +645,7 @@ fn repeat(args: &mut Args<'_>) -> KernelResult {
     };
     let st = row_major(&x.sizes);
     // Each output dim is walked as (repetition, input index).
-    let (mut sizes, mut walk, mut strides) = (Dims::new(), Dims::new(), Strides::new());
+    let (mut sizes, mut walk, mut strides) = (Dims::new(), Walk::new(), Strides::new());
     for (i, &r) in reps.iter().enumerate() {
         let r = to_size(r, "repeat count")?;
         let (n, s) = i.checked_sub(lead).map_or((1, 0), |j| (x.sizes[j], st[j]));
@@ -660,11 +676,14 @@ fn roll(args: &mut Args<'_>) -> KernelResult {
     let shifts = args.int_list(1)?;
     let dims = args.int_list(2)?;
     // Without dims, the flattened tensor rolls.
-    let (walk, per_dim): (Dims, Vec<i64>) = if dims.is_empty() {
+    let (walk, per_dim): (Dims, SmallVec<[i64; 6]>) = if dims.is_empty() {
         if shifts.len() != 1 {
             return Err(KernelError::invalid("roll without dims takes one shift"));
         }
-        (smallvec::smallvec![x.numel()], vec![shifts[0]])
+        (
+            smallvec::smallvec![x.numel()],
+            smallvec::smallvec![shifts[0]],
+        )
     } else {
         if shifts.len() != dims.len() {
             return Err(KernelError::invalid(format!(
@@ -673,7 +692,7 @@ fn roll(args: &mut Args<'_>) -> KernelResult {
                 dims.len()
             )));
         }
-        let mut per_dim = vec![0i64; x.rank()];
+        let mut per_dim: SmallVec<[i64; 6]> = smallvec::smallvec![0; x.rank()];
         for (&s, &d) in shifts.iter().zip(&dims) {
             let d = dim_of(&x, d)?;
             per_dim[d] = per_dim[d].wrapping_add(s);
@@ -684,7 +703,8 @@ fn roll(args: &mut Args<'_>) -> KernelResult {
     same_dtype(x.dtype, args.tensor(3)?.dtype)?;
     let st = row_major(&walk);
     // A rolled dim splits into two pieces: (source start, destination start, length).
-    let pieces: Vec<SmallVec<[(usize, usize, usize); 2]>> = walk
+    type Pieces = SmallVec<[(usize, usize, usize); 2]>;
+    let pieces: SmallVec<[Pieces; 6]> = walk
         .iter()
         .zip(&per_dim)
         .map(|(&n, &s)| {

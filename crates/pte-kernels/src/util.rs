@@ -1,8 +1,10 @@
-//! Shared kernel machinery: element conversions, dtype dispatch, type promotion and
-//! broadcasting.
+//! Shared kernel machinery: element conversions, dtype dispatch, type promotion,
+//! broadcasting, and the working memory that keeps steady-state execution free of heap
+//! allocations ([`Scratch`] and [`Stateful`]).
 
 use half::{bf16, f16};
-use pte_runtime::{DType, Dims, Element, KernelError, KernelResult, Scalar};
+use pte_runtime::{AlignedBuf, Args, DType, Dims, Element, Kernel, KernelError, KernelResult};
+use pte_runtime::{PreparedKernel, Scalar};
 
 /// Element types kernels compute on, with conversions through `f64` and `i64`.
 pub trait Elem: Element + Copy + PartialOrd + Default {
@@ -352,6 +354,80 @@ pub fn infer_sizes(requested: &[i64], numel: usize) -> KernelResult<Dims> {
     Ok(sizes)
 }
 
+/// Typed pieces of the method's scratch memory (`Io::scratch`), which a kernel borrows
+/// once per call: declare every piece up front, then take them in order. The memory is
+/// kept across calls, so once grown it is reused; its contents are whatever was left
+/// there.
+pub struct Scratch<'a> {
+    rest: &'a mut [u128],
+}
+
+/// 16-byte words holding `len` elements of `T`.
+fn words<T>(len: usize) -> Option<usize> {
+    len.checked_mul(std::mem::size_of::<T>())
+        .map(|b| b.div_ceil(16))
+}
+
+fn too_large() -> KernelError {
+    KernelError::invalid("working memory size overflows")
+}
+
+impl<'a> Scratch<'a> {
+    /// Room for pieces of `(element size in bytes, length)`.
+    pub fn new(buf: &'a mut AlignedBuf, pieces: &[(usize, usize)]) -> KernelResult<Self> {
+        let total = pieces.iter().try_fold(0usize, |acc, &(size, len)| {
+            let bytes = size.checked_mul(len)?;
+            acc.checked_add(bytes.div_ceil(16))
+        });
+        let rest = total
+            .and_then(|w| buf.slice_mut::<u128>(w))
+            .ok_or_else(too_large)?;
+        Ok(Scratch { rest })
+    }
+
+    /// A piece declaration for [`Scratch::new`]: `len` elements of `T`.
+    pub fn piece<T>(len: usize) -> (usize, usize) {
+        (std::mem::size_of::<T>(), len)
+    }
+
+    /// The next `len` elements of `T` (`T`'s size must divide 16 bytes).
+    pub fn take<T: bytemuck::Pod>(&mut self, len: usize) -> KernelResult<&'a mut [T]> {
+        let n = words::<T>(len)
+            .filter(|&n| n <= self.rest.len())
+            .ok_or_else(|| KernelError::Failed("a scratch piece was not declared".into()))?;
+        let (head, tail) = std::mem::take(&mut self.rest).split_at_mut(n);
+        self.rest = tail;
+        let typed: &mut [T] = bytemuck::try_cast_slice_mut(head)
+            .map_err(|e| KernelError::Failed(format!("scratch piece: {e}")))?;
+        Ok(&mut typed[..len])
+    }
+}
+
+/// A kernel whose call sites each keep a value of `S` from one execution to the next:
+/// buffers (cleared, never shrunk) that are filled before `Args::io` can hand out
+/// [`Scratch`], such as index values read from tensors.
+pub struct Stateful<S>(pub fn(&mut Args<'_>, &mut S) -> KernelResult);
+
+struct StatefulRun<S> {
+    f: fn(&mut Args<'_>, &mut S) -> KernelResult,
+    state: S,
+}
+
+impl<S: Default + Send + 'static> Kernel for Stateful<S> {
+    fn prepare(&self, _: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
+        Ok(Box::new(StatefulRun {
+            f: self.0,
+            state: S::default(),
+        }))
+    }
+}
+
+impl<S: Send> PreparedKernel for StatefulRun<S> {
+    fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
+        (self.f)(args, &mut self.state)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -368,6 +444,24 @@ mod tests {
         assert_eq!(promote_scalar(F16, Scalar::Double(1.5)), F16);
         assert_eq!(promote_scalar(Bool, Scalar::Int(2)), I64);
         assert_eq!(promote_scalar(I32, Scalar::Int(2)), I32);
+    }
+
+    #[test]
+    fn scratch_pieces_do_not_overlap() {
+        let mut buf = AlignedBuf::default();
+        let mut s = Scratch::new(
+            &mut buf,
+            &[Scratch::piece::<f64>(3), Scratch::piece::<u8>(5)],
+        )
+        .unwrap();
+        let a = s.take::<f64>(3).unwrap();
+        let b = s.take::<u8>(5).unwrap();
+        a.fill(1.0);
+        b.fill(2);
+        assert_eq!((a.len(), b.len()), (3, 5));
+        assert_eq!(a, [1.0; 3]);
+        assert!(s.take::<u8>(1).is_err());
+        assert_eq!(buf.len(), 48);
     }
 
     #[test]

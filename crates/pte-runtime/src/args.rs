@@ -257,7 +257,7 @@ impl<'a> Args<'a> {
     }
 
     /// An `IntList` argument, its elements read from their values now.
-    pub fn int_list(&self, i: usize) -> KernelResult<SmallVec<[i64; 6]>> {
+    pub fn int_list(&self, i: usize) -> KernelResult<SmallVec<[i64; 8]>> {
         match self.slot(i)? {
             Slot::IntList(items) => items
                 .iter()
@@ -274,7 +274,7 @@ impl<'a> Args<'a> {
     }
 
     /// An optional `IntList`.
-    pub fn opt_int_list(&self, i: usize) -> KernelResult<Option<SmallVec<[i64; 6]>>> {
+    pub fn opt_int_list(&self, i: usize) -> KernelResult<Option<SmallVec<[i64; 8]>>> {
         if self.is_none(i)? {
             Ok(None)
         } else {
@@ -515,8 +515,8 @@ impl<'a> Args<'a> {
                 }
             }
         }
-        let mut infos: SmallVec<[TensorInfo; 6]> = SmallVec::new();
-        let mut accesses: SmallVec<[Access; 6]> = SmallVec::new();
+        let mut infos: SmallVec<[TensorInfo; 12]> = SmallVec::new();
+        let mut accesses: SmallVec<[Access; 12]> = SmallVec::new();
         for &a in reads.iter().chain(writes) {
             let info = self.tensor(a)?;
             if contiguous && !info.is_contiguous() {
@@ -591,8 +591,8 @@ pub(crate) fn resize_slot(t: &mut TensorSlot, sizes: &[usize]) -> KernelResult {
 /// and the method's scratch memory, kept between calls (grow it with
 /// [`AlignedBuf::slice_mut`]).
 pub struct Io<'a> {
-    pub inputs: SmallVec<[TensorData<'a>; 4]>,
-    pub outputs: SmallVec<[TensorDataMut<'a>; 2]>,
+    pub inputs: SmallVec<[TensorData<'a>; 8]>,
+    pub outputs: SmallVec<[TensorDataMut<'a>; 4]>,
     pub scratch: &'a mut crate::tensor::AlignedBuf,
 }
 

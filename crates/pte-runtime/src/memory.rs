@@ -60,8 +60,8 @@ pub(crate) struct Memory {
     workspace: AlignedBuf,
 }
 
-type Reads<'m> = SmallVec<[&'m [u8]; 4]>;
-type Writes<'m> = SmallVec<[&'m mut [u8]; 2]>;
+type Reads<'m> = SmallVec<[&'m [u8]; 8]>;
+type Writes<'m> = SmallVec<[&'m mut [u8]; 4]>;
 
 /// What one kernel call gets: its inputs, its outputs and the method's workspace.
 pub(crate) struct Borrowed<'m> {
@@ -170,7 +170,7 @@ impl Memory {
         reads: &[Access],
         writes: &[Access],
     ) -> KernelResult<Borrowed<'_>> {
-        let write_places: SmallVec<[_; 2]> = writes
+        let write_places: SmallVec<[_; 4]> = writes
             .iter()
             .map(|w| {
                 place(w)
@@ -188,7 +188,7 @@ impl Memory {
             self.read(*w)?; // bounds check
         }
         // Inputs that overlap an output are copied to scratch.
-        let mut copied: SmallVec<[Option<usize>; 4]> = SmallVec::new();
+        let mut copied: SmallVec<[Option<usize>; 8]> = SmallVec::new();
         let mut used = 0;
         let mut scratch_bufs = std::mem::take(&mut self.scratch);
         for r in reads {
@@ -222,11 +222,11 @@ impl Memory {
             scratch,
             workspace,
         } = self;
-        let mut outs: SmallVec<[Option<&mut [u8]>; 2]> = writes.iter().map(|_| None).collect();
+        let mut outs: SmallVec<[Option<&mut [u8]>; 4]> = writes.iter().map(|_| None).collect();
         // Pieces of planned buffers between outputs: (buffer, start offset, bytes).
         let mut gaps: SmallVec<[(u32, usize, &[u8]); 8]> = SmallVec::new();
         for (b, buf) in planned.iter_mut().enumerate() {
-            let mut cuts: SmallVec<[(usize, usize, usize); 2]> = write_places
+            let mut cuts: SmallVec<[(usize, usize, usize); 4]> = write_places
                 .iter()
                 .enumerate()
                 .filter(|(_, p)| p.0 && p.1 as usize == b && p.2 .1 > 0)
@@ -245,7 +245,7 @@ impl Memory {
             }
             gaps.push((b as u32, at, rest));
         }
-        let mut heap_shared: SmallVec<[(u32, &[u8]); 4]> = SmallVec::new();
+        let mut heap_shared: SmallVec<[(u32, &[u8]); 8]> = SmallVec::new();
         for (h, buf) in heap.iter_mut().enumerate() {
             match write_places.iter().position(|p| !p.0 && p.1 as usize == h) {
                 Some(k) => outs[k] = Some(&mut buf.as_mut_bytes()[..writes[k].nbytes]),

@@ -27,6 +27,9 @@ pub struct LoadOptions {
     /// Run kernels on a thread pool of its own with this many threads; `None` uses the
     /// process-wide pool.
     pub threads: Option<usize>,
+    /// Stop an execution with an error after this many instructions (upstream's cap by
+    /// default; lower it to bound the time a hostile program can take).
+    pub max_instructions: u64,
 }
 
 impl Default for LoadOptions {
@@ -34,6 +37,7 @@ impl Default for LoadOptions {
         LoadOptions {
             max_planned_bytes: 16 << 30,
             threads: None,
+            max_instructions: MAX_INSTRUCTIONS,
         }
     }
 }
@@ -76,6 +80,7 @@ pub struct Method {
     outputs: Vec<u32>,
     input_set: Vec<bool>,
     pool: Option<Arc<rayon::ThreadPool>>,
+    max_instructions: u64,
 }
 
 impl std::fmt::Debug for Method {
@@ -362,6 +367,7 @@ impl Method {
             outputs,
             input_set,
             pool,
+            max_instructions: options.max_instructions,
         })
     }
 
@@ -493,6 +499,7 @@ impl Method {
             op_names,
             kernels,
             delegates,
+            max_instructions,
             ..
         } = self;
         let mut executed = 0u64;
@@ -500,8 +507,8 @@ impl Method {
             let mut pc = 0;
             while pc < chain.len() {
                 executed += 1;
-                if executed > MAX_INSTRUCTIONS {
-                    return Err(RuntimeError::InstructionLimit(MAX_INSTRUCTIONS));
+                if executed > *max_instructions {
+                    return Err(RuntimeError::InstructionLimit(*max_instructions));
                 }
                 pc = match &chain[pc] {
                     Instr::Kernel { kernel, op, args } => {

@@ -7,10 +7,11 @@
 //! along the last dimension, after merging the dimensions every operand steps through
 //! uniformly, each operand's row being contiguous or one repeated value.
 //! Runs are processed in blocks where a repeated value is read from a filled buffer, so
-//! the inner loop is a plain zip of slices the compiler can vectorize.
+//! the inner loop is a plain zip of slices the compiler can vectorize. Operands converted
+//! to the compute type, and results bound for an output of another dtype, live in the
+//! method's scratch memory, so a steady-state run allocates nothing.
 
 use std::array::from_fn;
-use std::borrow::Cow;
 
 use pte_runtime::{Arg, Args, DType, Dims, KernelError, KernelResult, Scalar};
 use pte_runtime::{TensorData, TensorDataMut, TensorInfo};
@@ -19,7 +20,7 @@ use smallvec::SmallVec;
 
 use super::num::{Float, Int};
 use crate::util::{
-    broadcast_shapes, broadcast_strides, convert, for_each_broadcast, promote, Elem,
+    broadcast_shapes, broadcast_strides, convert, for_each_broadcast, promote, Elem, Scratch,
 };
 
 /// An operand of an elementwise operator: a tensor argument or a scalar.
@@ -282,42 +283,59 @@ fn map<C: Elem, R: Elem, const N: usize>(
         args.io(&reads, &[Arg::At(out)])?
     };
 
-    let mut loaded: SmallVec<[Cow<'_, [C]>; 3]> = SmallVec::new();
-    let mut inputs = io.inputs.iter();
-    for op in &operands {
-        loaded.push(match *op {
-            Operand::Tensor(_) => {
-                let t = inputs
-                    .next()
-                    .ok_or_else(|| KernelError::invalid("missing input"))?;
-                load(t, load_as)?
-            }
-            Operand::Scalar(s) => Cow::Owned(vec![scalar_as(s, load_as)]),
-        });
+    // Operands of another dtype than `load_as` are converted into scratch memory, as are
+    // results bound for an output of another dtype than `result`.
+    let numel = io.outputs[0].info.numel();
+    let mut pieces: SmallVec<[(usize, usize); 4]> = infos
+        .iter()
+        .filter(|t| t.dtype != load_as)
+        .map(|t| Scratch::piece::<C>(t.numel()))
+        .collect();
+    if io.outputs[0].info.dtype != result {
+        pieces.push(Scratch::piece::<R>(numel));
     }
-    let srcs: [&[C]; N] = from_fn(|k| &*loaded[k]);
+    let mut scratch = Scratch::new(io.scratch, &pieces)?;
+    let scalars: [C; N] = from_fn(|k| match operands[k] {
+        Operand::Scalar(s) => scalar_as(s, load_as),
+        Operand::Tensor(_) => C::default(),
+    });
+    let mut srcs: [&[C]; N] = from_fn(|k| std::slice::from_ref(&scalars[k]));
+    let mut inputs = io.inputs.iter();
+    for (src, op) in srcs.iter_mut().zip(&operands) {
+        if let Operand::Tensor(_) = op {
+            let t = inputs
+                .next()
+                .ok_or_else(|| KernelError::invalid("missing input"))?;
+            *src = load(t, load_as, &mut scratch)?;
+        }
+    }
     let sizes: [&[usize]; N] = from_fn(|k| &sizes[k][..]);
     let dst = &mut io.outputs[0];
     if dst.info.dtype == result {
         eval(srcs, sizes, &shape, dst.as_mut_slice::<R>()?, &f);
     } else {
-        let mut tmp = vec![R::default(); dst.info.numel()];
-        eval(srcs, sizes, &shape, &mut tmp, &f);
-        store(&tmp, dst)?;
+        let tmp = scratch.take::<R>(numel)?;
+        eval(srcs, sizes, &shape, tmp, &f);
+        store(tmp, dst)?;
     }
     Ok(())
 }
 
-/// A tensor's elements as `C`, borrowed when its dtype is `dtype`.
-fn load<'a, C: Elem>(t: &TensorData<'a>, dtype: DType) -> KernelResult<Cow<'a, [C]>> {
+/// A tensor's elements as `C`: its own when its dtype is `dtype`, else converted into
+/// the next piece of `scratch`.
+fn load<'a, C: Elem>(
+    t: &TensorData<'a>,
+    dtype: DType,
+    scratch: &mut Scratch<'a>,
+) -> KernelResult<&'a [C]> {
     if t.info.dtype == dtype {
-        return Ok(Cow::Borrowed(t.as_slice::<C>()?));
+        return t.as_slice::<C>();
     }
-    let mut v = vec![C::default(); t.info.numel()];
+    let v = scratch.take::<C>(t.info.numel())?;
     crate::dispatch_all!(t.info.dtype, T => {
-        convert::<T, C>(t.as_slice::<T>()?, &mut v, dtype == DType::Bool)
+        convert::<T, C>(t.as_slice::<T>()?, v, dtype == DType::Bool)
     }, return Err(KernelError::dtypes(&[t.info.dtype])));
-    Ok(Cow::Owned(v))
+    Ok(v)
 }
 
 /// A scalar as an element of `dtype`, held as `C`.

@@ -4,16 +4,21 @@
 //! Layer and group norm compute each row's mean and biased variance in two passes (sums
 //! over eight lanes, which vectorize), then normalize; rows are split over threads.
 //! Inference batch norm applies each channel's running statistics plane by plane.
+//!
+//! The runtime's views hold two outputs and four inputs without allocating, so each
+//! kernel takes its tensors in two `io` calls: the statistics (or, for batch norm, each
+//! channel's scale and shift) pass between them in the method's scratch memory.
 
 use pte_runtime::{
-    Arg, Args, DType, Dims, Element, Io, KernelError, KernelRegistry, KernelResult, TensorDataMut,
+    AlignedBuf, Arg, Args, DType, Dims, Element, Io, KernelError, KernelRegistry, KernelResult,
+    TensorDataMut,
 };
 use rayon::prelude::*;
 use smallvec::SmallVec;
 
 use super::{for_each_chunk, Float, Real};
 use crate::linalg::PARALLEL_WORK;
-use crate::util::{prod, to_size, Elem};
+use crate::util::{prod, to_size, Elem, Scratch};
 
 /// The tensors a kernel reads, some of them optional.
 struct Reads(SmallVec<[Arg; 6]>);
@@ -38,18 +43,46 @@ fn optional<'a, T: Element>(io: &Io<'a>, at: Option<usize>) -> KernelResult<Opti
     at.map(|k| io.inputs[k].as_slice::<T>()).transpose()
 }
 
-/// The three outputs of a normalization, as slices.
-fn three<'a, T: Element>(
-    outputs: impl IntoIterator<Item = TensorDataMut<'a>>,
-) -> KernelResult<[&'a mut [T]; 3]> {
-    let mut it = outputs.into_iter();
-    let mut next = || {
-        let t = it
-            .next()
-            .ok_or_else(|| KernelError::invalid("normalization needs three outputs"))?;
-        t.into_slice::<T>()
+/// `N` slices of `len` elements of `T` in the method's scratch memory: the same ones (with
+/// what they hold) at each call with the same `len`, so one `io` call can leave values
+/// there for the next.
+fn kept<T: bytemuck::Pod, const N: usize>(
+    scratch: &mut AlignedBuf,
+    len: usize,
+) -> KernelResult<[&mut [T]; N]> {
+    let mut s = Scratch::new(scratch, &[Scratch::piece::<T>(len); N])?;
+    let mut pieces: [&mut [T]; N] = std::array::from_fn(|_| Default::default());
+    for p in &mut pieces {
+        *p = s.take::<T>(len)?;
+    }
+    Ok(pieces)
+}
+
+/// Copies `src` into an output of as many elements.
+fn copy_to<T: Element>(dst: &mut TensorDataMut<'_>, src: &[T]) -> KernelResult {
+    let dst = dst.as_mut_slice::<T>()?;
+    if dst.len() != src.len() {
+        return Err(KernelError::invalid(format!(
+            "a statistics output of {} elements, expected {}",
+            dst.len(),
+            src.len()
+        )));
+    }
+    dst.copy_from_slice(src);
+    Ok(())
+}
+
+/// Writes the two per-row statistics that [`kept`] holds (`rows` each) to outputs `outs`.
+fn write_stats<T: Element>(args: &mut Args<'_>, rows: usize, outs: [usize; 2]) -> KernelResult {
+    let mut io = args.io(&[], &[outs[0].into(), outs[1].into()])?;
+    let [mean, rstd] = kept::<T, 2>(io.scratch, rows)?;
+    let [a, b] = &mut io.outputs[..] else {
+        return Err(KernelError::invalid(
+            "normalization needs two statistics outputs",
+        ));
     };
-    Ok([next()?, next()?, next()?])
+    copy_to(a, mean)?;
+    copy_to(b, rstd)
 }
 
 /// Every tensor argument that is present has dtype `dtype`.
@@ -171,15 +204,18 @@ fn layer_norm(args: &mut Args<'_>) -> KernelResult {
     args.resize(7, &stat)?;
     let mut reads = Reads::new(&[0]);
     let (wi, bi) = (reads.optional(args, 2)?, reads.optional(args, 3)?);
-    let io = args.io(&reads.0, &[5.into(), 6.into(), 7.into()])?;
+    let rows = prod(&stat);
     crate::dispatch_float!(x.dtype, T => {
+        let mut io = args.io(&reads.0, &[5.into()])?;
         let (w, b) = (optional::<T>(&io, wi)?, optional::<T>(&io, bi)?);
         let src = io.inputs[0].as_slice::<T>()?;
-        let [out, mean, rstd] = three::<T>(io.outputs)?;
+        let out = io.outputs[0].as_mut_slice::<T>()?;
+        let [mean, rstd] = kept::<T, 2>(io.scratch, rows)?;
         normalize_rows(src, out, mean, rstd, n, eps, |_, j| {
             (w.map_or(Real::ONE, |w| w[j].acc()), b.map_or(Real::ZERO, |b| b[j].acc()))
         });
-        Ok(())
+        drop(io);
+        write_stats::<T>(args, rows, [6, 7])
     }, Err(KernelError::dtypes(&[x.dtype])))
 }
 
@@ -213,17 +249,20 @@ fn group_norm(args: &mut Args<'_>) -> KernelResult {
     args.resize(10, &[n, group])?;
     let mut reads = Reads::new(&[0]);
     let (wi, bi) = (reads.optional(args, 1)?, reads.optional(args, 2)?);
-    let io = args.io(&reads.0, &[8.into(), 9.into(), 10.into()])?;
     let per_group = c / group;
+    let rows = n * group;
     crate::dispatch_float!(x.dtype, T => {
+        let mut io = args.io(&reads.0, &[8.into()])?;
         let (w, b) = (optional::<T>(&io, wi)?, optional::<T>(&io, bi)?);
         let src = io.inputs[0].as_slice::<T>()?;
-        let [out, mean, rstd] = three::<T>(io.outputs)?;
+        let out = io.outputs[0].as_mut_slice::<T>()?;
+        let [mean, rstd] = kept::<T, 2>(io.scratch, rows)?;
         normalize_rows(src, out, mean, rstd, per_group * hxw, eps, |r, j| {
             let ch = r % group * per_group + j / hxw;
             (w.map_or(Real::ONE, |w| w[ch].acc()), b.map_or(Real::ZERO, |b| b[ch].acc()))
         });
-        Ok(())
+        drop(io);
+        write_stats::<T>(args, rows, [9, 10])
     }, Err(KernelError::dtypes(&[x.dtype])))
 }
 
@@ -261,28 +300,40 @@ fn batch_norm(args: &mut Args<'_>) -> KernelResult {
     args.resize(7, &x.sizes)?;
     args.resize(8, &save_mean)?;
     args.resize(9, &save_invstd)?;
-    let mut reads = Reads::new(&[0, 3, 4]);
+    // First each channel's mean, scale and shift (into scratch) and the saved
+    // statistics, then the normalized output.
+    let mut reads = Reads::new(&[3, 4]);
     let (wi, bi) = (reads.optional(args, 1)?, reads.optional(args, 2)?);
-    let io = args.io(&reads.0, &[7.into(), 8.into(), 9.into()])?;
     crate::dispatch_float!(x.dtype, T => {
+        let mut io = args.io(&reads.0, &[8.into(), 9.into()])?;
         let (w, b) = (optional::<T>(&io, wi)?, optional::<T>(&io, bi)?);
-        let (src, rm, rv) = (io.inputs[0].as_slice::<T>()?, io.inputs[1].as_slice::<T>()?, io.inputs[2].as_slice::<T>()?);
+        let (rm, rv) = (io.inputs[0].as_slice::<T>()?, io.inputs[1].as_slice::<T>()?);
         let invstd = |ch: usize| 1.0 / (rv[ch].to_f64() + eps).sqrt();
-        let [out, sm, si] = three::<T>(io.outputs)?;
-        let work = out.len();
-        for_each_chunk(out, inner, work, |p, o| {
-            let ch = p % c;
-            let mean = rm[ch].acc();
-            let scale = <<T as Float>::Acc as Real>::of(invstd(ch)) * w.map_or(Real::ONE, |w| w[ch].acc());
-            let shift = b.map_or(Real::ZERO, |b| b[ch].acc());
-            for (o, v) in o.iter_mut().zip(&src[p * inner..][..inner]) {
-                *o = T::of_acc((v.acc() - mean) * scale + shift);
-            }
-        });
-        for (ch, (m, s)) in sm.iter_mut().zip(si.iter_mut()).enumerate() {
+        let [mean, scale, shift] = kept::<<T as Float>::Acc, 3>(io.scratch, c)?;
+        for ch in 0..c {
+            mean[ch] = rm[ch].acc();
+            scale[ch] = <<T as Float>::Acc as Real>::of(invstd(ch)) * w.map_or(Real::ONE, |w| w[ch].acc());
+            shift[ch] = b.map_or(Real::ZERO, |b| b[ch].acc());
+        }
+        let [sm, si] = &mut io.outputs[..] else {
+            return Err(KernelError::invalid("batch norm needs three outputs"));
+        };
+        for (ch, (m, s)) in sm.as_mut_slice::<T>()?.iter_mut().zip(si.as_mut_slice::<T>()?).enumerate() {
             *m = rm[ch];
             *s = T::from_f64(invstd(ch));
         }
+        drop(io);
+        let mut io = args.io(&[0.into()], &[7.into()])?;
+        let [mean, scale, shift] = kept::<<T as Float>::Acc, 3>(io.scratch, c)?;
+        let src = io.inputs[0].as_slice::<T>()?;
+        let out = io.outputs[0].as_mut_slice::<T>()?;
+        let work = out.len();
+        for_each_chunk(out, inner, work, |p, o| {
+            let ch = p % c;
+            for (o, v) in o.iter_mut().zip(&src[p * inner..][..inner]) {
+                *o = T::of_acc((v.acc() - mean[ch]) * scale[ch] + shift[ch]);
+            }
+        });
         Ok(())
     }, Err(KernelError::dtypes(&[x.dtype])))
 }

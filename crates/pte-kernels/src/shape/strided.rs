@@ -7,18 +7,24 @@
 //! contiguous in both operands, so a copy that is contiguous in its innermost dimension
 //! becomes a loop of `memcpy`s. Elements move as unsigned integers of their size
 //! ([`by_elem_size!`]), so one instantiation per element size serves every dtype.
-
-use std::ops::Deref;
+//! Walks of up to [`MAX_WALK`] dimensions (twice the usual rank, for `repeat`) stay on
+//! the stack; converted copies live in the method's scratch memory.
 
 use pte_runtime::{
     AlignedBuf, DType, KernelError, KernelResult, Scalar, TensorData, TensorDataMut, TensorInfo,
 };
 use smallvec::SmallVec;
 
-use crate::util::{convert, Elem};
+use crate::util::{convert, Elem, Scratch};
+
+/// Dimensions of a walk kept inline.
+pub(crate) const MAX_WALK: usize = 16;
 
 /// Strides in elements; negative for reversed walks.
-pub(crate) type Strides = SmallVec<[isize; 6]>;
+pub(crate) type Strides = SmallVec<[isize; MAX_WALK]>;
+
+/// The sizes of a walk.
+pub(crate) type Walk = SmallVec<[usize; MAX_WALK]>;
 
 /// Where a walk finds an operand's elements: the element offset of the walk's first
 /// element and one stride per walked dimension.
@@ -152,7 +158,7 @@ pub(crate) fn copy(
     check_bounds(sizes, d, dst.len() / esize, "destination")?;
     // Coalesce: drop size-1 dims, merge a dim into the next inner one when both operands
     // step over it contiguously.
-    let mut dims: SmallVec<[(usize, isize, isize); 8]> = SmallVec::new();
+    let mut dims: SmallVec<[(usize, isize, isize); MAX_WALK]> = SmallVec::new();
     for ((&n, &ss), &ds) in sizes.iter().zip(&s.strides).zip(&d.strides) {
         if n == 1 {
             continue;
@@ -179,7 +185,7 @@ fn walk<E: Copy>(
         dst[doff] = src[so];
         return Ok(());
     };
-    let mut index: SmallVec<[usize; 8]> = smallvec::smallvec![0; outer.len()];
+    let mut index: Walk = smallvec::smallvec![0; outer.len()];
     let (mut sp, mut dp) = (so as isize, doff as isize);
     loop {
         if ss == 1 && ds == 1 {
@@ -227,37 +233,30 @@ pub(crate) fn convert_bytes(src: &[u8], from: DType, dst: &mut [u8], to: DType) 
     }, Err(KernelError::dtypes(&[from, to])))
 }
 
-/// Bytes that are either a tensor's own or a converted copy.
-pub(crate) enum Bytes<'a> {
-    Borrowed(&'a [u8]),
-    Owned(AlignedBuf),
-}
-
-impl Deref for Bytes<'_> {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        match self {
-            Bytes::Borrowed(b) => b,
-            Bytes::Owned(b) => b.as_bytes(),
-        }
-    }
+/// The scratch piece [`as_dtype`] needs to read `t` as `to`: none when the dtypes match.
+pub(crate) fn as_dtype_piece(t: &TensorInfo, to: DType) -> (usize, usize) {
+    let len = if t.dtype == to { 0 } else { t.numel() };
+    (to.size(), len)
 }
 
 /// A tensor's data as elements of `to`: its own bytes when the dtypes match, else a
-/// converted copy (same layout).
-pub(crate) fn as_dtype<'a>(t: &TensorData<'a>, to: DType) -> KernelResult<Bytes<'a>> {
+/// converted copy (same layout) in the piece of `scratch` [`as_dtype_piece`] declared.
+pub(crate) fn as_dtype<'a>(
+    t: &TensorData<'a>,
+    to: DType,
+    scratch: &mut Scratch<'a>,
+) -> KernelResult<&'a [u8]> {
     if t.info.dtype == to {
-        return Ok(Bytes::Borrowed(t.bytes()));
+        return Ok(t.bytes());
     }
     let nbytes = t
         .info
         .numel()
         .checked_mul(to.size())
         .ok_or_else(|| KernelError::invalid("tensor size overflows"))?;
-    let mut buf = AlignedBuf::zeroed(nbytes);
-    convert_bytes(t.bytes(), t.info.dtype, buf.as_mut_bytes(), to)?;
-    Ok(Bytes::Owned(buf))
+    let buf = scratch.take::<u8>(nbytes)?;
+    convert_bytes(t.bytes(), t.info.dtype, buf, to)?;
+    Ok(buf)
 }
 
 /// Strides for reading a tensor of layout `info` as if broadcast to `sizes` (0 along
@@ -287,9 +286,13 @@ fn broadcast_layout(info: &TensorInfo, sizes: &[usize]) -> KernelResult<Layout> 
     Ok(Layout::new(0, strides))
 }
 
-/// Copies `src` into `dst`: broadcast to `dst`'s sizes and converted to its dtype, each
-/// tensor in its own dim order (the walk follows `dst`'s memory order).
-pub(crate) fn copy_into(src: &TensorData<'_>, dst: &mut TensorDataMut<'_>) -> KernelResult {
+/// Copies `src` into `dst`: broadcast to `dst`'s sizes and converted to its dtype (in
+/// `scratch`), each tensor in its own dim order (the walk follows `dst`'s memory order).
+pub(crate) fn copy_into(
+    src: &TensorData<'_>,
+    dst: &mut TensorDataMut<'_>,
+    scratch: &mut AlignedBuf,
+) -> KernelResult {
     let sizes = dst.info.sizes.clone();
     let s = broadcast_layout(&src.info, &sizes)?;
     let d = Layout::of(&dst.info);
@@ -297,8 +300,9 @@ pub(crate) fn copy_into(src: &TensorData<'_>, dst: &mut TensorDataMut<'_>) -> Ke
     let walk: SmallVec<[usize; 6]> = order.iter().map(|&k| sizes[k]).collect();
     let s = Layout::new(0, order.iter().map(|&k| s.strides[k]));
     let d = Layout::new(0, order.iter().map(|&k| d.strides[k]));
-    let data = as_dtype(src, dst.info.dtype)?;
-    copy(dst.info.dtype.size(), &walk, &data, &s, dst.bytes_mut(), &d)
+    let mut scratch = Scratch::new(scratch, &[as_dtype_piece(&src.info, dst.info.dtype)])?;
+    let data = as_dtype(src, dst.info.dtype, &mut scratch)?;
+    copy(dst.info.dtype.size(), &walk, data, &s, dst.bytes_mut(), &d)
 }
 
 /// A scalar as an element of `T` (`is_bool`: as 0/1 for a bool tensor).
