@@ -303,3 +303,11 @@ fn dynamic_inputs_past_their_bound_or_of_another_rank_are_rejected() {
     let fits = pte_runtime::Tensor::from_slice(&sizes, &vec![0f32; n]).unwrap();
     m.set_input(0, &EValue::Tensor(fits)).unwrap();
 }
+
+#[test]
+fn planned_buffer_sizes_that_overflow_are_refused() {
+    let bytes = edited(|p| p.non_const_buffer_sizes = Some(vec![0, i64::MAX, i64::MAX, 16]));
+    assert_invalid(load(&bytes), "more than the limit");
+    let bytes = edited(|p| p.non_const_buffer_sizes = Some(vec![0, -5]));
+    assert_invalid(load(&bytes), "negative");
+}

@@ -145,7 +145,11 @@ impl Method {
             .collect::<Result<Vec<_>>>()?;
 
         // Planned memory.
-        let total: u64 = meta.planned_buffers.iter().map(|&b| b as u64).sum();
+        // Saturating: sizes near 2^64 must fail the limit, not wrap below it.
+        let total = meta
+            .planned_buffers
+            .iter()
+            .fold(0u64, |sum, &b| sum.saturating_add(b as u64));
         if total > options.max_planned_bytes {
             return Err(RuntimeError::NotSupported(format!(
                 "method {name} plans {total} bytes of memory, more than the limit of {}",
