@@ -8,13 +8,24 @@ use pte_runtime::LoadOptions;
 
 use crate::run::{describe_meta, load};
 
+#[derive(clap::Args)]
 pub struct BenchArgs {
-    pub model: PathBuf,
-    pub data: Vec<PathBuf>,
-    pub method: Option<String>,
-    pub warmup: usize,
-    pub iterations: usize,
-    pub threads: Option<usize>,
+    model: PathBuf,
+    /// A .ptd file with data the program uses (repeatable).
+    #[arg(long)]
+    data: Vec<PathBuf>,
+    /// The method to time (default: forward, else the first).
+    #[arg(long)]
+    method: Option<String>,
+    /// Untimed executions before measuring.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Timed executions.
+    #[arg(long, default_value_t = 20)]
+    iterations: usize,
+    /// Threads for the method's kernels (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {

@@ -47,42 +47,9 @@ enum Command {
     },
     /// Run a method of a program: inputs from .npy files (or generated from the method's
     /// metadata), outputs to DIR/0.npy, DIR/1.npy, ...
-    Run {
-        model: PathBuf,
-        /// A .ptd file with data the program uses (repeatable).
-        #[arg(long)]
-        data: Vec<PathBuf>,
-        /// The method to run (default: forward, else the first).
-        #[arg(long)]
-        method: Option<String>,
-        /// An input .npy file, in the method's input order (repeatable).
-        #[arg(long)]
-        input: Vec<PathBuf>,
-        /// Write the outputs as .npy files into this directory.
-        #[arg(long, value_name = "DIR")]
-        outputs: Option<PathBuf>,
-        /// Execute the loaded method this many times (state persists); outputs are the
-        /// last execution's.
-        #[arg(long, default_value_t = 1)]
-        repeat: usize,
-    },
+    Run(run::RunArgs),
     /// Time repeated executions of a method on generated inputs.
-    Bench {
-        model: PathBuf,
-        #[arg(long)]
-        data: Vec<PathBuf>,
-        #[arg(long)]
-        method: Option<String>,
-        /// Untimed executions before measuring.
-        #[arg(long, default_value_t = 3)]
-        warmup: usize,
-        /// Timed executions.
-        #[arg(long, default_value_t = 20)]
-        iterations: usize,
-        /// Threads for the method's kernels (default: all cores).
-        #[arg(long)]
-        threads: Option<usize>,
-    },
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -100,36 +67,8 @@ fn main() -> ExitCode {
             segment_alignment,
             external_constants.as_deref(),
         ),
-        Command::Run {
-            model,
-            data,
-            method,
-            input,
-            outputs,
-            repeat,
-        } => run::run(run::RunArgs {
-            model,
-            data,
-            method,
-            inputs: input,
-            outputs,
-            repeat,
-        }),
-        Command::Bench {
-            model,
-            data,
-            method,
-            warmup,
-            iterations,
-            threads,
-        } => bench::run(bench::BenchArgs {
-            model,
-            data,
-            method,
-            warmup,
-            iterations,
-            threads,
-        }),
+        Command::Run(args) => run::run(args),
+        Command::Bench(args) => bench::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -8,13 +8,25 @@ use pte_runtime::{
     npy, BackendRegistry, EValue, LoadOptions, Method, Program, RuntimeError, ValueMeta,
 };
 
+#[derive(clap::Args)]
 pub struct RunArgs {
-    pub model: PathBuf,
-    pub data: Vec<PathBuf>,
-    pub method: Option<String>,
-    pub inputs: Vec<PathBuf>,
-    pub outputs: Option<PathBuf>,
-    pub repeat: usize,
+    model: PathBuf,
+    /// A .ptd file with data the program uses (repeatable).
+    #[arg(long)]
+    data: Vec<PathBuf>,
+    /// The method to run (default: forward, else the first).
+    #[arg(long)]
+    method: Option<String>,
+    /// An input .npy file, in the method's input order (repeatable).
+    #[arg(long = "input")]
+    inputs: Vec<PathBuf>,
+    /// Write the outputs as .npy files into this directory.
+    #[arg(long, value_name = "DIR")]
+    outputs: Option<PathBuf>,
+    /// Execute the loaded method this many times (state persists); outputs are the last
+    /// execution's.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
 }
 
 pub fn describe_meta(m: &ValueMeta) -> String {

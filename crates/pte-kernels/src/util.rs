@@ -74,62 +74,31 @@ macro_rules! half_elem {
 }
 half_elem!(f16, bf16);
 
+/// Runs `$body` with `$T` bound to the Rust type of `$dtype`, among the listed
+/// `DType variant => type` pairs; `$other` is evaluated for any other dtype.
+#[macro_export]
+macro_rules! dispatch_types {
+    ($dtype:expr, $T:ident => $body:expr, $other:expr, [$($($variant:ident)|+ => $ty:ty),+]) => {
+        match $dtype {
+            $($(pte_runtime::DType::$variant)|+ => {
+                type $T = $ty;
+                $body
+            })+
+            _ => $other,
+        }
+    };
+}
+
 /// Runs `$body` with `$T` bound to the Rust type of `$dtype`, for every computable dtype
 /// (bool as `u8`). `$other` is evaluated for dtypes kernels do not compute on.
 #[macro_export]
 macro_rules! dispatch_all {
     ($dtype:expr, $T:ident => $body:expr, $other:expr) => {
-        match $dtype {
-            pte_runtime::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            pte_runtime::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            pte_runtime::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            pte_runtime::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            pte_runtime::DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            pte_runtime::DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            pte_runtime::DType::I16 => {
-                type $T = i16;
-                $body
-            }
-            pte_runtime::DType::I8 => {
-                type $T = i8;
-                $body
-            }
-            pte_runtime::DType::U8 | pte_runtime::DType::Bool => {
-                type $T = u8;
-                $body
-            }
-            pte_runtime::DType::U16 => {
-                type $T = u16;
-                $body
-            }
-            pte_runtime::DType::U32 => {
-                type $T = u32;
-                $body
-            }
-            pte_runtime::DType::U64 => {
-                type $T = u64;
-                $body
-            }
-            _ => $other,
-        }
+        $crate::dispatch_types!($dtype, $T => $body, $other, [
+            F32 => f32, F64 => f64, F16 => half::f16, BF16 => half::bf16, I64 => i64,
+            I32 => i32, I16 => i16, I8 => i8, U8 | Bool => u8, U16 => u16, U32 => u32,
+            U64 => u64
+        ])
     };
 }
 
@@ -137,25 +106,9 @@ macro_rules! dispatch_all {
 #[macro_export]
 macro_rules! dispatch_float {
     ($dtype:expr, $T:ident => $body:expr, $other:expr) => {
-        match $dtype {
-            pte_runtime::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            pte_runtime::DType::F64 => {
-                type $T = f64;
-                $body
-            }
-            pte_runtime::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            pte_runtime::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            _ => $other,
-        }
+        $crate::dispatch_types!($dtype, $T => $body, $other, [
+            F32 => f32, F64 => f64, F16 => half::f16, BF16 => half::bf16
+        ])
     };
 }
 

@@ -47,14 +47,6 @@ impl DType {
         }
     }
 
-    /// The dtype of a `ScalarType` number, as `dtype=` arguments of operators carry it.
-    pub fn from_code(code: i64) -> Option<Self> {
-        i8::try_from(code)
-            .ok()
-            .and_then(|c| ScalarType::try_from(c).ok())
-            .map(Self::from_scalar_type)
-    }
-
     /// The wire scalar type.
     pub fn scalar_type(self) -> ScalarType {
         match self {
