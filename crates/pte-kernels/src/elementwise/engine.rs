@@ -140,29 +140,9 @@ pub fn map_float<const N: usize>(
 /// byte are left out, as PyTorch has no elementwise kernels for them.
 macro_rules! int_type {
     ($dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            DType::U8 => {
-                type $T = u8;
-                $body
-            }
-            DType::I8 => {
-                type $T = i8;
-                $body
-            }
-            DType::I16 => {
-                type $T = i16;
-                $body
-            }
-            DType::I32 => {
-                type $T = i32;
-                $body
-            }
-            DType::I64 => {
-                type $T = i64;
-                $body
-            }
-            other => Err(KernelError::dtypes(&[other])),
-        }
+        crate::dispatch_types!($dtype, $T => $body, Err(KernelError::dtypes(&[$dtype])), [
+            U8 => u8, I8 => i8, I16 => i16, I32 => i32, I64 => i64
+        ])
     };
 }
 
