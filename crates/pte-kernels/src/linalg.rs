@@ -367,17 +367,18 @@ fn native_gemm<T: NativeGemm>(
     Ok(())
 }
 
-macro_rules! native {
-    ($($t:ty),*) => {$(
+/// Implements [`Gemm`] for element types with the product function that serves them.
+macro_rules! impl_gemm {
+    ($product:ident: $($t:ty),*) => {$(
         impl Gemm for $t {
             fn gemm(dst: MatMut<'_, Self>, lhs: Mat<'_, Self>, rhs: Mat<'_, Self>, beta: Option<Self>, alpha: Self)
                 -> KernelResult {
-                native_gemm(dst, lhs, rhs, beta, alpha)
+                $product(dst, lhs, rhs, beta, alpha)
             }
         }
     )*};
 }
-native!(f32, f64, f16);
+impl_gemm!(native_gemm: f32, f64, f16);
 
 impl Gemm for bf16 {
     fn gemm(
@@ -443,17 +444,7 @@ fn integer_gemm<T: Elem>(
     Ok(())
 }
 
-macro_rules! integer {
-    ($($t:ty),*) => {$(
-        impl Gemm for $t {
-            fn gemm(dst: MatMut<'_, Self>, lhs: Mat<'_, Self>, rhs: Mat<'_, Self>, beta: Option<Self>, alpha: Self)
-                -> KernelResult {
-                integer_gemm(dst, lhs, rhs, beta, alpha)
-            }
-        }
-    )*};
-}
-integer!(u8, i8, i16, i32, i64, u16, u32, u64);
+impl_gemm!(integer_gemm: u8, i8, i16, i32, i64, u16, u32, u64);
 
 /// A scalar argument as element type `T` (truncated for integer types).
 fn scalar_as<T: Elem>(s: Scalar) -> T {
