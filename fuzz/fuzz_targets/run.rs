@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use pte_runtime::{BackendRegistry, EValue, LoadOptions, Program, ValueMeta};
+use pte_runtime::{BackendRegistry, EValue, LoadOptions, Program};
 
 /// Keeps one run small: planned memory, generated inputs and executed instructions are
 /// capped (a loop under the default 10M-instruction cap is bounded, but slow under the
@@ -16,25 +16,18 @@ fuzz_target!(|data: &[u8]| {
     let Ok(program) = Program::from_bytes(data) else { return };
     let kernels = pte_kernels::registry();
     let options = LoadOptions {
-        max_planned_bytes: LIMIT_BYTES,
-        threads: None,
+        memory_limit: LIMIT_BYTES,
         max_instructions: LIMIT_INSTRUCTIONS,
+        ..LoadOptions::default()
     };
     for name in program.method_names().to_vec() {
         let Ok(meta) = program.method_meta(&name) else { continue };
-        let too_big = meta.inputs.iter().any(|m| match m {
-            ValueMeta::Tensor(t) => t.nbytes as u64 > LIMIT_BYTES,
-            _ => false,
-        });
-        if too_big {
-            continue;
-        }
         let Ok(mut method) =
             program.load_method_with(&name, &kernels, &BackendRegistry::new(), &options)
         else {
             continue;
         };
-        let Ok(inputs) = meta.example_inputs() else { continue };
+        let Ok(inputs) = meta.example_inputs(LIMIT_BYTES) else { continue };
         if method.set_inputs(&inputs).is_ok() {
             let _ = method.execute();
             let _: Vec<EValue> = method.outputs().unwrap_or_default();

@@ -1,22 +1,15 @@
 //! `pte bench`: time repeated executions of a loaded method.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
-use pte_runtime::LoadOptions;
 
-use crate::run::{describe_meta, load};
+use crate::run::{describe_meta, example_inputs, load, ProgramArgs};
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    model: PathBuf,
-    /// A .ptd file with data the program uses (repeatable).
-    #[arg(long)]
-    data: Vec<PathBuf>,
-    /// The method to time (default: forward, else the first).
-    #[arg(long)]
-    method: Option<String>,
+    #[command(flatten)]
+    program: ProgramArgs,
     /// Untimed executions before measuring.
     #[arg(long, default_value_t = 3)]
     warmup: usize,
@@ -29,14 +22,10 @@ pub struct BenchArgs {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    let options = LoadOptions {
-        threads: a.threads,
-        ..LoadOptions::default()
-    };
     let started = Instant::now();
-    let (name, mut method) = load(&a.model, &a.data, a.method.as_deref(), &options)?;
+    let (name, mut method) = load(&a.program, a.threads)?;
     let load_ms = started.elapsed().as_secs_f64() * 1e3;
-    let inputs = method.meta().example_inputs()?;
+    let inputs = example_inputs(&method)?;
     let first = Instant::now();
     method.set_inputs(&inputs)?;
     method.execute()?;
@@ -53,10 +42,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
         times.push(t.elapsed().as_secs_f64() * 1e3);
     }
     times.sort_by(f64::total_cmp);
-    let pct = |p: f64| times[((times.len() - 1) as f64 * p).round() as usize];
+    let pct = |p: f64| {
+        let at = ((times.len() - 1) as f64 * p).round() as usize;
+        times.get(at).copied().unwrap_or_default()
+    };
     println!(
         "{} {name:?} ({}), {} thread(s)",
-        a.model.display(),
+        a.program.model.display(),
         method
             .meta()
             .inputs
@@ -73,7 +65,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         pct(0.5),
         pct(0.1),
         pct(0.9),
-        times[0]
+        pct(0.0)
     );
     Ok(())
 }

@@ -27,7 +27,7 @@ struct Envelope<'a> {
 }
 
 pub fn run(path: &Path, json: bool) -> Result<()> {
-    let bytes = FileBytes::map(path)?;
+    let bytes = FileBytes::read(path)?;
     let document = match FileKind::detect(&bytes) {
         Some(FileKind::Program) => Document::Program(summary::program(&Pte::parse(&bytes)?)?),
         Some(FileKind::Data) => Document::Data(summary::data(&Ptd::parse(&bytes)?)?),

@@ -12,7 +12,7 @@ pub fn run(
     segment_alignment: u64,
     external_constants: Option<&Path>,
 ) -> Result<()> {
-    let bytes = FileBytes::map(input)?;
+    let bytes = FileBytes::read(input)?;
     let mut image =
         ProgramImage::parse(&bytes).with_context(|| format!("reading {}", input.display()))?;
     let options = WriteOptions {

@@ -6,12 +6,22 @@ use crate::error::{FormatError, Result};
 /// Offset of an inserted header: right after the root offset and file identifier.
 pub const HEADER_OFFSET: usize = 8;
 
+/// The `N` bytes at `at`; zeros past the end (callers check the length first, and a
+/// zero field is then rejected as malformed rather than read out of bounds).
+fn bytes_at<const N: usize>(bytes: &[u8], at: usize) -> [u8; N] {
+    let mut out = [0; N];
+    if let Some(src) = at.checked_add(N).and_then(|end| bytes.get(at..end)) {
+        out.copy_from_slice(src);
+    }
+    out
+}
+
 fn u32_at(bytes: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"))
+    u32::from_le_bytes(bytes_at(bytes, at))
 }
 
 fn u64_at(bytes: &[u8], at: usize) -> u64 {
-    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+    u64::from_le_bytes(bytes_at(bytes, at))
 }
 
 /// Rounds `value` up to a multiple of `alignment` (a power of two or any positive number).
@@ -132,7 +142,7 @@ impl DataHeader {
                 len: file.len() as u64,
             });
         }
-        if &file[HEADER_OFFSET..HEADER_OFFSET + 4] != Self::MAGIC {
+        if bytes_at::<4>(file, HEADER_OFFSET) != *Self::MAGIC {
             return Err(FormatError::BadHeader {
                 header: "FH01",
                 field: "magic",
@@ -185,19 +195,20 @@ pub(crate) fn check_identifier(
             len: file.len() as u64,
         });
     }
-    let found = &file[4..8];
+    let found: [u8; 4] = bytes_at(file, 4);
     if found == expected.as_bytes() {
         return Ok(());
     }
-    let shown = String::from_utf8_lossy(found).into_owned();
-    if found[..2] == expected.as_bytes()[..2] && found[2..].iter().all(u8::is_ascii_digit) {
+    let shown = String::from_utf8_lossy(&found).into_owned();
+    let (family, version) = found.split_at(2);
+    if expected.as_bytes().starts_with(family) && version.iter().all(u8::is_ascii_digit) {
         return Err(FormatError::UnsupportedVersion {
             format,
             found: shown,
             supported: expected,
         });
     }
-    let hint = match found {
+    let hint = match &found {
         b"ET12" => " (this is a .pte program)",
         b"FT01" => " (this is a .ptd data file)",
         b"BP08" => " (this is a .bpte bundled program)",
@@ -220,9 +231,10 @@ pub(crate) fn insert_header(flatbuffer: &[u8], padded_header: &[u8]) -> Result<V
         .ok_or_else(|| FormatError::overflow("root offset"))?;
     let mut out = Vec::with_capacity(flatbuffer.len() + padded_header.len());
     out.extend_from_slice(&moved.to_le_bytes());
-    out.extend_from_slice(&flatbuffer[4..HEADER_OFFSET]);
+    let (prefix, body) = flatbuffer.split_at(HEADER_OFFSET.min(flatbuffer.len()));
+    out.extend_from_slice(prefix.get(4..).unwrap_or_default());
     out.extend_from_slice(padded_header);
-    out.extend_from_slice(&flatbuffer[HEADER_OFFSET..]);
+    out.extend_from_slice(body);
     Ok(out)
 }
 

@@ -2,14 +2,16 @@
 //! and `.bpte` bundled programs, compatible with upstream ExecuTorch 1.5.1.
 //!
 //! Reading is zero-copy and verified: [`Pte::parse`], [`Ptd::parse`] and [`Bpte::parse`]
-//! borrow the file's bytes (a slice, or a memory map from [`FileBytes::map`]), check the
+//! borrow the file's bytes (a slice, the aligned copy [`FileBytes::read`] makes, or a
+//! memory map from the `unsafe` [`FileBytes::map`]), check the
 //! headers, walk the whole flatbuffer once so that every offset, length, UTF-8 string, enum
 //! value and union tag is known good, then check every segment range, sub-segment offset
 //! and cross-reference index against the file with overflow-checked arithmetic. A
 //! malformed file gives a [`FormatError`] naming the field and offset; it never panics.
 //! What this crate does not check is meaning inside a method (value indices, tensor
 //! placement in planned memory, operator arguments): the runtime does that when it loads a
-//! method.
+//! method. [`Pte::reopen`] and [`Ptd::reopen`] view bytes verified once again in constant
+//! time, so that a runtime verifies each file once however often it looks at it.
 //!
 //! Writing goes through [`ProgramImage`] (an owned program plus segment bytes) and
 //! [`write_ptd`]. Files are laid out as upstream's serializer lays them out.
@@ -29,7 +31,7 @@
 //! # Example
 //! ```no_run
 //! use pte_format::{FileBytes, Pte};
-//! let bytes = FileBytes::map("model.pte")?;
+//! let bytes = FileBytes::read("model.pte")?;
 //! let pte = Pte::parse(&bytes)?;
 //! for plan in pte.program().execution_plan()?.into_iter().flatten() {
 //!     println!("method {}", plan?.name()?.unwrap_or("?"));
@@ -37,6 +39,15 @@
 //! # Ok::<(), pte_format::FormatError>(())
 //! ```
 
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::unreachable
+)]
+
+mod aligned;
 mod bpte;
 mod error;
 mod header;
@@ -61,11 +72,12 @@ pub mod schema {
     include!("generated.rs");
 }
 
+pub use aligned::{AlignedBuf, AllocError};
 pub use bpte::{Bpte, BUNDLED_IDENTIFIER};
 pub use error::{FormatError, Result};
 pub use header::{align_up, DataHeader, ProgramHeader};
 pub use ptd::{NamedEntry, Ptd, TensorLayout, DATA_IDENTIFIER};
-pub use pte::{Pte, SubSegments, PROGRAM_IDENTIFIER};
+pub use pte::{Pte, SubSegments, Verified, PROGRAM_IDENTIFIER};
 pub use source::FileBytes;
 pub use write::{write_ptd, DataEntry, ProgramImage, Segment, WriteOptions};
 

@@ -6,6 +6,7 @@ use planus::ReadAsRoot;
 
 use crate::error::{FormatError, Result};
 use crate::header::{check_identifier, DataHeader};
+use crate::pte::Verified;
 use crate::scalar::{check_dim_order, tensor_nbytes};
 use crate::schema::executorch_flatbuffer::ScalarType;
 use crate::schema::flat_tensor_flatbuffer::{FlatTensorRef, NamedDataRef};
@@ -69,6 +70,30 @@ impl std::fmt::Debug for Ptd<'_> {
 impl<'a> Ptd<'a> {
     /// Parses and verifies a data file, including every segment range and tensor layout.
     pub fn parse(file: &'a [u8]) -> Result<Self> {
+        let ptd = Self::open(file)?;
+        let fb_len = ptd.header.flatbuffer_offset + ptd.header.flatbuffer_size;
+        verify::flat_tensor(ptd.root, fb_len as usize)?;
+        ptd.check()?;
+        Ok(ptd)
+    }
+
+    /// Views a data file that [`Ptd::parse`] verified before, in constant time; see
+    /// [`crate::Pte::reopen`].
+    pub fn reopen(file: &'a [u8], verified: Verified) -> Result<Self> {
+        if verified.names(file) {
+            Self::open(file)
+        } else {
+            Self::parse(file)
+        }
+    }
+
+    /// The token with which [`Ptd::reopen`] views these bytes again without verifying them.
+    pub fn verified(&self) -> Verified {
+        Verified::of(self.file)
+    }
+
+    /// Checks the identifier and header and finds the root table, without the walk.
+    fn open(file: &'a [u8]) -> Result<Self> {
         check_identifier(file, DATA_IDENTIFIER, "a .ptd data file")?;
         let header = DataHeader::parse(file)?;
         let len = file.len() as u64;
@@ -94,12 +119,9 @@ impl<'a> Ptd<'a> {
                 len,
             ));
         }
-        let fb = &file[..fb_end as usize];
+        let fb = file.get(..fb_end as usize).unwrap_or(file);
         let root = FlatTensorRef::read_as_root(fb)?;
-        verify::flat_tensor(root, fb.len())?;
-        let ptd = Ptd { file, header, root };
-        ptd.check()?;
-        Ok(ptd)
+        Ok(Ptd { file, header, root })
     }
 
     /// The whole file.
@@ -115,6 +137,15 @@ impl<'a> Ptd<'a> {
     /// The verified FlatTensor table.
     pub fn root(&self) -> FlatTensorRef<'a> {
         self.root
+    }
+
+    /// The bytes of segment `index`.
+    pub fn segment(&self, index: usize) -> Result<&'a [u8]> {
+        let range = self.segment_range(index)?;
+        let limit = self.file.len() as u64;
+        self.file.get(range.clone()).ok_or_else(|| {
+            FormatError::out_of_bounds(format!("segments[{index}] end"), range.end as u64, limit)
+        })
     }
 
     /// Number of segments.
@@ -199,7 +230,7 @@ impl<'a> Ptd<'a> {
                 self.num_segments() as u64,
             ));
         }
-        let data = &self.file[self.segment_range(segment_index)?];
+        let data = self.segment(segment_index)?;
         let layout = match n.tensor_layout()? {
             Some(l) => {
                 let field = format!("named_data[{i}].tensor_layout");

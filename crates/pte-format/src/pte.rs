@@ -39,6 +39,32 @@ impl std::fmt::Debug for Pte<'_> {
 impl<'a> Pte<'a> {
     /// Parses and verifies a program.
     pub fn parse(file: &'a [u8]) -> Result<Self> {
+        let pte = Self::open(file)?;
+        verify::program(pte.program, pte.flatbuffer_len())?;
+        pte.check_indices()?;
+        Ok(pte)
+    }
+
+    /// Views a program that [`Pte::parse`] verified before, in constant time: `verified`
+    /// (from [`Pte::verified`]) must name these very bytes, else they are parsed and
+    /// verified again. Readers stay bounds-checked either way; skipping the walk only
+    /// relies on the bytes not having changed since, which holds for any immutable buffer
+    /// (a memory map must keep the promise of [`crate::FileBytes::map`]).
+    pub fn reopen(file: &'a [u8], verified: Verified) -> Result<Self> {
+        if verified.names(file) {
+            Self::open(file)
+        } else {
+            Self::parse(file)
+        }
+    }
+
+    /// The token with which [`Pte::reopen`] views these bytes again without verifying them.
+    pub fn verified(&self) -> Verified {
+        Verified::of(self.file)
+    }
+
+    /// Checks the identifier and header and finds the root table, without the walk.
+    fn open(file: &'a [u8]) -> Result<Self> {
         check_identifier(file, PROGRAM_IDENTIFIER, "a .pte program")?;
         let len = file.len() as u64;
         let header = ProgramHeader::parse(file)?;
@@ -77,16 +103,18 @@ impl<'a> Pte<'a> {
             }
             None => file.len(),
         };
-        let fb = &file[..program_size];
+        let fb = file.get(..program_size).unwrap_or(file);
         let program = ProgramRef::read_as_root(fb)?;
-        verify::program(program, fb.len())?;
-        let pte = Pte {
+        Ok(Pte {
             file,
             header,
             program,
-        };
-        pte.check_indices()?;
-        Ok(pte)
+        })
+    }
+
+    fn flatbuffer_len(&self) -> usize {
+        self.header
+            .map_or(self.file.len(), |h| h.program_size as usize)
     }
 
     /// The whole file.
@@ -163,7 +191,11 @@ impl<'a> Pte<'a> {
 
     /// The bytes of segment `index`.
     pub fn segment(&self, index: usize) -> Result<&'a [u8]> {
-        Ok(&self.file[self.segment_range(index)?])
+        let range = self.segment_range(index)?;
+        let limit = self.file.len() as u64;
+        self.file.get(range.clone()).ok_or_else(|| {
+            FormatError::out_of_bounds(format!("segments[{index}] end"), range.end as u64, limit)
+        })
     }
 
     /// The constant segment, when the program stores its constants in one.
@@ -296,6 +328,27 @@ impl<'a> Pte<'a> {
     }
 }
 
+/// Names a byte buffer that a parser verified (by address and length), so that
+/// [`Pte::reopen`] and [`crate::Ptd::reopen`] can view it again without verifying it again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Verified {
+    addr: usize,
+    len: usize,
+}
+
+impl Verified {
+    pub(crate) fn of(bytes: &[u8]) -> Self {
+        Verified {
+            addr: bytes.as_ptr() as usize,
+            len: bytes.len(),
+        }
+    }
+
+    pub(crate) fn names(&self, bytes: &[u8]) -> bool {
+        *self == Self::of(bytes)
+    }
+}
+
 /// A segment split at a list of offsets: the constant segment or a mutable-data segment.
 /// Entry 0 is the reserved placeholder.
 #[derive(Clone, Copy)]
@@ -348,14 +401,25 @@ impl<'a> SubSegments<'a> {
                 self.data.len() as u64,
             ));
         }
-        Ok(&self.data[start as usize..end as usize])
+        self.slice(start, end, index)
+    }
+
+    fn slice(&self, start: u64, end: u64, index: usize) -> Result<&'a [u8]> {
+        let limit = self.data.len() as u64;
+        usize::try_from(start)
+            .ok()
+            .zip(usize::try_from(end).ok())
+            .and_then(|(s, e)| self.data.get(s..e))
+            .ok_or_else(|| {
+                FormatError::out_of_bounds(format!("{}[{index}] end", self.field), end, limit)
+            })
     }
 
     /// The bytes from entry `index` to the next entry (or the segment end), padding
     /// included.
     pub fn entry(&self, index: usize) -> Result<&'a [u8]> {
         let start = self.offset(index)?;
-        let end = match self.offsets.get(index + 1) {
+        let end = match index.checked_add(1).and_then(|next| self.offsets.get(next)) {
             Some(next) => next,
             None => self.data.len() as u64,
         };
@@ -366,7 +430,7 @@ impl<'a> SubSegments<'a> {
                 end.min(self.data.len() as u64),
             ));
         }
-        Ok(&self.data[start as usize..end as usize])
+        self.slice(start, end, index)
     }
 
     fn check(&self) -> Result<()> {

@@ -79,7 +79,10 @@ pub fn check_dim_order(dim_order: &[u8], rank: usize, field: &str) -> Result<()>
     }
     let mut seen = [false; 256];
     for &d in dim_order {
-        if usize::from(d) >= rank || std::mem::replace(&mut seen[usize::from(d)], true) {
+        let fresh = seen
+            .get_mut(usize::from(d))
+            .is_some_and(|s| !std::mem::replace(s, true));
+        if usize::from(d) >= rank || !fresh {
             return Err(FormatError::invalid(
                 field,
                 format!("dim_order {dim_order:?} is not a permutation of 0..{rank}"),

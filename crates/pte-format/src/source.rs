@@ -1,21 +1,55 @@
-//! Bytes of a file, memory-mapped or owned, that views borrow from.
+//! Bytes of a file, read into memory or memory-mapped, that views borrow from.
 
 use std::fs::File;
+use std::io::Read;
 use std::path::Path;
 
+use crate::aligned::AlignedBuf;
 use crate::error::{FormatError, Result};
 
-/// The whole contents of a file: memory-mapped by default, or an owned buffer.
+/// The whole contents of a file, 16-byte aligned.
+///
+/// [`FileBytes::read`] is the safe default: the bytes are a private copy that nothing can
+/// change. [`FileBytes::map`] avoids the copy and is `unsafe`, because the operating
+/// system lets other processes change a mapped file under the mapping.
 pub enum FileBytes {
     /// A read-only mapping of the file.
     Mapped(memmap2::Mmap),
     /// Bytes read into memory.
-    Owned(Vec<u8>),
+    Owned(AlignedBuf),
 }
 
 impl FileBytes {
-    /// Maps a file read-only. Empty files are read instead (they cannot be mapped).
-    pub fn map(path: impl AsRef<Path>) -> Result<Self> {
+    /// Reads a whole file into aligned memory.
+    pub fn read(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let io = |source| FormatError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let mut file = File::open(path).map_err(io)?;
+        let len = file.metadata().map_err(io)?.len();
+        let len = usize::try_from(len).map_err(|_| FormatError::Overflow {
+            field: format!("size of {}", path.display()),
+        })?;
+        let mut buf = AlignedBuf::try_zeroed(len)
+            .map_err(|e| io(std::io::Error::new(std::io::ErrorKind::OutOfMemory, e)))?;
+        file.read_exact(buf.as_mut_bytes()).map_err(io)?;
+        // A file that grew since its size was read is read up to that size, as a
+        // snapshot; a file that shrank fails `read_exact` above.
+        Ok(FileBytes::Owned(buf))
+    }
+
+    /// Maps a file read-only, without copying it. Empty files are read instead (they
+    /// cannot be mapped).
+    ///
+    /// # Safety
+    /// The file must not be truncated or modified, by this process or another, while the
+    /// returned value (or anything borrowing from it) is alive. Truncation makes reads of
+    /// the lost pages fault (SIGBUS); modification changes bytes that were verified,
+    /// which breaks the assumptions of readers that rely on that verification. Use
+    /// [`FileBytes::read`] for files that others may write.
+    pub unsafe fn map(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
         let io = |source| FormatError::Io {
             path: path.to_owned(),
@@ -23,24 +57,12 @@ impl FileBytes {
         };
         let file = File::open(path).map_err(io)?;
         if file.metadata().map_err(io)?.len() == 0 {
-            return Ok(FileBytes::Owned(Vec::new()));
+            return Ok(FileBytes::Owned(AlignedBuf::default()));
         }
-        // SAFETY: the mapping is read-only and private to this process. As with every
-        // memory-mapped reader, another process truncating or rewriting the file while it
-        // is mapped is outside of what this crate can guard against.
+        // SAFETY: the caller guarantees that the file stays unchanged while mapped; the
+        // mapping is read-only and private to this process. Pages are page-aligned.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
         Ok(FileBytes::Mapped(map))
-    }
-
-    /// Reads a whole file into memory.
-    pub fn read(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        std::fs::read(path)
-            .map(FileBytes::Owned)
-            .map_err(|source| FormatError::Io {
-                path: path.to_owned(),
-                source,
-            })
     }
 }
 

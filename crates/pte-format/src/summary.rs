@@ -223,7 +223,7 @@ pub fn program(pte: &Pte<'_>) -> Result<ProgramSummary> {
                 index: i,
                 offset: r.start as u64,
                 size: r.len() as u64,
-                role: roles[i],
+                role: roles.get(i).copied().unwrap_or("unused"),
             })
         })
         .collect::<Result<_>>()?;

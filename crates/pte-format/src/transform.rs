@@ -80,9 +80,11 @@ impl<'a> ProgramImage<'a> {
                             data.len() as u64,
                         )
                     })?;
+                // In bounds: `end <= data.len()` was checked above.
+                let range = start as usize..end as usize;
                 let bytes = match &data {
-                    Cow::Borrowed(d) => Cow::Borrowed(&d[start as usize..end as usize]),
-                    Cow::Owned(d) => Cow::Owned(d[start as usize..end as usize].to_vec()),
+                    Cow::Borrowed(d) => Cow::Borrowed(d.get(range).unwrap_or_default()),
+                    Cow::Owned(d) => Cow::Owned(d.get(range).unwrap_or_default().to_vec()),
                 };
 
                 let fqn = tensor
@@ -106,8 +108,9 @@ impl<'a> ProgramImage<'a> {
                             break;
                         }
                         Some(&e)
-                            if entries[e].layout.as_ref() == Some(&layout)
-                                && entries[e].data == bytes =>
+                            if entries.get(e).is_some_and(|entry| {
+                                entry.layout.as_ref() == Some(&layout) && entry.data == bytes
+                            }) =>
                         {
                             break
                         }
@@ -128,7 +131,9 @@ impl<'a> ProgramImage<'a> {
         if let Some(c) = self.program.constant_segment.as_deref_mut() {
             c.offsets = Some(vec![0]);
         }
-        self.segments[segment_index].data = Cow::Borrowed(&[]);
+        if let Some(s) = self.segments.get_mut(segment_index) {
+            s.data = Cow::Borrowed(&[]);
+        }
         Ok(entries)
     }
 }

@@ -187,7 +187,7 @@ impl<'a> ProgramImage<'a> {
             }
             let same = blob_segments
                 .iter()
-                .find(|(j, _)| inline[*j].data.as_deref() == Some(data));
+                .find(|(j, _)| inline.get(*j).and_then(|b| b.data.as_deref()) == Some(data));
             let segment = match same {
                 Some(&(_, seg)) => seg,
                 None => {
@@ -280,14 +280,17 @@ pub(crate) fn finish_flatbuffer<T>(
 ) -> Result<Vec<u8>> {
     let mut builder = planus::Builder::new();
     let bare = builder.finish(root, None);
-    let root_offset = u32::from_le_bytes(bare[..4].try_into().expect("root offset"))
+    let (root, body) = bare
+        .split_first_chunk::<4>()
+        .ok_or_else(|| FormatError::missing("flatbuffer root offset"))?;
+    let root_offset = u32::from_le_bytes(*root)
         .checked_add(8)
         .ok_or_else(|| FormatError::overflow("root offset"))?;
     let mut out = Vec::with_capacity(bare.len() + 8);
     out.extend_from_slice(&root_offset.to_le_bytes());
     out.extend_from_slice(identifier.as_bytes());
     out.extend_from_slice(&[0; 4]);
-    out.extend_from_slice(&bare[4..]);
+    out.extend_from_slice(body);
     Ok(out)
 }
 
@@ -370,7 +373,7 @@ pub fn write_ptd(entries: &[DataEntry<'_>], options: &WriteOptions) -> Result<Ve
     let mut segments: Vec<Segment<'_>> = Vec::new();
     let mut named = Vec::with_capacity(entries.len());
     for (i, e) in entries.iter().enumerate() {
-        if entries[..i].iter().any(|p| p.key == e.key) {
+        if entries.iter().take(i).any(|p| p.key == e.key) {
             return Err(FormatError::invalid(
                 format!("entries[{i}].key"),
                 format!("duplicate key {:?}", e.key),
@@ -386,9 +389,12 @@ pub fn write_ptd(entries: &[DataEntry<'_>], options: &WriteOptions) -> Result<Ve
                 ));
             }
         }
-        let index = match segments.iter().position(|s| s.data == e.data) {
-            Some(j) => {
-                let s = &mut segments[j];
+        let index = match segments
+            .iter_mut()
+            .enumerate()
+            .find(|(_, s)| s.data == e.data)
+        {
+            Some((j, s)) => {
                 s.alignment = lcm(s.alignment, e.alignment.max(1))
                     .ok_or_else(|| FormatError::overflow("alignment"))?;
                 j
@@ -427,7 +433,7 @@ pub fn write_ptd(entries: &[DataEntry<'_>], options: &WriteOptions) -> Result<Ve
     };
     let fb = finish_flatbuffer(&root, DATA_IDENTIFIER)?;
     // The 40-byte header is padded to 48 so the flatbuffer keeps its 16-byte alignment.
-    let padded_len = align_up(DataHeader::LENGTH.into(), 16).expect("small");
+    let padded_len = u64::from(DataHeader::LENGTH).next_multiple_of(16);
     let base = align_up(fb.len() as u64 + padded_len, options.segment_alignment)
         .ok_or_else(|| FormatError::overflow("segment_base_offset"))?;
     let header = DataHeader {

@@ -23,7 +23,7 @@ fn every_fixture_parses_and_lists_upstreams_operators() {
     let manifest = pte_testkit::manifest();
     assert!(manifest.fixtures.len() >= 10);
     for f in &manifest.fixtures {
-        let bytes = FileBytes::map(f.program_path()).unwrap();
+        let bytes = FileBytes::read(f.program_path()).unwrap();
         let pte = Pte::parse(program_bytes(&bytes)).unwrap_or_else(|e| panic!("{}: {e}", f.name));
         let s = summary::program(&pte).unwrap();
         let methods: BTreeSet<_> = s.methods.iter().map(|m| m.name.clone()).collect();

@@ -628,7 +628,7 @@ mod tests {
         let data: Vec<i32> = (0..24).collect();
         let bytes: &[u8] = bytemuck::cast_slice(&data);
         let x = info(&[2, 3, 4]);
-        let mut buf = pte_runtime::AlignedBuf::default();
+        let mut buf = pte_runtime::MemoryBudget::new(1 << 20).buffer(0).unwrap();
         let in_place = [false, true, true];
         assert_eq!(gather_piece(&x, &in_place), (1, 0));
         let mut scratch = Scratch::new(&mut buf, &[]).unwrap();

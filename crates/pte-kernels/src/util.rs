@@ -3,7 +3,7 @@
 //! allocations ([`Scratch`] and [`Stateful`]).
 
 use half::{bf16, f16};
-use pte_runtime::{AlignedBuf, Args, DType, Dims, Element, Kernel, KernelError, KernelResult};
+use pte_runtime::{Args, Buffer, DType, Dims, Element, Kernel, KernelError, KernelResult};
 use pte_runtime::{PreparedKernel, Scalar};
 
 /// Element types kernels compute on, with conversions through `f64` and `i64`.
@@ -327,14 +327,18 @@ fn too_large() -> KernelError {
 
 impl<'a> Scratch<'a> {
     /// Room for pieces of `(element size in bytes, length)`.
-    pub fn new(buf: &'a mut AlignedBuf, pieces: &[(usize, usize)]) -> KernelResult<Self> {
+    pub fn new(buf: &'a mut Buffer, pieces: &[(usize, usize)]) -> KernelResult<Self> {
         let total = pieces.iter().try_fold(0usize, |acc, &(size, len)| {
             let bytes = size.checked_mul(len)?;
             acc.checked_add(bytes.div_ceil(16))
         });
-        let rest = total
-            .and_then(|w| buf.slice_mut::<u128>(w))
-            .ok_or_else(too_large)?;
+        let words = total.ok_or_else(too_large)?;
+        let rest = buf
+            .slice_mut::<u128>(words)
+            .map_err(|source| KernelError::Memory {
+                what: "working memory".into(),
+                source,
+            })?;
         Ok(Scratch { rest })
     }
 
@@ -401,7 +405,7 @@ mod tests {
 
     #[test]
     fn scratch_pieces_do_not_overlap() {
-        let mut buf = AlignedBuf::default();
+        let mut buf = pte_runtime::MemoryBudget::new(1 << 20).buffer(0).unwrap();
         let mut s = Scratch::new(
             &mut buf,
             &[Scratch::piece::<f64>(3), Scratch::piece::<u8>(5)],

@@ -37,7 +37,7 @@ fn compare(f: &Fixture, case: &Case, outputs: &[EValue]) -> Result<(), String> {
     }
     for (k, (got, path)) in outputs.iter().zip(&case.outputs).enumerate() {
         let expected = npy::read_tensor(f.path(path)).unwrap();
-        let got = as_tensor(got)?.to_contiguous();
+        let got = as_tensor(got)?.to_contiguous().map_err(|e| e.to_string())?;
         if got.sizes() != expected.sizes() {
             return Err(format!(
                 "output {k}: shape {:?}, upstream {:?}",

@@ -3,7 +3,7 @@
 
 use pte_format::schema::executorch_flatbuffer as et;
 use pte_format::{ProgramImage, WriteOptions};
-use pte_runtime::{EValue, Program, RuntimeError};
+use pte_runtime::{BackendRegistry, EValue, LoadOptions, Program, RuntimeError};
 
 fn seed() -> Vec<u8> {
     std::fs::read(pte_testkit::fixtures_dir().join("linear_clamp/model.pte")).unwrap()
@@ -23,7 +23,7 @@ fn load(bytes: &[u8]) -> Result<pte_runtime::Method, RuntimeError> {
 
 fn run(bytes: &[u8]) -> Result<(), RuntimeError> {
     let mut m = load(bytes)?;
-    let inputs = m.meta().example_inputs()?;
+    let inputs = m.meta().example_inputs(1 << 30)?;
     m.set_inputs(&inputs)?;
     m.execute()
 }
@@ -204,11 +204,33 @@ fn an_instruction_loop_is_stopped() {
         }]);
     });
     let started = std::time::Instant::now();
+    let err = run(&bytes).unwrap_err();
+    assert!(
+        matches!(err, RuntimeError::LoopLimit { limit, .. } if limit == pte_runtime::MIN_LOOP_ITERATIONS),
+        "{err}"
+    );
+    assert!(started.elapsed().as_secs() < 5);
+    // With loops allowed, the instruction cap still stops it.
+    let options = LoadOptions {
+        max_loop_iterations: Some(u64::MAX),
+        max_instructions: 100_000,
+        ..LoadOptions::default()
+    };
+    let mut m = Program::from_bytes(&bytes)
+        .unwrap()
+        .load_method_with(
+            "forward",
+            &pte_kernels::registry(),
+            &BackendRegistry::new(),
+            &options,
+        )
+        .unwrap();
+    let inputs = m.meta().example_inputs(1 << 20).unwrap();
+    m.set_inputs(&inputs).unwrap();
     assert!(matches!(
-        run(&bytes),
-        Err(RuntimeError::InstructionLimit(_))
+        m.execute(),
+        Err(RuntimeError::InstructionLimit(100_000))
     ));
-    assert!(started.elapsed().as_secs() < 60);
 }
 
 #[test]
@@ -307,7 +329,7 @@ fn dynamic_inputs_past_their_bound_or_of_another_rank_are_rejected() {
 #[test]
 fn planned_buffer_sizes_that_overflow_are_refused() {
     let bytes = edited(|p| p.non_const_buffer_sizes = Some(vec![0, i64::MAX, i64::MAX, 16]));
-    assert_invalid(load(&bytes), "more than the limit");
+    assert_invalid(load(&bytes), "memory budget");
     let bytes = edited(|p| p.non_const_buffer_sizes = Some(vec![0, -5]));
     assert_invalid(load(&bytes), "negative");
 }

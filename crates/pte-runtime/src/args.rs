@@ -159,7 +159,19 @@ impl<'a> Args<'a> {
     }
 
     fn slot(&self, i: usize) -> KernelResult<&Slot> {
-        Ok(&self.values[self.id(i)?])
+        self.value(self.id(i)?)
+    }
+
+    fn value(&self, id: usize) -> KernelResult<&Slot> {
+        self.values
+            .get(id)
+            .ok_or_else(|| KernelError::invalid(format!("value {id} does not exist")))
+    }
+
+    /// The method's memory budget: state a kernel prepares (packed weights) is charged
+    /// to it through [`crate::Buffer`].
+    pub fn budget(&self) -> &crate::MemoryBudget {
+        &self.memory.budget
     }
 
     fn wrong(&self, i: usize, expected: &str) -> KernelError {
@@ -261,7 +273,7 @@ impl<'a> Args<'a> {
         match self.slot(i)? {
             Slot::IntList(items) => items
                 .iter()
-                .map(|&v| match &self.values[v as usize] {
+                .map(|&v| match self.value(v as usize)? {
                     Slot::Int(x) => Ok(*x),
                     other => Err(KernelError::invalid(format!(
                         "argument {i}: int list element (value {v}) is {}",
@@ -314,7 +326,7 @@ impl<'a> Args<'a> {
                 let id = item.ok_or_else(|| {
                     KernelError::invalid(format!("argument {i}: no tensor at list position {j}"))
                 })? as usize;
-                match &self.values[id] {
+                match self.value(id)? {
                     Slot::Tensor(_) => Ok(id),
                     other => Err(KernelError::invalid(format!(
                         "argument {i}: list element {j} is {}",
@@ -326,17 +338,21 @@ impl<'a> Args<'a> {
     }
 
     fn tensor_slot(&self, a: Arg) -> KernelResult<&TensorSlot> {
-        match &self.values[self.tensor_id(a)?] {
+        match self.value(self.tensor_id(a)?)? {
             Slot::Tensor(t) => Ok(t),
-            _ => unreachable!("tensor_id checked the kind"),
+            other => Err(KernelError::invalid(format!(
+                "{:?} is {}, not a tensor",
+                a,
+                other.kind()
+            ))),
         }
     }
 
     fn tensor_slot_mut(&mut self, a: Arg) -> KernelResult<&mut TensorSlot> {
         let id = self.tensor_id(a)?;
-        match &mut self.values[id] {
-            Slot::Tensor(t) => Ok(t),
-            _ => unreachable!("tensor_id checked the kind"),
+        match self.values.get_mut(id) {
+            Some(Slot::Tensor(t)) => Ok(t),
+            _ => Err(KernelError::invalid(format!("{a:?} is not a tensor"))),
         }
     }
 
@@ -394,7 +410,10 @@ impl<'a> Args<'a> {
     /// declared with when the scalar can be converted to it.
     pub fn set_scalar(&mut self, i: usize, value: Scalar) -> KernelResult {
         let id = self.id(i)?;
-        let slot = &mut self.values[id];
+        let slot = self
+            .values
+            .get_mut(id)
+            .ok_or_else(|| KernelError::invalid(format!("value {id} does not exist")))?;
         *slot = match (&*slot, value) {
             (Slot::Int(_), v) => Slot::Int(v.to_i64()),
             (Slot::Double(_), v) => Slot::Double(v.to_f64()),
@@ -490,29 +509,20 @@ impl<'a> Args<'a> {
         // Outputs that are not memory-planned get runtime-owned memory on first use.
         for &w in writes {
             let id = self.tensor_id(w)?;
-            let nbytes = match &self.values[id] {
-                Slot::Tensor(t) => t.nbytes(),
-                _ => unreachable!(),
-            };
-            let storage = match &self.values[id] {
-                Slot::Tensor(t) => t.storage,
-                _ => unreachable!(),
-            };
-            match storage {
-                Storage::Null => {
-                    let index = self.memory.new_heap(nbytes);
-                    if let Slot::Tensor(t) = &mut self.values[id] {
-                        t.storage = Storage::Heap { index };
-                    }
-                }
-                Storage::Heap { index } => self.memory.grow_heap(index, nbytes),
-                Storage::Planned { .. } => {}
+            let op = self.op;
+            let t = self.tensor_slot_mut(w)?;
+            match t.storage {
+                Storage::Null => t.storage = Storage::Heap { owner: id as u32 },
+                Storage::Heap { .. } | Storage::Planned { .. } => {}
                 Storage::Program { .. } | Storage::External { .. } => {
                     return Err(KernelError::invalid(format!(
-                        "{}: a constant tensor cannot be written",
-                        self.op
+                        "{op}: a constant tensor cannot be written"
                     )))
                 }
+            }
+            if let Storage::Heap { owner } = t.storage {
+                let nbytes = t.nbytes();
+                self.memory.grow_heap(owner, nbytes)?;
             }
         }
         let mut infos: SmallVec<[TensorInfo; 12]> = SmallVec::new();
@@ -528,25 +538,20 @@ impl<'a> Args<'a> {
             infos.push(info);
             accesses.push(self.access(a)?);
         }
-        let borrowed = self
-            .memory
-            .borrow(&accesses[..reads.len()], &accesses[reads.len()..])?;
+        let (read_accesses, write_accesses) = accesses.split_at(reads.len());
+        let borrowed = self.memory.borrow(read_accesses, write_accesses)?;
         let mut infos = infos.into_iter();
         let inputs = borrowed
             .reads
             .into_iter()
-            .map(|bytes| TensorData {
-                info: infos.next().expect("one info per read"),
-                bytes,
-            })
+            .zip(infos.by_ref())
+            .map(|(bytes, info)| TensorData { info, bytes })
             .collect();
         let outputs = borrowed
             .writes
             .into_iter()
-            .map(|bytes| TensorDataMut {
-                info: infos.next().expect("one info per write"),
-                bytes,
-            })
+            .zip(infos)
+            .map(|(bytes, info)| TensorDataMut { info, bytes })
             .collect();
         Ok(Io {
             inputs,
@@ -588,12 +593,12 @@ pub(crate) fn resize_slot(t: &mut TensorSlot, sizes: &[usize]) -> KernelResult {
 }
 
 /// Views of a kernel call's data: inputs shared, outputs exclusive, never overlapping;
-/// and the method's scratch memory, kept between calls (grow it with
-/// [`AlignedBuf::slice_mut`]).
+/// and the method's scratch memory, kept between calls and charged to the method's
+/// budget (grow it with [`crate::Buffer::slice_mut`]).
 pub struct Io<'a> {
     pub inputs: SmallVec<[TensorData<'a>; 8]>,
     pub outputs: SmallVec<[TensorDataMut<'a>; 4]>,
-    pub scratch: &'a mut crate::tensor::AlignedBuf,
+    pub scratch: &'a mut crate::Buffer,
 }
 
 /// A shared view of a tensor's data.

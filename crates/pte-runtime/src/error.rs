@@ -1,6 +1,10 @@
 //! The runtime's error type.
 
+use std::time::Duration;
+
 use pte_format::FormatError;
+
+use crate::budget::MemoryError;
 
 /// What a kernel reports when it cannot run; the executor adds which operator and which
 /// instruction.
@@ -15,6 +19,13 @@ pub enum KernelError {
     /// A runtime failure that is not the arguments' fault.
     #[error("{0}")]
     Failed(String),
+    /// Memory for `what` (a value, a kernel's working memory) could not be had.
+    #[error("{what}: {source}")]
+    Memory {
+        what: String,
+        #[source]
+        source: MemoryError,
+    },
 }
 
 impl KernelError {
@@ -91,9 +102,32 @@ pub enum RuntimeError {
         #[source]
         source: KernelError,
     },
+    /// Memory for `what` could not be had while loading a method.
+    #[error("{what}: {source}")]
+    Memory {
+        what: String,
+        #[source]
+        source: MemoryError,
+    },
     /// The method executed more instructions than allowed (a loop that does not end).
     #[error("execution exceeded {0} instructions")]
     InstructionLimit(u64),
+    /// The method jumped back more often than allowed (a loop that does not end).
+    #[error(
+        "execution stopped at chain {chain} instruction {instruction}: more than {limit} loop \
+         iterations (raise LoadOptions::max_loop_iterations if the program loops this long)"
+    )]
+    LoopLimit {
+        chain: usize,
+        instruction: usize,
+        limit: u64,
+    },
+    /// The execution ran past the time it was given.
+    #[error("execution exceeded its time limit of {0:?}")]
+    DeadlineExceeded(Duration),
+    /// The execution was cancelled through a `CancelHandle`.
+    #[error("execution cancelled")]
+    Cancelled,
     /// An I/O failure reading inputs or writing outputs.
     #[error("{path}: {message}")]
     Io { path: String, message: String },

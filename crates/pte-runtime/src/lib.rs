@@ -8,7 +8,12 @@
 //! an exact layout check, restores mutable state from the program, looks up every
 //! operator in a [`KernelRegistry`] (reporting all missing ones at once) and every
 //! delegate in a [`BackendRegistry`], and prepares each call's kernel. [`Method::execute`]
-//! runs the instruction chains with upstream's semantics and an instruction cap.
+//! runs the instruction chains with upstream's semantics, bounded by an instruction cap, a
+//! loop limit, an optional time limit and a [`CancelHandle`].
+//!
+//! Everything a method allocates (planned buffers, other tensors, kernel and delegate
+//! memory) is charged to one [`MemoryBudget`] before it is allocated, and allocated
+//! fallibly; see `docs/security.md` for what a hostile program can and cannot do.
 //!
 //! This crate knows no operator: kernels come from a registry (the `pte-kernels` crate
 //! provides the standard set). Kernels see their call through [`Args`]: scalars,
@@ -17,7 +22,7 @@
 //! ```no_run
 //! # fn kernels() -> pte_runtime::KernelRegistry { unimplemented!() }
 //! use pte_runtime::{EValue, Program, Tensor};
-//! let program = Program::open("model.pte")?;
+//! let program = Program::open("model.pte")?;   // read into memory
 //! let mut method = program.load_method("forward", &kernels())?;
 //! method.set_input(0, &EValue::Tensor(Tensor::from_slice(&[3, 4], &[0f32; 12])?))?;
 //! method.execute()?;
@@ -25,7 +30,17 @@
 //! # Ok::<(), pte_runtime::RuntimeError>(())
 //! ```
 
+#![forbid(unsafe_code)]
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::unreachable
+)]
+
 mod args;
+mod budget;
 mod dtype;
 mod error;
 mod memory;
@@ -37,10 +52,11 @@ mod tensor;
 mod value;
 
 pub use args::{normalize_dim, Arg, Args, Io, Scalar, TensorData, TensorDataMut, TensorInfo};
+pub use budget::{default_memory_limit, Buffer, Charge, MemoryBudget, MemoryError};
 pub use dtype::{DType, Element};
 pub use error::{KernelError, KernelResult, Result, RuntimeError};
 pub use memory::SourceBytes;
-pub use method::{LoadOptions, Method, MAX_INSTRUCTIONS};
+pub use method::{CancelHandle, LoadOptions, Method, MAX_INSTRUCTIONS, MIN_LOOP_ITERATIONS};
 pub use program::{MethodMeta, Program, TensorMeta, ValueMeta, MAX_SCHEMA_VERSION};
 pub use registry::{
     Backend, BackendRegistry, DelegateInit, Kernel, KernelFn, KernelRegistry, NamedData,

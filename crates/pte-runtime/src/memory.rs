@@ -4,15 +4,16 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+use crate::budget::{Buffer, MemoryBudget, MemoryError};
 use crate::error::{KernelError, KernelResult};
-use crate::tensor::AlignedBuf;
 
-/// Bytes a program or data file was loaded from: a memory map, or an aligned copy.
+/// Bytes a program or data file was loaded from: a file read or mapped, or an aligned
+/// copy of bytes given by the caller.
 pub enum SourceBytes {
-    /// A memory-mapped (or read) file.
+    /// A file read into memory or memory-mapped.
     File(pte_format::FileBytes),
     /// An aligned copy (programs given as bytes, or embedded in a bundle).
-    Aligned(AlignedBuf),
+    Aligned(pte_format::AlignedBuf),
 }
 
 impl std::ops::Deref for SourceBytes {
@@ -28,12 +29,14 @@ impl std::ops::Deref for SourceBytes {
 /// Where one tensor's bytes live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Storage {
-    /// Not bound: an input not set yet, a freed tensor, or an output not yet produced.
+    /// Not bound: an input not set yet, or an output not produced yet.
     Null,
     /// Inside planned buffer `buffer` (memory id - 1) at `offset`.
     Planned { buffer: u32, offset: usize },
-    /// A runtime-owned buffer, for tensors that are not memory-planned.
-    Heap { index: u32 },
+    /// The runtime-owned buffer of value `owner`, for tensors that are not memory-planned.
+    /// Each value owns at most one such buffer, reused (and grown) at every write, so
+    /// that no sequence of instructions can make the number of buffers grow.
+    Heap { owner: u32 },
     /// Read-only, inside the program file.
     Program { offset: usize },
     /// Read-only, inside external data file `file`.
@@ -47,17 +50,19 @@ pub(crate) struct Access {
     pub nbytes: usize,
 }
 
-/// All memory of one loaded method.
+/// All memory of one loaded method, charged to its budget.
 pub(crate) struct Memory {
-    pub planned: Vec<AlignedBuf>,
-    pub heap: Vec<AlignedBuf>,
-    pub program: Arc<SourceBytes>,
-    pub external: Vec<Arc<SourceBytes>>,
+    pub budget: MemoryBudget,
+    planned: Vec<Buffer>,
+    /// One (initially empty) buffer per value of the method.
+    heap: Vec<Buffer>,
+    program: Arc<SourceBytes>,
+    external: Vec<Arc<SourceBytes>>,
     /// Copies of inputs that overlap an output of the same call, reused across calls.
-    scratch: Vec<AlignedBuf>,
+    scratch: Vec<Buffer>,
     /// Working memory any kernel of the method may use during its call (calls run one at
     /// a time), so that steady-state execution allocates nothing.
-    workspace: AlignedBuf,
+    workspace: Buffer,
 }
 
 type Reads<'m> = SmallVec<[&'m [u8]; 8]>;
@@ -67,104 +72,180 @@ type Writes<'m> = SmallVec<[&'m mut [u8]; 4]>;
 pub(crate) struct Borrowed<'m> {
     pub reads: Reads<'m>,
     pub writes: Writes<'m>,
-    pub workspace: &'m mut AlignedBuf,
+    pub workspace: &'m mut Buffer,
 }
 
-fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
-    a.0 < b.0 + b.1 && b.0 < a.0 + a.1 && a.1 > 0 && b.1 > 0
+/// A writable place: a planned buffer or a heap buffer, with a byte range inside it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Planned(u32),
+    Heap(u32),
 }
 
-/// The buffer and byte range an access covers, for overlap tests between writable places.
-fn place(a: &Access) -> Option<(bool, u32, (usize, usize))> {
+fn place(a: &Access) -> Option<(Place, usize, usize)> {
     match a.storage {
-        Storage::Planned { buffer, offset } => Some((true, buffer, (offset, a.nbytes))),
-        Storage::Heap { index } => Some((false, index, (0, a.nbytes))),
+        Storage::Planned { buffer, offset } => Some((Place::Planned(buffer), offset, a.nbytes)),
+        Storage::Heap { owner } => Some((Place::Heap(owner), 0, a.nbytes)),
         _ => None,
     }
 }
 
+/// True when two non-empty byte ranges of the same place overlap.
+fn clash(a: (Place, usize, usize), b: (Place, usize, usize)) -> bool {
+    let end = |start: usize, len: usize| start.saturating_add(len);
+    a.0 == b.0 && a.2 > 0 && b.2 > 0 && a.1 < end(b.1, b.2) && b.1 < end(a.1, a.2)
+}
+
+fn outside(what: &str, offset: usize, nbytes: usize, len: usize) -> KernelError {
+    KernelError::Failed(format!(
+        "tensor bytes {offset}..+{nbytes} lie outside {what} ({len} bytes)"
+    ))
+}
+
+fn range<'b>(bytes: &'b [u8], offset: usize, nbytes: usize, what: &str) -> KernelResult<&'b [u8]> {
+    offset
+        .checked_add(nbytes)
+        .and_then(|end| bytes.get(offset..end))
+        .ok_or_else(|| outside(what, offset, nbytes, bytes.len()))
+}
+
+/// Exclusive references to the elements at `sorted` (ascending, distinct) indices.
+fn pick_mut<'a>(
+    mut rest: &'a mut [Buffer],
+    sorted: &[u32],
+) -> SmallVec<[(u32, &'a mut Buffer); 8]> {
+    let mut out = SmallVec::new();
+    let mut base = 0usize;
+    for &i in sorted {
+        let skip = (i as usize).saturating_sub(base);
+        let Some((_, tail)) = std::mem::take(&mut rest).split_at_mut_checked(skip) else {
+            break;
+        };
+        let Some((first, tail)) = tail.split_first_mut() else {
+            break;
+        };
+        out.push((i, first));
+        rest = tail;
+        base = i as usize + 1;
+    }
+    out
+}
+
 impl Memory {
+    /// Memory with the planned buffers allocated (lazily zeroed) and charged to `budget`;
+    /// an error names the planned buffer (memory id) that does not fit.
     pub(crate) fn new(
-        planned: Vec<AlignedBuf>,
+        budget: MemoryBudget,
+        planned_sizes: &[usize],
         program: Arc<SourceBytes>,
         external: Vec<Arc<SourceBytes>>,
-    ) -> Self {
-        Memory {
+        values: usize,
+    ) -> Result<Self, (usize, MemoryError)> {
+        let planned = planned_sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &size)| budget.buffer(size).map_err(|e| (i + 1, e)))
+            .collect::<Result<_, _>>()?;
+        Ok(Memory {
+            heap: (0..values).map(|_| Buffer::new(&budget)).collect(),
+            scratch: Vec::new(),
+            workspace: Buffer::new(&budget),
+            budget,
             planned,
-            heap: Vec::new(),
             program,
             external,
-            scratch: Vec::new(),
-            workspace: AlignedBuf::default(),
-        }
+        })
+    }
+
+    /// Size of planned buffer `buffer` (memory id - 1), if it exists.
+    pub(crate) fn planned_len(&self, buffer: u32) -> Option<usize> {
+        self.planned.get(buffer as usize).map(Buffer::len)
     }
 
     /// Read-only bytes of one storage place.
     pub(crate) fn read(&self, a: Access) -> KernelResult<&[u8]> {
-        let (bytes, offset): (&[u8], usize) = match a.storage {
-            Storage::Null => {
-                return if a.nbytes == 0 {
-                    Ok(&[])
-                } else {
-                    Err(KernelError::invalid(
-                        "tensor has no data (unset input or freed tensor)",
-                    ))
-                }
-            }
-            Storage::Planned { buffer, offset } => (
-                self.planned
+        match a.storage {
+            Storage::Null if a.nbytes == 0 => Ok(&[]),
+            Storage::Null => Err(KernelError::invalid(
+                "tensor has no data (an input that was not set, or a freed tensor)",
+            )),
+            Storage::Planned { buffer, offset } => {
+                let bytes = self
+                    .planned
                     .get(buffer as usize)
-                    .map(AlignedBuf::as_bytes)
-                    .unwrap_or(&[]),
-                offset,
-            ),
-            Storage::Heap { index } => (
-                self.heap
-                    .get(index as usize)
-                    .map(AlignedBuf::as_bytes)
-                    .unwrap_or(&[]),
-                0,
-            ),
-            Storage::Program { offset } => (&self.program, offset),
-            Storage::External { file, offset } => (
-                self.external
-                    .get(file as usize)
-                    .map(|f| &***f)
-                    .unwrap_or(&[]),
-                offset,
-            ),
-        };
-        offset
-            .checked_add(a.nbytes)
-            .and_then(|end| bytes.get(offset..end))
-            .ok_or_else(|| {
-                KernelError::Failed(format!(
-                    "tensor bytes {offset}..+{} lie outside their memory ({} bytes)",
-                    a.nbytes,
-                    bytes.len()
-                ))
-            })
-    }
-
-    /// Makes sure a heap buffer holds at least `nbytes`.
-    pub(crate) fn grow_heap(&mut self, index: u32, nbytes: usize) {
-        let buf = &mut self.heap[index as usize];
-        if buf.len() < nbytes {
-            buf.resize(nbytes);
+                    .map_or(&[][..], Buffer::as_bytes);
+                range(bytes, offset, a.nbytes, "its planned buffer")
+            }
+            Storage::Heap { owner } => {
+                let bytes = self
+                    .heap
+                    .get(owner as usize)
+                    .map_or(&[][..], Buffer::as_bytes);
+                range(bytes, 0, a.nbytes, "its buffer")
+            }
+            Storage::Program { offset } => range(&self.program, offset, a.nbytes, "the program"),
+            Storage::External { file, offset } => {
+                let bytes = self.external.get(file as usize).map_or(&[][..], |f| &***f);
+                range(bytes, offset, a.nbytes, "its data file")
+            }
         }
     }
 
-    /// A new heap buffer of `nbytes`.
-    pub(crate) fn new_heap(&mut self, nbytes: usize) -> u32 {
-        self.heap.push(AlignedBuf::zeroed(nbytes));
-        (self.heap.len() - 1) as u32
+    /// Writable bytes of a planned tensor, or of a heap tensor (grown to `nbytes` first).
+    pub(crate) fn write(&mut self, a: Access) -> KernelResult<&mut [u8]> {
+        let (bytes, offset): (&mut [u8], usize) = match a.storage {
+            Storage::Planned { buffer, offset } => (
+                self.planned
+                    .get_mut(buffer as usize)
+                    .map_or(&mut [][..], Buffer::as_mut_bytes),
+                offset,
+            ),
+            Storage::Heap { owner } => {
+                self.grow_heap(owner, a.nbytes)?;
+                (
+                    self.heap
+                        .get_mut(owner as usize)
+                        .map_or(&mut [][..], Buffer::as_mut_bytes),
+                    0,
+                )
+            }
+            _ => return Err(KernelError::invalid("the tensor is read-only or unbound")),
+        };
+        let len = bytes.len();
+        offset
+            .checked_add(a.nbytes)
+            .and_then(|end| bytes.get_mut(offset..end))
+            .ok_or_else(|| outside("its memory", offset, a.nbytes, len))
+    }
+
+    /// Makes sure the heap buffer of value `owner` holds at least `nbytes`.
+    pub(crate) fn grow_heap(&mut self, owner: u32, nbytes: usize) -> KernelResult {
+        let buf = self
+            .heap
+            .get_mut(owner as usize)
+            .ok_or_else(|| KernelError::Failed(format!("value {owner} has no buffer slot")))?;
+        if buf.len() < nbytes {
+            buf.resize(nbytes).map_err(|source| KernelError::Memory {
+                what: format!("value {owner}"),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Gives the heap buffer of value `owner` back (a `FreeCall`).
+    pub(crate) fn release_heap(&mut self, owner: u32) {
+        if let Some(buf) = self.heap.get_mut(owner as usize) {
+            buf.release();
+        }
     }
 
     /// Views for one kernel call: shared views of `reads`, exclusive views of `writes`.
     ///
-    /// Writes must be writable and must not overlap each other. A read that overlaps a
-    /// write (an in-place operation, or a plan that reuses memory) is copied first, so
-    /// that no byte is ever both shared and exclusive.
+    /// Writes must be writable, already sized (see [`Memory::grow_heap`]) and must not
+    /// overlap each other. A read that overlaps a write (an in-place operation, or a plan
+    /// that reuses memory) is copied first, so that no byte is ever both shared and
+    /// exclusive.
     pub(crate) fn borrow(
         &mut self,
         reads: &[Access],
@@ -177,42 +258,43 @@ impl Memory {
                     .ok_or_else(|| KernelError::invalid("output tensor is read-only or unbound"))
             })
             .collect::<KernelResult<_>>()?;
-        for (i, a) in write_places.iter().enumerate() {
-            for b in &write_places[..i] {
-                if a.0 == b.0 && a.1 == b.1 && overlaps(a.2, b.2) {
-                    return Err(KernelError::invalid("output tensors overlap in memory"));
-                }
+        for (i, &a) in write_places.iter().enumerate() {
+            if write_places.iter().take(i).any(|&b| clash(a, b)) {
+                return Err(KernelError::invalid("output tensors overlap in memory"));
             }
         }
         for w in writes {
             self.read(*w)?; // bounds check
         }
-        // Inputs that overlap an output are copied to scratch.
+        // Inputs that overlap an output are copied to scratch buffers first.
         let mut copied: SmallVec<[Option<usize>; 8]> = SmallVec::new();
+        let mut scratch = std::mem::take(&mut self.scratch);
         let mut used = 0;
-        let mut scratch_bufs = std::mem::take(&mut self.scratch);
         for r in reads {
-            let clash = place(r).is_some_and(|(p, i, range)| {
-                write_places
-                    .iter()
-                    .any(|&(wp, wi, wr)| wp == p && wi == i && overlaps(range, wr))
-            });
-            if clash {
-                let src = self.read(*r)?;
-                if scratch_bufs.len() <= used {
-                    scratch_bufs.push(AlignedBuf::default());
-                }
-                let buf = &mut scratch_bufs[used];
-                buf.resize(src.len());
-                buf.as_mut_bytes().copy_from_slice(src);
-                copied.push(Some(used));
-                used += 1;
-            } else {
-                self.read(*r)?;
+            let src = self.read(*r)?;
+            let overlapped = place(r).is_some_and(|p| write_places.iter().any(|&w| clash(p, w)));
+            if !overlapped {
                 copied.push(None);
+                continue;
             }
+            if scratch.len() <= used {
+                scratch.push(Buffer::new(&self.budget));
+            }
+            let Some(buf) = scratch.get_mut(used) else {
+                continue;
+            };
+            if let Err(source) = buf.resize(src.len()) {
+                self.scratch = scratch;
+                return Err(KernelError::Memory {
+                    what: "a copy of an input that overlaps an output".into(),
+                    source,
+                });
+            }
+            buf.as_mut_bytes().copy_from_slice(src);
+            copied.push(Some(used));
+            used += 1;
         }
-        self.scratch = scratch_bufs;
+        self.scratch = scratch;
 
         let Memory {
             planned,
@@ -221,42 +303,76 @@ impl Memory {
             external,
             scratch,
             workspace,
+            ..
         } = self;
-        let mut outs: SmallVec<[Option<&mut [u8]>; 4]> = writes.iter().map(|_| None).collect();
+        let mut outs: SmallVec<[&mut [u8]; 4]> =
+            writes.iter().map(|_| Default::default()).collect();
         // Pieces of planned buffers between outputs: (buffer, start offset, bytes).
         let mut gaps: SmallVec<[(u32, usize, &[u8]); 8]> = SmallVec::new();
         for (b, buf) in planned.iter_mut().enumerate() {
+            let b = b as u32;
             let mut cuts: SmallVec<[(usize, usize, usize); 4]> = write_places
                 .iter()
                 .enumerate()
-                .filter(|(_, p)| p.0 && p.1 as usize == b && p.2 .1 > 0)
-                .map(|(k, p)| (p.2 .0, p.2 .1, k))
+                .filter(|(_, p)| p.0 == Place::Planned(b) && p.2 > 0)
+                .map(|(k, p)| (p.1, p.2, k))
                 .collect();
             cuts.sort_unstable();
             let mut rest: &mut [u8] = buf.as_mut_bytes();
             let mut at = 0;
             for (offset, len, k) in cuts {
-                let (gap, tail) = rest.split_at_mut(offset - at);
-                let (out, tail) = tail.split_at_mut(len);
-                gaps.push((b as u32, at, gap));
-                outs[k] = Some(out);
+                // Writes were bounds-checked and do not overlap, so the cuts are ordered
+                // and inside the buffer.
+                let (gap, tail) = std::mem::take(&mut rest)
+                    .split_at_mut_checked(offset.saturating_sub(at))
+                    .ok_or_else(|| outside("its planned buffer", offset, len, 0))?;
+                let (out, tail) = tail
+                    .split_at_mut_checked(len)
+                    .ok_or_else(|| outside("its planned buffer", offset, len, 0))?;
+                gaps.push((b, at, gap));
+                if let Some(o) = outs.get_mut(k) {
+                    *o = out;
+                }
                 rest = tail;
                 at = offset + len;
             }
-            gaps.push((b as u32, at, rest));
+            gaps.push((b, at, rest));
         }
+        let mut owners: SmallVec<[u32; 8]> = reads
+            .iter()
+            .chain(writes)
+            .filter_map(|a| match a.storage {
+                Storage::Heap { owner } => Some(owner),
+                _ => None,
+            })
+            .collect();
+        owners.sort_unstable();
+        owners.dedup();
         let mut heap_shared: SmallVec<[(u32, &[u8]); 8]> = SmallVec::new();
-        for (h, buf) in heap.iter_mut().enumerate() {
-            match write_places.iter().position(|p| !p.0 && p.1 as usize == h) {
-                Some(k) => outs[k] = Some(&mut buf.as_mut_bytes()[..writes[k].nbytes]),
-                None => heap_shared.push((h as u32, buf.as_bytes())),
+        for (h, buf) in pick_mut(heap, &owners) {
+            let taker = write_places
+                .iter()
+                .position(|p| p.0 == Place::Heap(h) && p.2 > 0);
+            match taker {
+                Some(k) => {
+                    let n = writes.get(k).map_or(0, |w| w.nbytes);
+                    let bytes = buf.as_mut_bytes();
+                    let len = bytes.len();
+                    let out = bytes
+                        .get_mut(..n)
+                        .ok_or_else(|| outside("its buffer", 0, n, len))?;
+                    if let Some(o) = outs.get_mut(k) {
+                        *o = out;
+                    }
+                }
+                None => heap_shared.push((h, buf.as_bytes())),
             }
         }
         let mut ins: Reads<'_> = SmallVec::with_capacity(reads.len());
         for (r, copy) in reads.iter().zip(&copied) {
             let n = r.nbytes;
             let view: &[u8] = if let Some(s) = copy {
-                scratch[*s].as_bytes()
+                scratch.get(*s).map_or(&[][..], Buffer::as_bytes)
             } else if n == 0 {
                 &[]
             } else {
@@ -266,23 +382,22 @@ impl Memory {
                         .find(|(b, start, g)| {
                             *b == buffer && *start <= offset && offset + n <= start + g.len()
                         })
-                        .map(|(_, start, g)| &g[offset - start..offset - start + n])
-                        .expect("a read that overlaps no write lies inside one gap"),
-                    Storage::Heap { index } => heap_shared
+                        .and_then(|(_, start, g)| g.get(offset - start..offset - start + n)),
+                    Storage::Heap { owner } => heap_shared
                         .iter()
-                        .find(|(h, _)| *h == index)
-                        .map(|(_, b)| &b[..n])
-                        .expect("a read that overlaps no write is in an unwritten heap buffer"),
-                    Storage::Program { offset } => &program[offset..offset + n],
-                    Storage::External { file, offset } => {
-                        &external[file as usize][offset..offset + n]
-                    }
-                    Storage::Null => &[],
+                        .find(|(h, _)| *h == owner)
+                        .and_then(|(_, b)| b.get(..n)),
+                    Storage::Program { offset } => program.get(offset..offset.saturating_add(n)),
+                    Storage::External { file, offset } => external
+                        .get(file as usize)
+                        .and_then(|f| f.get(offset..offset.saturating_add(n))),
+                    Storage::Null => None,
                 }
+                // Every read was bounds-checked above and overlaps no write.
+                .ok_or_else(|| KernelError::Failed("an input is not readable".into()))?
             };
             ins.push(view);
         }
-        let outs = outs.into_iter().map(|o| o.unwrap_or_default()).collect();
         Ok(Borrowed {
             reads: ins,
             writes: outs,
@@ -296,17 +411,28 @@ mod tests {
     use super::*;
 
     fn memory() -> Memory {
-        let mut planned = AlignedBuf::zeroed(64);
-        for (i, b) in planned.as_mut_bytes().iter_mut().enumerate() {
+        let program = Arc::new(SourceBytes::Aligned(
+            pte_format::AlignedBuf::try_from_bytes(&[9; 16]).unwrap(),
+        ));
+        let mut m = Memory::new(MemoryBudget::new(1 << 20), &[64], program, Vec::new(), 4)
+            .ok()
+            .unwrap();
+        for (i, b) in m.planned[0].as_mut_bytes().iter_mut().enumerate() {
             *b = i as u8;
         }
-        let program = Arc::new(SourceBytes::Aligned(AlignedBuf::from_bytes(&[9; 16])));
-        Memory::new(vec![planned], program, Vec::new())
+        m
     }
 
     fn planned(offset: usize, nbytes: usize) -> Access {
         Access {
             storage: Storage::Planned { buffer: 0, offset },
+            nbytes,
+        }
+    }
+
+    fn heap(owner: u32, nbytes: usize) -> Access {
+        Access {
+            storage: Storage::Heap { owner },
             nbytes,
         }
     }
@@ -364,5 +490,31 @@ mod tests {
         assert_eq!(m.borrow(&[constant], &[]).unwrap().reads[0], &[9; 4]);
         // Zero-byte writes inside another write are harmless.
         assert!(m.borrow(&[], &[planned(0, 8), planned(4, 0)]).is_ok());
+    }
+
+    #[test]
+    fn a_zero_byte_write_to_a_shared_heap_buffer_leaves_it_readable() {
+        // Two values bound to one heap buffer (through a Move): one is read, the other
+        // gets a zero-byte write in the same call.
+        let mut m = memory();
+        m.grow_heap(1, 8).unwrap();
+        let b = m.borrow(&[heap(1, 8)], &[heap(1, 0)]).unwrap();
+        assert_eq!(b.reads[0], &[0; 8]);
+        assert!(b.writes[0].is_empty());
+        drop(b);
+        let b = m.borrow(&[heap(1, 8)], &[heap(1, 8)]).unwrap();
+        assert_eq!(b.reads[0].len(), 8);
+    }
+
+    #[test]
+    fn released_heap_buffers_give_their_memory_back() {
+        let mut m = memory();
+        let base = m.budget.used();
+        m.grow_heap(2, 1000).unwrap();
+        assert_eq!(m.budget.used(), base + 1008);
+        m.release_heap(2);
+        assert_eq!(m.budget.used(), base);
+        assert!(m.read(heap(2, 4)).is_err());
+        assert!(m.grow_heap(3, 1 << 30).is_err(), "past the budget");
     }
 }

@@ -2,43 +2,78 @@
 //! instruction loop.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use pte_format::schema::executorch_flatbuffer as et;
 use pte_format::{summary::operator_name, Ptd, Pte};
 
 use crate::args::{resize_slot, Args};
+use crate::budget::{default_memory_limit, MemoryBudget};
 use crate::dtype::DType;
 use crate::error::{KernelError, Result, RuntimeError};
 use crate::memory::{Access, Memory, Storage};
 use crate::program::{tensor_shape, MethodMeta, Program};
 use crate::registry::{BackendRegistry, DelegateInit, KernelRegistry, NamedData, PreparedKernel};
-use crate::tensor::{AlignedBuf, Tensor};
+use crate::tensor::Tensor;
 use crate::value::{EValue, Slot, TensorSlot};
 
 /// Most instructions one execution may run (upstream's `ET_MAX_INSTRUCTIONS`).
 pub const MAX_INSTRUCTIONS: u64 = 10_000_000;
 
+/// Loops in a program (jumps back) may run at least this many iterations per execution;
+/// see [`LoadOptions::max_loop_iterations`].
+pub const MIN_LOOP_ITERATIONS: u64 = 1024;
+
 /// Choices for loading a method.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
-    /// Refuse to load a method whose planned buffers add up to more than this.
-    pub max_planned_bytes: u64,
+    /// Most bytes the method may hold allocated at once: planned buffers, tensors that are
+    /// not memory-planned, kernel working memory and copies, state that kernels and
+    /// delegates prepare at load. Exceeding it is an error naming what asked for how
+    /// much. Defaults to [`default_memory_limit`] (half of the memory the process may
+    /// use).
+    pub memory_limit: u64,
     /// Run kernels on a thread pool of its own with this many threads; `None` uses the
     /// process-wide pool.
     pub threads: Option<usize>,
     /// Stop an execution with an error after this many instructions (upstream's cap by
-    /// default; lower it to bound the time a hostile program can take).
+    /// default).
     pub max_instructions: u64,
+    /// Stop an execution with an error after this many jumps back (loop iterations).
+    /// `None` (the default) allows as many as the largest dimension of any tensor that
+    /// holds data (planned, constant, or an input as set), and at least
+    /// [`MIN_LOOP_ITERATIONS`]: the loops upstream emits (`torch.map`, `scan`) iterate
+    /// over a dimension of such a tensor, while a hostile loop stops after that many
+    /// passes over its body.
+    pub max_loop_iterations: Option<u64>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
-            max_planned_bytes: 16 << 30,
+            memory_limit: default_memory_limit(),
             threads: None,
             max_instructions: MAX_INSTRUCTIONS,
+            max_loop_iterations: None,
         }
+    }
+}
+
+/// Stops a method's executions from another thread (see [`Method::cancel_handle`]).
+#[derive(Clone, Debug, Default)]
+pub struct CancelHandle(Arc<AtomicBool>);
+
+impl CancelHandle {
+    /// Makes the execution under way (or the next one) stop with
+    /// [`RuntimeError::Cancelled`] before its next instruction.
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    fn take(&self) -> bool {
+        self.0.swap(false, Ordering::Relaxed)
     }
 }
 
@@ -81,6 +116,11 @@ pub struct Method {
     input_set: Vec<bool>,
     pool: Option<Arc<rayon::ThreadPool>>,
     max_instructions: u64,
+    max_loop_iterations: Option<u64>,
+    /// Largest dimension of any planned or constant tensor (for the default loop limit).
+    largest_dim: usize,
+    timeout: Option<Duration>,
+    cancel: CancelHandle,
 }
 
 impl std::fmt::Debug for Method {
@@ -93,9 +133,15 @@ fn bad(message: impl Into<String>) -> RuntimeError {
     RuntimeError::invalid_program(message)
 }
 
-/// Offset of `inner` inside `outer` (both slices of the same file).
-fn offset_in(outer: &[u8], inner: &[u8]) -> usize {
-    inner.as_ptr() as usize - outer.as_ptr() as usize
+/// Offset of `inner` inside `outer` (a view the format crate gave of that file).
+fn offset_in(outer: &[u8], inner: &[u8]) -> Result<usize> {
+    let offset = (inner.as_ptr() as usize).checked_sub(outer.as_ptr() as usize);
+    offset
+        .filter(|o| {
+            o.checked_add(inner.len())
+                .is_some_and(|end| end <= outer.len())
+        })
+        .ok_or_else(|| bad("tensor data lies outside its file"))
 }
 
 fn value_index(v: i64, n: usize, what: impl Fn() -> String) -> Result<u32> {
@@ -138,30 +184,24 @@ impl Method {
         let pte = program.pte()?;
         let plan = program.plan(&pte, name)?;
         let meta = MethodMeta::from_plan(plan)?;
-        let ptds = program
-            .data
-            .iter()
-            .map(|d| Ptd::parse(d).map_err(RuntimeError::from))
-            .collect::<Result<Vec<_>>>()?;
+        let ptds = program.ptds()?;
 
-        // Planned memory.
-        // Saturating: sizes near 2^64 must fail the limit, not wrap below it.
-        let total = meta
-            .planned_buffers
-            .iter()
-            .fold(0u64, |sum, &b| sum.saturating_add(b as u64));
-        if total > options.max_planned_bytes {
-            return Err(RuntimeError::NotSupported(format!(
-                "method {name} plans {total} bytes of memory, more than the limit of {}",
-                options.max_planned_bytes
-            )));
-        }
-        let planned: Vec<AlignedBuf> = meta
-            .planned_buffers
-            .iter()
-            .map(|&b| AlignedBuf::zeroed(b))
-            .collect();
-        let mut memory = Memory::new(planned, program.bytes.clone(), program.data.clone());
+        // Planned memory, charged to the method's budget first.
+        let budget = MemoryBudget::new(options.memory_limit);
+        let n_values = plan.values()?.map_or(0, |v| v.len());
+        let mut memory = Memory::new(
+            budget,
+            &meta.planned_buffers,
+            program.bytes.clone(),
+            program.data.clone(),
+            n_values,
+        )
+        .map_err(|(id, source)| RuntimeError::Memory {
+            what: format!("method {name}: planned buffer {id} ({} bytes)", {
+                meta.planned_buffers.get(id - 1).copied().unwrap_or(0)
+            }),
+            source,
+        })?;
 
         let values = parse_values(&pte, plan, &ptds, program, &mut memory)?;
         let n = values.len();
@@ -313,34 +353,38 @@ impl Method {
                 processed,
                 compile_specs: &specs,
                 named_data: &names,
+                budget: &memory.budget,
             };
-            let handle = backends
+            let failed = |source| RuntimeError::Delegate {
+                backend: id.clone(),
+                chain: 0,
+                instruction: 0,
+                source,
+            };
+            let backend = backends
                 .get(&id)
-                .expect("missing backends were reported")
-                .init(&init)
-                .map_err(|source| RuntimeError::Delegate {
-                    backend: id.clone(),
-                    chain: 0,
-                    instruction: 0,
-                    source,
-                })?;
+                .ok_or_else(|| RuntimeError::MissingBackends(vec![id.clone()]))?;
+            let handle = backend.init(&init).map_err(failed)?;
             delegates.push((id, handle));
         }
 
         // Kernels, prepared once per call site.
         let mut prepared = Vec::with_capacity(kernel_calls.len());
         for (op, args) in &kernel_calls {
+            let op_name = op_names.get(*op).map_or("?", String::as_str);
             let kernel = kernels
-                .get(&op_names[*op])
-                .expect("missing kernels were reported");
+                .get(op_name)
+                .ok_or_else(|| RuntimeError::MissingOperators(vec![op_name.to_owned()]))?;
             let a = Args {
-                op: &op_names[*op],
-                ids: &call_args[args.start as usize..args.end as usize],
+                op: op_name,
+                ids: call_args
+                    .get(args.start as usize..args.end as usize)
+                    .unwrap_or_default(),
                 values: &mut values,
                 memory: &mut memory,
             };
             prepared.push(kernel.prepare(&a).map_err(|source| RuntimeError::Kernel {
-                op: op_names[*op].clone(),
+                op: op_name.to_owned(),
                 chain: 0,
                 instruction: 0,
                 source,
@@ -356,6 +400,16 @@ impl Method {
             )),
             None => None,
         };
+        let largest_dim = values
+            .iter()
+            .filter_map(|v| match v {
+                Slot::Tensor(t) if t.storage != Storage::Null && t.numel() > 0 => {
+                    t.sizes.iter().max().copied()
+                }
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
         // As upstream, every input must be set before the first execution.
         let input_set = vec![false; inputs.len()];
         Ok(Method {
@@ -372,6 +426,10 @@ impl Method {
             input_set,
             pool,
             max_instructions: options.max_instructions,
+            max_loop_iterations: options.max_loop_iterations,
+            largest_dim,
+            timeout: None,
+            cancel: CancelHandle::default(),
         })
     }
 
@@ -399,9 +457,13 @@ impl Method {
                 "input {index} does not exist: the method has {} inputs",
                 self.inputs.len()
             ))
-        })? as usize;
+        })?;
         let err = |m: String| RuntimeError::invalid_argument(format!("input {index}: {m}"));
-        match (&mut self.values[id], value) {
+        let slot = self
+            .values
+            .get_mut(id as usize)
+            .ok_or_else(|| err("no such value".into()))?;
+        match (slot, value) {
             (Slot::Tensor(t), EValue::Tensor(x)) => {
                 if t.dtype != x.dtype() {
                     return Err(err(format!("expected {}, got {}", t.dtype, x.dtype())));
@@ -423,29 +485,28 @@ impl Method {
                     )));
                 }
                 resize_slot(t, x.sizes()).map_err(|e| err(e.to_string()))?;
-                let nbytes = t.nbytes();
-                match t.storage {
-                    Storage::Planned { buffer, offset } => {
-                        self.memory.planned[buffer as usize].as_mut_bytes()
-                            [offset..offset + nbytes]
-                            .copy_from_slice(x.as_bytes());
-                    }
-                    Storage::Heap { index } => {
-                        self.memory.grow_heap(index, nbytes);
-                        self.memory.heap[index as usize].as_mut_bytes()[..nbytes]
-                            .copy_from_slice(x.as_bytes());
-                    }
-                    Storage::Null => {
-                        let h = self.memory.new_heap(nbytes);
-                        self.memory.heap[h as usize]
-                            .as_mut_bytes()
-                            .copy_from_slice(x.as_bytes());
-                        t.storage = Storage::Heap { index: h };
-                    }
-                    Storage::Program { .. } | Storage::External { .. } => {
-                        return Err(err("the input is a constant of the program".into()))
-                    }
+                if matches!(
+                    t.storage,
+                    Storage::Program { .. } | Storage::External { .. }
+                ) {
+                    return Err(err("the input is a constant of the program".into()));
                 }
+                if t.storage == Storage::Null {
+                    t.storage = Storage::Heap { owner: id };
+                }
+                let access = Access {
+                    storage: t.storage,
+                    nbytes: t.nbytes(),
+                };
+                let dst = self.memory.write(access).map_err(|e| err(e.to_string()))?;
+                if dst.len() != x.as_bytes().len() {
+                    return Err(err(format!(
+                        "{} bytes of data for {} bytes of tensor",
+                        x.as_bytes().len(),
+                        dst.len()
+                    )));
+                }
+                dst.copy_from_slice(x.as_bytes());
             }
             (Slot::Int(a), EValue::Int(b)) if a == b => {}
             (Slot::Bool(a), EValue::Bool(b)) if a == b => {}
@@ -464,7 +525,9 @@ impl Method {
             }
             (slot, v) => return Err(err(format!("expected {}, got {}", slot.kind(), v.kind()))),
         }
-        self.input_set[index] = true;
+        if let Some(set) = self.input_set.get_mut(index) {
+            *set = true;
+        }
         Ok(())
     }
 
@@ -483,18 +546,49 @@ impl Method {
             .try_for_each(|(i, v)| self.set_input(i, v))
     }
 
+    /// Bounds every later execution in time: one that runs longer stops with
+    /// [`RuntimeError::DeadlineExceeded`] before its next instruction (`None`: no bound).
+    pub fn set_timeout(&mut self, timeout: Option<Duration>) {
+        self.timeout = timeout;
+    }
+
+    /// A handle that stops this method's execution from another thread.
+    pub fn cancel_handle(&self) -> CancelHandle {
+        self.cancel.clone()
+    }
+
+    /// Bytes the method holds allocated now, and its memory limit.
+    pub fn memory_used(&self) -> (u64, u64) {
+        (self.memory.budget.used(), self.memory.budget.limit())
+    }
+
     /// Runs the method once.
     pub fn execute(&mut self) -> Result<()> {
         if let Some(i) = self.input_set.iter().position(|s| !s) {
             return Err(RuntimeError::InputNotSet(i));
         }
+        let limits = Limits {
+            instructions: self.max_instructions,
+            loop_iterations: self.max_loop_iterations.unwrap_or_else(|| {
+                let inputs =
+                    self.inputs
+                        .iter()
+                        .filter_map(|&i| match self.values.get(i as usize) {
+                            Some(Slot::Tensor(t)) => t.sizes.iter().max().copied(),
+                            _ => None,
+                        });
+                let largest = inputs.fold(self.largest_dim, usize::max) as u64;
+                largest.max(MIN_LOOP_ITERATIONS)
+            }),
+            deadline: self.timeout.map(|t| (Instant::now() + t, t)),
+        };
         match self.pool.clone() {
-            Some(pool) => pool.install(|| self.run()),
-            None => self.run(),
+            Some(pool) => pool.install(|| self.run(&limits)),
+            None => self.run(&limits),
         }
     }
 
-    fn run(&mut self) -> Result<()> {
+    fn run(&mut self, limits: &Limits) -> Result<()> {
         let Method {
             values,
             memory,
@@ -503,41 +597,60 @@ impl Method {
             op_names,
             kernels,
             delegates,
-            max_instructions,
+            cancel,
             ..
         } = self;
         let mut executed = 0u64;
+        let mut jumps_back = 0u64;
         for (c, chain) in chains.iter().enumerate() {
             let mut pc = 0;
-            while pc < chain.len() {
+            while let Some(instr) = chain.get(pc) {
                 executed += 1;
-                if executed > *max_instructions {
-                    return Err(RuntimeError::InstructionLimit(*max_instructions));
+                if executed > limits.instructions {
+                    return Err(RuntimeError::InstructionLimit(limits.instructions));
                 }
-                pc = match &chain[pc] {
+                if cancel.take() {
+                    return Err(RuntimeError::Cancelled);
+                }
+                if let Some((deadline, timeout)) = limits.deadline {
+                    if Instant::now() > deadline {
+                        return Err(RuntimeError::DeadlineExceeded(timeout));
+                    }
+                }
+                let at = |source| (c, pc, source);
+                let args_of = |r: &Range<u32>| {
+                    call_args
+                        .get(r.start as usize..r.end as usize)
+                        .unwrap_or_default()
+                };
+                pc = match instr {
                     Instr::Kernel { kernel, op, args } => {
-                        let op = &op_names[*op as usize];
+                        let op = op_names.get(*op as usize).map_or("?", String::as_str);
                         let mut a = Args {
                             op,
-                            ids: &call_args[args.start as usize..args.end as usize],
+                            ids: args_of(args),
                             values,
                             memory,
                         };
-                        kernels[*kernel as usize].run(&mut a).map_err(|source| {
-                            RuntimeError::Kernel {
-                                op: op.clone(),
-                                chain: c,
-                                instruction: pc,
-                                source,
-                            }
+                        let result = match kernels.get_mut(*kernel as usize) {
+                            Some(k) => k.run(&mut a),
+                            None => Err(KernelError::Failed("no prepared kernel".into())),
+                        };
+                        result.map_err(|source| RuntimeError::Kernel {
+                            op: op.to_owned(),
+                            chain: c,
+                            instruction: pc,
+                            source,
                         })?;
                         pc + 1
                     }
                     Instr::Delegate { delegate, args } => {
-                        let (id, handle) = &mut delegates[*delegate as usize];
+                        let Some((id, handle)) = delegates.get_mut(*delegate as usize) else {
+                            return Err(bad(format!("chain {c} instruction {pc}: no delegate")));
+                        };
                         let mut a = Args {
                             op: id,
-                            ids: &call_args[args.start as usize..args.end as usize],
+                            ids: args_of(args),
                             values,
                             memory,
                         };
@@ -552,28 +665,38 @@ impl Method {
                         pc + 1
                     }
                     Instr::Move { from, to } => {
-                        values[*to as usize] = values[*from as usize].clone();
+                        let moved = values.get(*from as usize).cloned();
+                        if let (Some(v), Some(slot)) = (moved, values.get_mut(*to as usize)) {
+                            *slot = v;
+                        }
                         pc + 1
                     }
                     Instr::JumpFalse { cond, destination } => {
-                        if condition(&values[*cond as usize], memory)
-                            .map_err(|e| bad(format!("chain {c} instruction {pc}: {e}")))?
-                        {
+                        let holds = match values.get(*cond as usize) {
+                            Some(v) => condition(v, memory),
+                            None => Err(KernelError::invalid("no such value")),
+                        }
+                        .map_err(|e| bad(format!("chain {c} instruction {pc}: {e}")))?;
+                        if holds {
                             pc + 1
                         } else {
+                            if *destination <= pc {
+                                jumps_back += 1;
+                                if jumps_back > limits.loop_iterations {
+                                    let (chain, instruction, limit) = at(limits.loop_iterations);
+                                    return Err(RuntimeError::LoopLimit {
+                                        chain,
+                                        instruction,
+                                        limit,
+                                    });
+                                }
+                            }
                             *destination
                         }
                     }
                     Instr::Free { value } => {
-                        match &mut values[*value as usize] {
-                            Slot::Tensor(t) => t.storage = Storage::Null,
-                            other => {
-                                return Err(bad(format!(
-                                    "chain {c} instruction {pc}: cannot free a {}",
-                                    other.kind()
-                                )))
-                            }
-                        }
+                        free(values, memory, *value)
+                            .map_err(|e| bad(format!("chain {c} instruction {pc}: {e}")))?;
                         pc + 1
                     }
                 };
@@ -609,12 +732,18 @@ impl Method {
         Tensor::from_bytes(t.dtype, &t.sizes, &t.dim_order, bytes)
     }
 
+    fn slot(&self, id: usize) -> Result<&Slot> {
+        self.values
+            .get(id)
+            .ok_or_else(|| bad(format!("value {id} does not exist")))
+    }
+
     fn evalue(&self, id: usize) -> Result<EValue> {
-        let tensor_at = |i: u32| match &self.values[i as usize] {
+        let tensor_at = |i: u32| match self.slot(i as usize)? {
             Slot::Tensor(t) => self.tensor(t),
             other => Err(bad(format!("list element {i} is a {}", other.kind()))),
         };
-        Ok(match &self.values[id] {
+        Ok(match self.slot(id)? {
             Slot::None => EValue::None,
             Slot::Int(v) => EValue::Int(*v),
             Slot::Double(v) => EValue::Double(*v),
@@ -624,7 +753,7 @@ impl Method {
             Slot::IntList(items) => EValue::IntList(
                 items
                     .iter()
-                    .map(|&i| match &self.values[i as usize] {
+                    .map(|&i| match self.slot(i as usize)? {
                         Slot::Int(v) => Ok(*v),
                         other => Err(bad(format!("int list element is a {}", other.kind()))),
                     })
@@ -647,6 +776,31 @@ impl Method {
     /// Names of the operators the method calls.
     pub fn operator_names(&self) -> &[String] {
         &self.op_names
+    }
+}
+
+/// What bounds one execution.
+struct Limits {
+    instructions: u64,
+    loop_iterations: u64,
+    deadline: Option<(Instant, Duration)>,
+}
+
+/// A `FreeCall`: a tensor not memory-planned gives its buffer back (it is reallocated if
+/// written again); a planned tensor keeps its planned storage, so that the sharing the
+/// memory plan set up holds and the outputs do not change.
+fn free(values: &mut [Slot], memory: &mut Memory, value: u32) -> std::result::Result<(), String> {
+    match values.get_mut(value as usize) {
+        Some(Slot::Tensor(t)) => {
+            match t.storage {
+                Storage::Heap { owner } => memory.release_heap(owner),
+                Storage::Program { .. } | Storage::External { .. } => t.storage = Storage::Null,
+                Storage::Planned { .. } | Storage::Null => {}
+            }
+            Ok(())
+        }
+        Some(other) => Err(format!("cannot free a {}", other.kind())),
+        None => Err(format!("value {value} does not exist")),
     }
 }
 
@@ -762,30 +916,31 @@ fn parse_tensor(
         _ => None,
     };
 
-    let planned_at = |alloc: et::AllocationDetailsRef<'_>| -> Result<Storage> {
+    let planned_at = |alloc: et::AllocationDetailsRef<'_>, memory: &Memory| -> Result<Access> {
         let id = alloc.memory_id()?;
-        let buffer = id
+        let buffer_len = id
             .checked_sub(1)
-            .filter(|&b| (b as usize) < memory.planned.len())
-            .ok_or_else(|| {
-                bad(format!(
-                    "{what}: memory id {id} does not name one of the {} planned buffers",
-                    memory.planned.len()
-                ))
-            })?;
+            .and_then(|b| Some((b, memory.planned_len(b)?)));
+        let Some((buffer, len)) = buffer_len else {
+            return Err(bad(format!(
+                "{what}: memory id {id} does not name one of the planned buffers"
+            )));
+        };
         let offset =
             u64::from(alloc.memory_offset_low()?) | (u64::from(alloc.memory_offset_high()?) << 32);
-        let len = memory.planned[buffer as usize].len() as u64;
         let end = offset.checked_add(shape.nbytes as u64);
-        if end.is_none_or(|e| e > len) {
+        if end.is_none_or(|e| e > len as u64) {
             return Err(bad(format!(
                 "{what}: {} bytes at offset {offset} lie past the end of planned buffer {id} ({len} bytes)",
                 shape.nbytes
             )));
         }
-        Ok(Storage::Planned {
-            buffer,
-            offset: offset as usize,
+        Ok(Access {
+            storage: Storage::Planned {
+                buffer,
+                offset: offset as usize,
+            },
+            nbytes: shape.nbytes,
         })
     };
 
@@ -825,7 +980,13 @@ fn parse_tensor(
                     shape.dim_order.as_slice()
                 )));
             }
-            return Ok((f as u32, &entry.data[..shape.nbytes]));
+            let data = entry.data.get(..shape.nbytes).ok_or_else(|| {
+                RuntimeError::ExternalData(format!(
+                    "{name:?} in data file {f} holds fewer than {} bytes",
+                    shape.nbytes
+                ))
+            })?;
+            return Ok((f as u32, data));
         }
         Err(RuntimeError::ExternalData(format!(
             "{what} ({name:?}) is in none of the {} data file(s) given",
@@ -836,16 +997,17 @@ fn parse_tensor(
     let storage = match (external, alloc, buffer_idx) {
         (Some(name), None, _) => {
             let (f, bytes) = find_external(name)?;
+            let file = program.data.get(f as usize).map_or(&[][..], |d| &***d);
             Storage::External {
                 file: f,
-                offset: offset_in(&program.data[f as usize], bytes),
+                offset: offset_in(file, bytes)?,
             }
         }
         (Some(name), Some(a), _) => {
-            let storage = planned_at(a)?;
+            let access = planned_at(a, memory)?;
             let (_, bytes) = find_external(name)?;
-            write_planned(memory, storage, bytes);
-            storage
+            write_planned(memory, access, bytes, what)?;
+            access.storage
         }
         (None, None, 0) => Storage::Null,
         (None, None, idx) => {
@@ -863,20 +1025,20 @@ fn parse_tensor(
             }
             let bytes = constants.get(idx, shape.nbytes)?;
             Storage::Program {
-                offset: offset_in(&program.bytes, bytes),
+                offset: offset_in(&program.bytes, bytes)?,
             }
         }
-        (None, Some(a), 0) => planned_at(a)?,
+        (None, Some(a), 0) => planned_at(a, memory)?.storage,
         (None, Some(a), idx) => {
-            let storage = planned_at(a)?;
+            let access = planned_at(a, memory)?;
             let init = pte.mutable_data(0)?.ok_or_else(|| {
                 bad(format!(
                     "{what}: initial state in a missing mutable data segment"
                 ))
             })?;
             let bytes = init.get(idx, shape.nbytes)?;
-            write_planned(memory, storage, bytes);
-            storage
+            write_planned(memory, access, bytes, what)?;
+            access.storage
         }
     };
     Ok(TensorSlot {
@@ -889,12 +1051,18 @@ fn parse_tensor(
     })
 }
 
-fn write_planned(memory: &mut Memory, storage: Storage, bytes: &[u8]) {
-    if let Storage::Planned { buffer, offset } = storage {
-        // `planned_at` checked that the tensor's bytes fit.
-        memory.planned[buffer as usize].as_mut_bytes()[offset..offset + bytes.len()]
-            .copy_from_slice(bytes);
+/// Copies a tensor's initial bytes into its planned place.
+fn write_planned(memory: &mut Memory, at: Access, bytes: &[u8], what: &str) -> Result<()> {
+    let dst = memory.write(at).map_err(|e| bad(format!("{what}: {e}")))?;
+    if dst.len() != bytes.len() {
+        return Err(bad(format!(
+            "{what}: {} bytes of initial data for {} bytes of tensor",
+            bytes.len(),
+            dst.len()
+        )));
     }
+    dst.copy_from_slice(bytes);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -22,7 +22,8 @@ fn io_err(path: &Path, e: impl std::fmt::Display) -> RuntimeError {
 pub fn read_tensor(path: impl AsRef<Path>) -> Result<Tensor> {
     let path = path.as_ref();
     let file = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
-    parse_tensor(std::io::BufReader::new(file)).map_err(|e| io_err(path, e))
+    let len = file.metadata().map_err(|e| io_err(path, e))?.len();
+    parse_tensor(std::io::BufReader::new(file), len).map_err(|e| io_err(path, e))
 }
 
 fn typed<T: Element + npyz::Deserialize, R: Read>(
@@ -33,7 +34,9 @@ fn typed<T: Element + npyz::Deserialize, R: Read>(
     Tensor::from_slice(shape, &v).map_err(|e| e.to_string())
 }
 
-fn parse_tensor(reader: impl Read) -> std::result::Result<Tensor, String> {
+/// Parses `.npy` data of at most `available` bytes: a header claiming more elements than
+/// that is an error before anything is allocated for them.
+fn parse_tensor(reader: impl Read, available: u64) -> std::result::Result<Tensor, String> {
     let npy = npyz::NpyFile::new(reader).map_err(|e| e.to_string())?;
     if npy.order() == npyz::Order::Fortran && npy.shape().len() > 1 {
         return Err(
@@ -49,7 +52,17 @@ fn parse_tensor(reader: impl Read) -> std::result::Result<Tensor, String> {
         return Err("structured arrays are not supported".into());
     };
     let code = ty.to_string();
-    let kind = &code[1..];
+    let kind = code.get(1..).unwrap_or_default();
+    let element: u64 = kind.get(1..).and_then(|n| n.parse().ok()).unwrap_or(1);
+    let claimed = shape
+        .iter()
+        .try_fold(element, |n, &d| n.checked_mul(d as u64))
+        .filter(|&n| n <= available);
+    if claimed.is_none() {
+        return Err(format!(
+            "the header claims shape {shape:?} of {kind}, more data than the file's {available} bytes"
+        ));
+    }
     match kind {
         "f4" => typed::<f32, _>(npy, &shape),
         "f8" => typed::<f64, _>(npy, &shape),
@@ -86,7 +99,7 @@ fn write_typed<T: Element + npyz::AutoSerialize>(
 
 /// The `.npy` bytes of a tensor, in logical (row-major) order whatever its dim order.
 pub fn tensor_to_npy(t: &Tensor) -> Result<Vec<u8>> {
-    let t = &t.to_contiguous();
+    let t = &t.to_contiguous()?;
     let shape: Vec<u64> = t.sizes().iter().map(|&d| d as u64).collect();
     let mut out = Vec::new();
     let err = |e: std::io::Error| RuntimeError::invalid_argument(format!("writing npy: {e}"));
@@ -157,7 +170,10 @@ pub fn read_input(path: impl AsRef<Path>, meta: &crate::ValueMeta) -> Result<EVa
                 ),
             ));
         }
-        Ok(t.to_f64_vec()?[0])
+        t.to_f64_vec()?
+            .first()
+            .copied()
+            .ok_or_else(|| io_err(path, "the input is empty"))
     };
     Ok(match meta {
         crate::ValueMeta::Int(_) => EValue::Int(scalar("int")? as i64),
@@ -181,7 +197,8 @@ mod tests {
             Tensor::from_slice::<u8>(&[0, 4], &[]).unwrap(),
         ];
         for t in cases {
-            let back = parse_tensor(&tensor_to_npy(&t).unwrap()[..]).unwrap();
+            let bytes = tensor_to_npy(&t).unwrap();
+            let back = parse_tensor(&bytes[..], bytes.len() as u64).unwrap();
             assert_eq!(back.dtype(), t.dtype());
             assert_eq!(back.sizes(), t.sizes());
             assert_eq!(back.as_bytes(), t.as_bytes());
@@ -190,7 +207,24 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error() {
-        assert!(parse_tensor(&b"not an npy file"[..]).is_err());
-        assert!(parse_tensor(&b"\x93NUMPY\x01\x00\xff\xff"[..]).is_err());
+        assert!(parse_tensor(&b"not an npy file"[..], 15).is_err());
+        assert!(parse_tensor(&b"\x93NUMPY\x01\x00\xff\xff"[..], 10).is_err());
+    }
+
+    #[test]
+    fn a_header_claiming_more_data_than_the_file_has_is_an_error() {
+        // A valid header for 10^13 float32 elements, followed by 8 bytes of data.
+        let mut header =
+            "{'descr': '<f4', 'fortran_order': False, 'shape': (9999999999999,), }".to_owned();
+        while !(header.len() + 11).is_multiple_of(64) {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+        bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend_from_slice(&[0; 8]);
+        let err = parse_tensor(&bytes[..], bytes.len() as u64).unwrap_err();
+        assert!(err.contains("more data than"), "{err}");
     }
 }

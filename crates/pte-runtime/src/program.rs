@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use pte_format::schema::executorch_flatbuffer as et;
-use pte_format::{Bpte, FileBytes, FileKind, Ptd, Pte};
+use pte_format::{Bpte, FileBytes, FileKind, Ptd, Pte, Verified};
 
 use crate::dtype::DType;
 use crate::error::{Result, RuntimeError};
@@ -19,9 +19,14 @@ use crate::value::Dynamism;
 pub const MAX_SCHEMA_VERSION: u32 = 0;
 
 /// A loaded program file and the data files that go with it.
+///
+/// Each file is verified once, when it is opened or added; later looks at it (method
+/// metadata, loading methods) view the verified bytes in constant time.
 pub struct Program {
     pub(crate) bytes: Arc<SourceBytes>,
+    verified: Verified,
     pub(crate) data: Vec<Arc<SourceBytes>>,
+    data_verified: Vec<Verified>,
     methods: Vec<String>,
 }
 
@@ -35,10 +40,30 @@ impl std::fmt::Debug for Program {
     }
 }
 
+fn aligned_copy(bytes: &[u8]) -> Result<SourceBytes> {
+    pte_format::AlignedBuf::try_from_bytes(bytes)
+        .map(SourceBytes::Aligned)
+        .map_err(|e| RuntimeError::NotSupported(format!("copying the program: {e}")))
+}
+
 impl Program {
-    /// Opens a `.pte` file (memory-mapped) or a `.bpte` bundle (its embedded program).
+    /// Reads a `.pte` file (or a `.bpte` bundle: its embedded program) into memory.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        let file = FileBytes::map(path.as_ref())?;
+        Self::from_file(FileBytes::read(path.as_ref())?)
+    }
+
+    /// A program from a file's bytes: read, or memory-mapped with the `unsafe`
+    /// [`FileBytes::map`], whose contract (the file stays unchanged while mapped) then
+    /// holds for as long as the program and its methods live.
+    ///
+    /// ```no_run
+    /// # use pte_runtime::Program;
+    /// // SAFETY: nothing modifies model.pte while the program is in use.
+    /// let bytes = unsafe { pte_format::FileBytes::map("model.pte") }?;
+    /// let program = Program::from_file(bytes)?;
+    /// # Ok::<(), pte_runtime::RuntimeError>(())
+    /// ```
+    pub fn from_file(file: FileBytes) -> Result<Self> {
         if FileKind::detect(&file) == Some(FileKind::Bundled) {
             return Self::from_bytes(Bpte::parse(&file)?.program().bytes());
         }
@@ -49,13 +74,9 @@ impl Program {
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         if FileKind::detect(bytes) == Some(FileKind::Bundled) {
             let inner = Bpte::parse(bytes)?.program().bytes();
-            return Self::new(SourceBytes::Aligned(crate::tensor::AlignedBuf::from_bytes(
-                inner,
-            )));
+            return Self::new(aligned_copy(inner)?);
         }
-        Self::new(SourceBytes::Aligned(crate::tensor::AlignedBuf::from_bytes(
-            bytes,
-        )))
+        Self::new(aligned_copy(bytes)?)
     }
 
     fn new(bytes: SourceBytes) -> Result<Self> {
@@ -70,26 +91,33 @@ impl Program {
         for plan in pte.program().execution_plan()?.into_iter().flatten() {
             methods.push(plan?.name()?.unwrap_or_default().to_owned());
         }
+        let verified = pte.verified();
         Ok(Program {
             bytes: Arc::new(bytes),
+            verified,
             data: Vec::new(),
+            data_verified: Vec::new(),
             methods,
         })
     }
 
-    /// Adds a `.ptd` data file (memory-mapped) whose tensors the program may use.
+    /// Adds a `.ptd` data file (read into memory) whose tensors the program may use.
     pub fn add_data_file(&mut self, path: impl AsRef<Path>) -> Result<()> {
-        self.add_data(SourceBytes::File(FileBytes::map(path.as_ref())?))
+        self.add_data(FileBytes::read(path.as_ref())?)
+    }
+
+    /// Adds a `.ptd` data file from its bytes: read, or memory-mapped (see
+    /// [`Program::from_file`]).
+    pub fn add_data(&mut self, file: FileBytes) -> Result<()> {
+        self.add_source(SourceBytes::File(file))
     }
 
     /// Adds `.ptd` data given as bytes (copied into aligned memory).
     pub fn add_data_bytes(&mut self, bytes: &[u8]) -> Result<()> {
-        self.add_data(SourceBytes::Aligned(crate::tensor::AlignedBuf::from_bytes(
-            bytes,
-        )))
+        self.add_source(aligned_copy(bytes)?)
     }
 
-    fn add_data(&mut self, bytes: SourceBytes) -> Result<()> {
+    fn add_source(&mut self, bytes: SourceBytes) -> Result<()> {
         let ptd = Ptd::parse(&bytes)?;
         let version = ptd.root().version()?;
         if version > MAX_SCHEMA_VERSION {
@@ -97,7 +125,9 @@ impl Program {
                 "data file schema version {version}; this runtime reads up to {MAX_SCHEMA_VERSION}"
             )));
         }
+        let verified = ptd.verified();
         self.data.push(Arc::new(bytes));
+        self.data_verified.push(verified);
         Ok(())
     }
 
@@ -106,9 +136,18 @@ impl Program {
         &self.methods
     }
 
-    /// The verified view of the program (parsing is a cheap, bounded walk).
+    /// The view of the program, verified when it was opened.
     pub(crate) fn pte(&self) -> Result<Pte<'_>> {
-        Ok(Pte::parse(&self.bytes)?)
+        Ok(Pte::reopen(&self.bytes, self.verified)?)
+    }
+
+    /// Views of the data files, verified when they were added.
+    pub(crate) fn ptds(&self) -> Result<Vec<Ptd<'_>>> {
+        self.data
+            .iter()
+            .zip(&self.data_verified)
+            .map(|(d, &v)| Ok(Ptd::reopen(d, v)?))
+            .collect()
     }
 
     pub(crate) fn plan<'p>(&self, pte: &Pte<'p>, name: &str) -> Result<et::ExecutionPlanRef<'p>> {
@@ -338,8 +377,18 @@ impl MethodMeta {
     /// Deterministic inputs that fit the metadata: tensors at their declared (upper
     /// bound) sizes filled with a fixed pseudo-random pattern (floats in [-1, 1), integers
     /// in 0..10, alternating bools); scalars at the value the program was exported with.
-    pub fn example_inputs(&self) -> Result<Vec<crate::EValue>> {
+    /// Tensors that would take more than `max_bytes` in all are refused.
+    pub fn example_inputs(&self, max_bytes: u64) -> Result<Vec<crate::EValue>> {
         use crate::EValue;
+        let total = self.inputs.iter().fold(0u64, |sum, m| match m {
+            ValueMeta::Tensor(t) => sum.saturating_add(t.nbytes as u64),
+            _ => sum,
+        });
+        if total > max_bytes {
+            return Err(RuntimeError::NotSupported(format!(
+                "the method's inputs take {total} bytes, more than the {max_bytes} allowed"
+            )));
+        }
         self.inputs
             .iter()
             .enumerate()
@@ -364,7 +413,6 @@ impl MethodMeta {
 
 fn example_tensor(meta: &TensorMeta, seed: u64) -> Result<crate::Tensor> {
     use crate::Tensor;
-    let n: usize = meta.sizes.iter().product();
     // A fixed 64-bit LCG: the pattern must never change between versions, which the
     // `rand` crate does not promise for its generators.
     let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
@@ -372,52 +420,34 @@ fn example_tensor(meta: &TensorMeta, seed: u64) -> Result<crate::Tensor> {
         state = state
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        (state >> 11) as f64 / (1u64 << 53) as f64
+        ((state >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
     };
-    let floats: Vec<f64> = (0..n).map(|_| next() * 2.0 - 1.0).collect();
-    let ints = || floats.iter().map(|v| ((v + 1.0) * 5.0) as i64);
-    let t = match meta.dtype {
-        DType::F32 => Tensor::from_slice(
-            &meta.sizes,
-            &floats.iter().map(|&v| v as f32).collect::<Vec<_>>(),
-        ),
-        DType::F64 => Tensor::from_slice(&meta.sizes, &floats),
-        DType::F16 => Tensor::from_slice(
-            &meta.sizes,
-            &floats
-                .iter()
-                .map(|&v| half::f16::from_f64(v))
-                .collect::<Vec<_>>(),
-        ),
-        DType::BF16 => Tensor::from_slice(
-            &meta.sizes,
-            &floats
-                .iter()
-                .map(|&v| half::bf16::from_f64(v))
-                .collect::<Vec<_>>(),
-        ),
-        DType::I64 => Tensor::from_slice(&meta.sizes, &ints().collect::<Vec<i64>>()),
-        DType::I32 => {
-            Tensor::from_slice(&meta.sizes, &ints().map(|v| v as i32).collect::<Vec<_>>())
-        }
-        DType::I16 => {
-            Tensor::from_slice(&meta.sizes, &ints().map(|v| v as i16).collect::<Vec<_>>())
-        }
-        DType::I8 => Tensor::from_slice(&meta.sizes, &ints().map(|v| v as i8).collect::<Vec<_>>()),
-        DType::U8 => Tensor::from_slice(&meta.sizes, &ints().map(|v| v as u8).collect::<Vec<_>>()),
-        DType::Bool => {
-            Tensor::from_bools(&meta.sizes, &(0..n).map(|i| i % 2 == 0).collect::<Vec<_>>())
-        }
-        other => {
-            return Err(RuntimeError::NotSupported(format!(
-                "cannot generate {other} example inputs"
-            )))
-        }
-    }?;
-    if meta.dim_order.iter().enumerate().all(|(i, &d)| i == d) {
-        Ok(t)
-    } else {
-        // Same pattern, laid out in the declared dim order.
-        Tensor::from_bytes(t.dtype(), &meta.sizes, &meta.dim_order, t.as_bytes())
+    let mut t = Tensor::zeros_in(meta.dtype, &meta.sizes, &meta.dim_order)?;
+    fn fill<T: crate::Element>(t: &mut Tensor, mut f: impl FnMut() -> T) -> Result<()> {
+        t.as_mut_slice::<T>()?.iter_mut().for_each(|v| *v = f());
+        Ok(())
     }
+    let mut int = || ((next() + 1.0) * 5.0) as i64;
+    match meta.dtype {
+        DType::F32 => fill(&mut t, || next() as f32),
+        DType::F64 => fill(&mut t, &mut next),
+        DType::F16 => fill(&mut t, || half::f16::from_f64(next())),
+        DType::BF16 => fill(&mut t, || half::bf16::from_f64(next())),
+        DType::I64 => fill(&mut t, int),
+        DType::I32 => fill(&mut t, || int() as i32),
+        DType::I16 => fill(&mut t, || int() as i16),
+        DType::I8 => fill(&mut t, || int() as i8),
+        DType::U8 => fill(&mut t, || int() as u8),
+        DType::Bool => {
+            let mut k = 0u8;
+            fill(&mut t, || {
+                k ^= 1;
+                k
+            })
+        }
+        other => Err(RuntimeError::NotSupported(format!(
+            "cannot generate {other} example inputs"
+        ))),
+    }?;
+    Ok(t)
 }

@@ -87,6 +87,9 @@ pub struct DelegateInit<'a> {
     pub compile_specs: &'a [(String, Vec<u8>)],
     /// Named data of the program and its data files.
     pub named_data: &'a dyn NamedData,
+    /// The method's memory budget: what the delegate keeps (packed weights, working
+    /// memory) is charged to it, see [`crate::Buffer`].
+    pub budget: &'a crate::MemoryBudget,
 }
 
 /// A backend that runs delegated subgraphs (`BackendDelegate.id` names it).

@@ -2,6 +2,8 @@
 
 use smallvec::SmallVec;
 
+pub use pte_format::AlignedBuf;
+
 use crate::dtype::{DType, Element};
 use crate::error::{Result, RuntimeError};
 
@@ -11,77 +13,6 @@ pub type Dims = SmallVec<[usize; 6]>;
 /// Largest rank the runtime accepts (upstream's `kTensorDimensionLimit`).
 pub const MAX_RANK: usize = 16;
 
-/// A byte buffer whose start is 16-byte aligned, so it can be viewed as any element type.
-#[derive(Clone, Default)]
-pub struct AlignedBuf {
-    words: Vec<u128>,
-    len: usize,
-}
-
-impl AlignedBuf {
-    /// A zeroed buffer of `len` bytes.
-    pub fn zeroed(len: usize) -> Self {
-        AlignedBuf {
-            words: vec![0; len.div_ceil(16)],
-            len,
-        }
-    }
-
-    /// A copy of `bytes`.
-    pub fn from_bytes(bytes: &[u8]) -> Self {
-        let mut b = Self::zeroed(bytes.len());
-        b.as_mut_bytes().copy_from_slice(bytes);
-        b
-    }
-
-    /// Grows or shrinks to `len` bytes, keeping the contents that fit; never shrinks the
-    /// allocation.
-    pub fn resize(&mut self, len: usize) {
-        let words = len.div_ceil(16);
-        if words > self.words.len() {
-            self.words.resize(words, 0);
-        }
-        self.len = len;
-    }
-
-    /// The first `len` elements of `T`, growing the buffer when it is shorter; `None` if
-    /// the byte size overflows. Contents are whatever was left there.
-    pub fn slice_mut<T: bytemuck::Pod>(&mut self, len: usize) -> Option<&mut [T]> {
-        debug_assert!(std::mem::align_of::<T>() <= 16);
-        let nbytes = len.checked_mul(std::mem::size_of::<T>())?;
-        if self.len < nbytes {
-            self.resize(nbytes);
-        }
-        bytemuck::try_cast_slice_mut(&mut self.as_mut_bytes()[..nbytes]).ok()
-    }
-
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The bytes.
-    pub fn as_bytes(&self) -> &[u8] {
-        &bytemuck::cast_slice(&self.words)[..self.len]
-    }
-
-    /// The bytes, mutably.
-    pub fn as_mut_bytes(&mut self) -> &mut [u8] {
-        &mut bytemuck::cast_slice_mut(&mut self.words)[..self.len]
-    }
-}
-
-impl std::fmt::Debug for AlignedBuf {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "AlignedBuf({} bytes)", self.len)
-    }
-}
-
 /// Strides (in elements) of a dense tensor laid out in `dim_order`.
 ///
 /// A size-0 dimension counts as size 1, as upstream does, so strides stay meaningful.
@@ -89,8 +20,10 @@ pub fn strides_for(sizes: &[usize], dim_order: &[usize]) -> Dims {
     let mut strides: Dims = smallvec::smallvec![0; sizes.len()];
     let mut step = 1usize;
     for &d in dim_order.iter().rev() {
-        strides[d] = step;
-        step = step.saturating_mul(sizes[d].max(1));
+        if let (Some(stride), Some(&size)) = (strides.get_mut(d), sizes.get(d)) {
+            *stride = step;
+            step = step.saturating_mul(size.max(1));
+        }
     }
     strides
 }
@@ -114,6 +47,10 @@ pub struct Tensor {
     data: AlignedBuf,
 }
 
+fn alloc_error(e: pte_format::AllocError) -> RuntimeError {
+    RuntimeError::invalid_argument(format!("tensor data: {e}"))
+}
+
 impl Tensor {
     /// A tensor from raw bytes laid out in `dim_order`; the byte count must match.
     pub fn from_bytes(
@@ -122,10 +59,7 @@ impl Tensor {
         dim_order: &[usize],
         bytes: &[u8],
     ) -> Result<Self> {
-        Self::check_layout(sizes, dim_order)?;
-        let nbytes = checked_numel(sizes)
-            .and_then(|n| n.checked_mul(dtype.size()))
-            .ok_or_else(|| RuntimeError::invalid_argument("tensor byte size overflows"))?;
+        let nbytes = Self::check_layout(dtype, sizes, dim_order)?;
         if nbytes != bytes.len() {
             return Err(RuntimeError::invalid_argument(format!(
                 "{dtype}{sizes:?} needs {nbytes} bytes, got {}",
@@ -136,7 +70,7 @@ impl Tensor {
             dtype,
             sizes: sizes.into(),
             dim_order: dim_order.into(),
-            data: AlignedBuf::from_bytes(bytes),
+            data: AlignedBuf::try_from_bytes(bytes).map_err(alloc_error)?,
         })
     }
 
@@ -163,18 +97,22 @@ impl Tensor {
 
     /// A zero-filled contiguous tensor.
     pub fn zeros(dtype: DType, sizes: &[usize]) -> Result<Self> {
-        let n = checked_numel(sizes)
-            .and_then(|n| n.checked_mul(dtype.size()))
-            .ok_or_else(|| RuntimeError::invalid_argument("tensor byte size overflows"))?;
+        Self::zeros_in(dtype, sizes, &contiguous_dim_order(sizes.len()))
+    }
+
+    /// A zero-filled tensor laid out in `dim_order`.
+    pub fn zeros_in(dtype: DType, sizes: &[usize], dim_order: &[usize]) -> Result<Self> {
+        let nbytes = Self::check_layout(dtype, sizes, dim_order)?;
         Ok(Tensor {
             dtype,
             sizes: sizes.into(),
-            dim_order: contiguous_dim_order(sizes.len()),
-            data: AlignedBuf::zeroed(n),
+            dim_order: dim_order.into(),
+            data: AlignedBuf::try_zeroed(nbytes).map_err(alloc_error)?,
         })
     }
 
-    fn check_layout(sizes: &[usize], dim_order: &[usize]) -> Result<()> {
+    /// Checks rank and dim order; returns the byte size.
+    fn check_layout(dtype: DType, sizes: &[usize], dim_order: &[usize]) -> Result<usize> {
         if sizes.len() > MAX_RANK {
             return Err(RuntimeError::invalid_argument(format!(
                 "rank {} exceeds the limit of {MAX_RANK}",
@@ -182,17 +120,19 @@ impl Tensor {
             )));
         }
         let mut seen = [false; MAX_RANK];
-        if dim_order.len() != sizes.len()
-            || dim_order
-                .iter()
-                .any(|&d| d >= sizes.len() || std::mem::replace(&mut seen[d], true))
-        {
+        let permutation = dim_order.len() == sizes.len()
+            && dim_order.iter().all(|&d| {
+                d < sizes.len() && seen.get_mut(d).is_some_and(|s| !std::mem::replace(s, true))
+            });
+        if !permutation {
             return Err(RuntimeError::invalid_argument(format!(
                 "dim order {dim_order:?} is not a permutation of 0..{}",
                 sizes.len()
             )));
         }
-        Ok(())
+        checked_numel(sizes)
+            .and_then(|n| n.checked_mul(dtype.size()))
+            .ok_or_else(|| RuntimeError::invalid_argument("tensor byte size overflows"))
     }
 
     /// Element type.
@@ -220,52 +160,63 @@ impl Tensor {
         self.data.as_bytes()
     }
 
-    /// The elements, if `T` is this tensor's element type (`u8` for bool).
-    pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
+    fn check_element<T: Element>(&self) -> Result<()> {
         let ok = T::DTYPE == self.dtype || (self.dtype == DType::Bool && T::DTYPE == DType::U8);
-        if !ok {
-            return Err(RuntimeError::invalid_argument(format!(
+        if ok {
+            Ok(())
+        } else {
+            Err(RuntimeError::invalid_argument(format!(
                 "tensor holds {}, not {}",
                 self.dtype,
                 T::DTYPE
-            )));
+            )))
         }
-        Ok(bytemuck::cast_slice(self.data.as_bytes()))
+    }
+
+    /// The elements, if `T` is this tensor's element type (`u8` for bool).
+    pub fn as_slice<T: Element>(&self) -> Result<&[T]> {
+        self.check_element::<T>()?;
+        bytemuck::try_cast_slice(self.data.as_bytes())
+            .map_err(|e| RuntimeError::invalid_argument(format!("tensor data: {e}")))
+    }
+
+    /// The elements, mutably, if `T` is this tensor's element type (`u8` for bool).
+    pub fn as_mut_slice<T: Element>(&mut self) -> Result<&mut [T]> {
+        self.check_element::<T>()?;
+        bytemuck::try_cast_slice_mut(self.data.as_mut_bytes())
+            .map_err(|e| RuntimeError::invalid_argument(format!("tensor data: {e}")))
     }
 
     /// The same tensor laid out in the default (row-major) dim order.
-    pub fn to_contiguous(&self) -> Tensor {
+    pub fn to_contiguous(&self) -> Result<Tensor> {
         if self.dim_order.iter().enumerate().all(|(i, &d)| i == d) {
-            return self.clone();
+            return Ok(self.clone());
         }
         let size = self.dtype.size();
         let strides = strides_for(&self.sizes, &self.dim_order);
         let src = self.data.as_bytes();
-        let mut out = AlignedBuf::zeroed(src.len());
-        let dst = out.as_mut_bytes();
+        let mut out = Tensor::zeros(self.dtype, &self.sizes)?;
         let mut index: Dims = smallvec::smallvec![0; self.sizes.len()];
-        for chunk in dst.chunks_exact_mut(size) {
-            let at: usize = index
+        for chunk in out.data.as_mut_bytes().chunks_exact_mut(size) {
+            let at = index
                 .iter()
                 .zip(&strides)
                 .map(|(i, s)| i * s)
                 .sum::<usize>()
                 * size;
-            chunk.copy_from_slice(&src[at..at + size]);
-            for d in (0..index.len()).rev() {
-                index[d] += 1;
-                if index[d] < self.sizes[d] {
+            let element = src
+                .get(at..at + size)
+                .ok_or_else(|| RuntimeError::invalid_argument("tensor data is too short"))?;
+            chunk.copy_from_slice(element);
+            for (i, &n) in index.iter_mut().zip(&self.sizes).rev() {
+                *i += 1;
+                if *i < n {
                     break;
                 }
-                index[d] = 0;
+                *i = 0;
             }
         }
-        Tensor {
-            dtype: self.dtype,
-            sizes: self.sizes.clone(),
-            dim_order: contiguous_dim_order(self.sizes.len()),
-            data: out,
-        }
+        Ok(out)
     }
 
     /// Every element converted to f64 (bools as 0/1), in memory order.
@@ -321,7 +272,7 @@ mod tests {
             bytemuck::cast_slice(&memory),
         )
         .unwrap();
-        let c = t.to_contiguous();
+        let c = t.to_contiguous().unwrap();
         assert_eq!(c.as_slice::<f32>().unwrap(), logical.as_slice());
         assert_eq!(c.dim_order(), &[0, 1, 2, 3]);
     }

@@ -14,7 +14,7 @@
 //! most for usual kernels) lives in the method's scratch memory (`Io::scratch`), shared
 //! by all call sites and kept across executions, so a steady-state run allocates nothing.
 
-use pte_runtime::{AlignedBuf, Arg, Args, DType, Dims, KernelError, KernelRegistry, KernelResult};
+use pte_runtime::{Arg, Args, Buffer, DType, Dims, KernelError, KernelRegistry, KernelResult};
 use smallvec::SmallVec;
 
 use super::{for_each_chunk, spatial_pair, valid_range, Float, Real};
@@ -187,9 +187,11 @@ fn geometry(args: &Args<'_>) -> KernelResult<(Geom, Dims)> {
 }
 
 /// `len` elements of `T` from the method's scratch memory.
-fn scratch<T: Float>(buf: &mut AlignedBuf, len: usize) -> KernelResult<&mut [T]> {
-    buf.slice_mut(len)
-        .ok_or_else(|| invalid("convolution buffer size overflows".into()))
+fn scratch<T: Float>(buf: &mut Buffer, len: usize) -> KernelResult<&mut [T]> {
+    buf.slice_mut(len).map_err(|source| KernelError::Memory {
+        what: "convolution working memory".into(),
+        source,
+    })
 }
 
 fn convolution(args: &mut Args<'_>) -> KernelResult {
@@ -253,7 +255,7 @@ fn im2col_conv<T: Float + Gemm>(
     w: &[T],
     bias: Option<&[T]>,
     out: &mut [T],
-    buf: &mut AlignedBuf,
+    buf: &mut Buffer,
 ) -> KernelResult {
     let (cig, cog) = (g.c_in / g.groups, g.c_out / g.groups);
     let (hw, ohw) = (g.input[0] * g.input[1], g.output[0] * g.output[1]);
@@ -354,7 +356,7 @@ fn depthwise<T: Float>(
     w: &[T],
     bias: Option<&[T]>,
     out: &mut [T],
-    buf: &mut AlignedBuf,
+    buf: &mut Buffer,
 ) -> KernelResult {
     /// Output values accumulated at once, on the stack (a whole row, usually).
     const LANES: usize = 256;
@@ -426,7 +428,7 @@ fn transposed<T: Float + Gemm>(
     w: &[T],
     bias: Option<&[T]>,
     out: &mut [T],
-    buf: &mut AlignedBuf,
+    buf: &mut Buffer,
 ) -> KernelResult {
     let (cig, cog) = (g.c_in / g.groups, g.c_out / g.groups);
     let (hw, ohw) = (g.input[0] * g.input[1], g.output[0] * g.output[1]);

@@ -10,7 +10,7 @@
 //! channel's scale and shift) pass between them in the method's scratch memory.
 
 use pte_runtime::{
-    AlignedBuf, Arg, Args, DType, Dims, Element, Io, KernelError, KernelRegistry, KernelResult,
+    Arg, Args, Buffer, DType, Dims, Element, Io, KernelError, KernelRegistry, KernelResult,
     TensorDataMut,
 };
 use rayon::prelude::*;
@@ -47,7 +47,7 @@ fn optional<'a, T: Element>(io: &Io<'a>, at: Option<usize>) -> KernelResult<Opti
 /// what they hold) at each call with the same `len`, so one `io` call can leave values
 /// there for the next.
 fn kept<T: bytemuck::Pod, const N: usize>(
-    scratch: &mut AlignedBuf,
+    scratch: &mut Buffer,
     len: usize,
 ) -> KernelResult<[&mut [T]; N]> {
     let mut s = Scratch::new(scratch, &[Scratch::piece::<T>(len); N])?;

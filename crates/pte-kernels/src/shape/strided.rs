@@ -11,7 +11,7 @@
 //! the stack; converted copies live in the method's scratch memory.
 
 use pte_runtime::{
-    AlignedBuf, DType, KernelError, KernelResult, Scalar, TensorData, TensorDataMut, TensorInfo,
+    Buffer, DType, KernelError, KernelResult, Scalar, TensorData, TensorDataMut, TensorInfo,
 };
 use smallvec::SmallVec;
 
@@ -93,7 +93,7 @@ macro_rules! by_elem_size {
 }
 pub(crate) use by_elem_size;
 
-/// Views mutable bytes (of a tensor view or an [`AlignedBuf`], so aligned) as `T`.
+/// Views mutable bytes (of a tensor view or an [`Buffer`], so aligned) as `T`.
 pub(crate) fn typed_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> KernelResult<&mut [T]> {
     // An empty tensor's data may sit at any address.
     if bytes.is_empty() {
@@ -104,7 +104,7 @@ pub(crate) fn typed_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> KernelResult<&mut
         .map_err(|e| KernelError::Failed(format!("tensor data of {len} bytes: {e}")))
 }
 
-/// Views bytes (of a tensor view or an [`AlignedBuf`], so aligned) as `T`.
+/// Views bytes (of a tensor view or an [`Buffer`], so aligned) as `T`.
 pub(crate) fn typed<T: bytemuck::Pod>(bytes: &[u8]) -> KernelResult<&[T]> {
     if bytes.is_empty() {
         return Ok(&[]);
@@ -291,7 +291,7 @@ fn broadcast_layout(info: &TensorInfo, sizes: &[usize]) -> KernelResult<Layout> 
 pub(crate) fn copy_into(
     src: &TensorData<'_>,
     dst: &mut TensorDataMut<'_>,
-    scratch: &mut AlignedBuf,
+    scratch: &mut Buffer,
 ) -> KernelResult {
     let sizes = dst.info.sizes.clone();
     let s = broadcast_layout(&src.info, &sizes)?;

@@ -1,0 +1,137 @@
+//! A byte buffer aligned for any element type, allocated fallibly.
+
+/// An allocation that could not be made: the system refused `bytes` bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("cannot allocate {bytes} bytes")]
+pub struct AllocError {
+    /// The size asked for.
+    pub bytes: usize,
+}
+
+/// A byte buffer whose start is 16-byte aligned, so that it can be viewed as any element
+/// type (upstream requires program and tensor data to be aligned to `max_align_t`).
+///
+/// Every constructor that takes a size is fallible: a size that comes from a file or an
+/// input must never abort the process. New memory is zeroed lazily by the allocator
+/// (`alloc_zeroed`), so a large buffer costs resident memory only where it is written.
+#[derive(Clone, Default)]
+pub struct AlignedBuf {
+    words: Vec<u128>,
+    len: usize,
+}
+
+fn zeroed_words(words: usize, bytes: usize) -> Result<Vec<u128>, AllocError> {
+    if words == 0 {
+        return Ok(Vec::new());
+    }
+    bytemuck::allocation::try_zeroed_slice_box::<u128>(words)
+        .map(Vec::from)
+        .map_err(|()| AllocError { bytes })
+}
+
+impl AlignedBuf {
+    /// A zeroed buffer of `len` bytes.
+    pub fn try_zeroed(len: usize) -> Result<Self, AllocError> {
+        Ok(AlignedBuf {
+            words: zeroed_words(len.div_ceil(16), len)?,
+            len,
+        })
+    }
+
+    /// A copy of `bytes`.
+    pub fn try_from_bytes(bytes: &[u8]) -> Result<Self, AllocError> {
+        let mut b = Self::try_zeroed(bytes.len())?;
+        b.as_mut_bytes().copy_from_slice(bytes);
+        Ok(b)
+    }
+
+    /// Sets the length to `len` bytes, keeping the contents that fit. Growing past the
+    /// allocation reallocates (new bytes are zero); shrinking keeps the allocation.
+    pub fn try_resize(&mut self, len: usize) -> Result<(), AllocError> {
+        let words = len.div_ceil(16);
+        if words > self.words.len() {
+            let mut grown = zeroed_words(words, len)?;
+            if let Some(head) = grown.get_mut(..self.words.len()) {
+                head.copy_from_slice(&self.words);
+            }
+            self.words = grown;
+        }
+        self.len = len;
+        Ok(())
+    }
+
+    /// Gives the allocation back; the buffer becomes empty.
+    pub fn release(&mut self) {
+        *self = AlignedBuf::default();
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes allocated (at least `len`).
+    pub fn capacity(&self) -> usize {
+        self.words.len().saturating_mul(16)
+    }
+
+    /// The bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        let all: &[u8] = bytemuck::cast_slice(&self.words);
+        all.get(..self.len).unwrap_or(all)
+    }
+
+    /// The bytes, mutably.
+    pub fn as_mut_bytes(&mut self) -> &mut [u8] {
+        let len = self.len;
+        let all: &mut [u8] = bytemuck::cast_slice_mut(&mut self.words);
+        // `len` never exceeds the allocation; `try_resize` keeps it so.
+        let end = len.min(all.len());
+        all.get_mut(..end).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "AlignedBuf({} bytes)", self.len)
+    }
+}
+
+impl std::ops::Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn growing_keeps_contents_and_alignment() {
+        let mut b = AlignedBuf::try_from_bytes(&[1, 2, 3]).unwrap();
+        b.try_resize(40).unwrap();
+        assert_eq!(&b[..4], &[1, 2, 3, 0]);
+        assert_eq!(b.as_bytes().as_ptr() as usize % 16, 0);
+        b.try_resize(2).unwrap();
+        assert_eq!(b.as_bytes(), &[1, 2]);
+        assert!(b.capacity() >= 40);
+        b.release();
+        assert_eq!(b.capacity(), 0);
+    }
+
+    #[test]
+    fn impossible_sizes_are_errors_not_aborts() {
+        assert_eq!(
+            AlignedBuf::try_zeroed(usize::MAX).unwrap_err(),
+            AllocError { bytes: usize::MAX }
+        );
+        assert!(AlignedBuf::try_zeroed(1 << 60).is_err());
+    }
+}
