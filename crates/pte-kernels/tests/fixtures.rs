@@ -3,20 +3,15 @@
 //! Floats within the fixture's tolerance (see `pte_testkit::Tolerance`), integers and
 //! bools exactly. `PTE_FIXTURES=a,b` restricts the run to some fixtures.
 
-use pte_runtime::{npy, DType, EValue, Method, Program, RuntimeError, Tensor, ValueMeta};
+use pte_runtime::{npy, EValue, Method, Program, RuntimeError, Tensor, ValueMeta};
 use pte_testkit::{Case, Fixture};
 
 fn load_input(f: &Fixture, case: &Case, k: usize, meta: &ValueMeta) -> EValue {
-    let t = npy::read_tensor(f.path(&case.inputs[k])).unwrap();
-    let v = t.to_f64_vec().unwrap();
-    match meta {
-        ValueMeta::Int(_) => EValue::Int(v[0] as i64),
-        ValueMeta::Double(_) => EValue::Double(v[0]),
-        ValueMeta::Bool(_) => EValue::Bool(v[0] != 0.0),
-        _ => EValue::Tensor(t),
-    }
+    npy::read_input(f.path(&case.inputs[k]), meta).unwrap()
 }
 
+/// An output as upstream's recording stores it: tensors as arrays, scalar outputs as 0-d
+/// arrays (int64, float64 or bool).
 fn as_tensor(v: &EValue) -> Result<Tensor, String> {
     match v {
         EValue::Tensor(t) => Ok(t.clone()),
@@ -27,6 +22,21 @@ fn as_tensor(v: &EValue) -> Result<Tensor, String> {
     }
 }
 
+/// The first element where two integer or bool tensors differ, compared exactly in their
+/// own type.
+fn exact_mismatch(a: &Tensor, b: &Tensor) -> Option<(usize, String, String)> {
+    let size = a.dtype().size();
+    let (x, y) = (a.as_bytes(), b.as_bytes());
+    (0..a.numel())
+        .find(|i| x[i * size..(i + 1) * size] != y[i * size..(i + 1) * size])
+        .map(|i| {
+            let show = |t: &Tensor| format!("{:?}", &t.as_bytes()[i * size..(i + 1) * size]);
+            (i, show(a), show(b))
+        })
+}
+
+/// Outputs must have upstream's kinds, dtypes and shapes exactly; floats match within the
+/// fixture's tolerance, integers and bools bit for bit.
 fn compare(f: &Fixture, case: &Case, outputs: &[EValue]) -> Result<(), String> {
     if outputs.len() != case.outputs.len() {
         return Err(format!(
@@ -36,8 +46,27 @@ fn compare(f: &Fixture, case: &Case, outputs: &[EValue]) -> Result<(), String> {
         ));
     }
     for (k, (got, path)) in outputs.iter().zip(&case.outputs).enumerate() {
+        if let Some(kind) = case.output_kinds.get(k) {
+            let ours = match got {
+                EValue::Tensor(_) => "tensor",
+                EValue::Int(_) => "int",
+                EValue::Double(_) => "float",
+                EValue::Bool(_) => "bool",
+                other => other.kind(),
+            };
+            if ours != kind {
+                return Err(format!("output {k}: a {ours}, upstream gave a {kind}"));
+            }
+        }
         let expected = npy::read_tensor(f.path(path)).unwrap();
         let got = as_tensor(got)?.to_contiguous().map_err(|e| e.to_string())?;
+        if got.dtype() != expected.dtype() {
+            return Err(format!(
+                "output {k}: dtype {}, upstream {}",
+                got.dtype(),
+                expected.dtype()
+            ));
+        }
         if got.sizes() != expected.sizes() {
             return Err(format!(
                 "output {k}: shape {:?}, upstream {:?}",
@@ -45,29 +74,16 @@ fn compare(f: &Fixture, case: &Case, outputs: &[EValue]) -> Result<(), String> {
                 expected.sizes()
             ));
         }
-        let (a, b) = (
-            got.to_f64_vec().map_err(|e| e.to_string())?,
-            expected.to_f64_vec().unwrap(),
-        );
-        let float = got.dtype().is_float() || expected.dtype().is_float();
-        if got.dtype() != expected.dtype() && !(float && got.dtype() == DType::F64) {
-            return Err(format!(
-                "output {k}: dtype {}, upstream {}",
-                got.dtype(),
-                expected.dtype()
-            ));
-        }
-        let mismatch = if float {
-            f.tolerance.first_mismatch(&a, &b)
-        } else {
-            a.iter()
-                .zip(&b)
-                .enumerate()
-                .find(|(_, (x, y))| x != y)
-                .map(|(i, (x, y))| (i, *x, *y))
-        };
-        if let Some((i, x, y)) = mismatch {
-            return Err(format!("output {k} element {i}: {x}, upstream {y}"));
+        if got.dtype().is_float() {
+            let (a, b) = (got.to_f64_vec().unwrap(), expected.to_f64_vec().unwrap());
+            if let Some((i, x, y)) = f.tolerance.first_mismatch(&a, &b) {
+                return Err(format!(
+                    "output {k} element {i}: {x}, upstream {y} (rtol {}, atol {})",
+                    f.tolerance.rtol, f.tolerance.atol
+                ));
+            }
+        } else if let Some((i, x, y)) = exact_mismatch(&got, &expected) {
+            return Err(format!("output {k} element {i}: bytes {x}, upstream {y}"));
         }
     }
     Ok(())
@@ -137,6 +153,10 @@ fn fixtures_match_upstream() {
     eprintln!(
         "{passed} fixtures passed ({cases} cases), {} failed",
         failures.len()
+    );
+    assert!(
+        passed + failures.len() > 0,
+        "no fixture ran: the manifest is empty or PTE_FIXTURES names none of its fixtures"
     );
     assert!(
         failures.is_empty(),

@@ -155,31 +155,53 @@ pub fn write_value(path: impl AsRef<Path>, value: &EValue) -> Result<()> {
     std::fs::write(path, tensor_to_npy(&tensor)?).map_err(|e| io_err(path, e))
 }
 
-/// Reads a method input from `.npy`: an array for tensor inputs, a 0-d array for the
-/// int, float and bool inputs the metadata declares.
+/// Reads a method input from `.npy`: an array for tensor inputs, a 0-d (or one-element)
+/// array for the int, float and bool inputs the metadata declares. Integers are read
+/// exactly, never through a float.
 pub fn read_input(path: impl AsRef<Path>, meta: &crate::ValueMeta) -> Result<EValue> {
     let path = path.as_ref();
     let t = read_tensor(path)?;
-    let scalar = |what: &str| -> Result<f64> {
-        if t.numel() != 1 {
-            return Err(io_err(
-                path,
-                format!(
-                    "the input is a {what}; expected a single value, got shape {:?}",
-                    t.sizes()
-                ),
-            ));
-        }
-        t.to_f64_vec()?
-            .first()
-            .copied()
-            .ok_or_else(|| io_err(path, "the input is empty"))
+    if matches!(meta, crate::ValueMeta::Tensor(_)) {
+        return Ok(EValue::Tensor(t));
+    }
+    if t.numel() != 1 {
+        return Err(io_err(
+            path,
+            format!(
+                "the input is a {}; expected a single value, got shape {:?}",
+                meta.kind(),
+                t.sizes()
+            ),
+        ));
+    }
+    let not_a = |what: &str| io_err(path, format!("a {} array is not {what}", t.dtype()));
+    let int = || -> Option<i64> {
+        let b = t.as_bytes();
+        Some(match t.dtype() {
+            DType::I64 => i64::from_le_bytes(b.try_into().ok()?),
+            DType::I32 => i32::from_le_bytes(b.try_into().ok()?).into(),
+            DType::I16 => i16::from_le_bytes(b.try_into().ok()?).into(),
+            DType::I8 => i8::from_le_bytes(b.try_into().ok()?).into(),
+            DType::U8 | DType::Bool => (*b.first()?).into(),
+            DType::U16 => u16::from_le_bytes(b.try_into().ok()?).into(),
+            DType::U32 => u32::from_le_bytes(b.try_into().ok()?).into(),
+            DType::U64 => i64::try_from(u64::from_le_bytes(b.try_into().ok()?)).ok()?,
+            _ => return None,
+        })
     };
     Ok(match meta {
-        crate::ValueMeta::Int(_) => EValue::Int(scalar("int")? as i64),
-        crate::ValueMeta::Double(_) => EValue::Double(scalar("float")?),
-        crate::ValueMeta::Bool(_) => EValue::Bool(scalar("bool")? != 0.0),
-        _ => EValue::Tensor(t),
+        crate::ValueMeta::Int(_) => EValue::Int(int().ok_or_else(|| not_a("an integer"))?),
+        crate::ValueMeta::Bool(_) => EValue::Bool(int().ok_or_else(|| not_a("a bool"))? != 0),
+        crate::ValueMeta::Double(_) => EValue::Double(match t.to_f64_vec()?.first() {
+            Some(&v) if t.dtype().is_float() => v,
+            _ => return Err(not_a("a float")),
+        }),
+        other => {
+            return Err(io_err(
+                path,
+                format!("{} inputs cannot be read from .npy", other.kind()),
+            ))
+        }
     })
 }
 

@@ -206,6 +206,21 @@ pub struct TensorMeta {
     pub nbytes: usize,
 }
 
+impl ValueMeta {
+    /// The kind's name, for messages.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ValueMeta::Tensor(_) => "tensor",
+            ValueMeta::Int(_) => "int",
+            ValueMeta::Double(_) => "float",
+            ValueMeta::Bool(_) => "bool",
+            ValueMeta::String(_) => "string",
+            ValueMeta::None => "None",
+            ValueMeta::List(kind) => kind,
+        }
+    }
+}
+
 /// Metadata of a method input or output.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ValueMeta {
