@@ -1320,7 +1320,13 @@ def _op_empty():
 # --------------------------------------------------------------------------------------
 
 
+# Bench model builders by name, for tools/bench_side_by_side.py (which exports the same
+# models, with the same seed, to ONNX).
+BENCH_MODELS: Dict[str, Callable[[], Tuple[nn.Module, torch.Tensor]]] = {}
+
+
 def _bench_pair(register_name: str, build: Callable[[], Tuple[nn.Module, torch.Tensor]], desc: str):
+    BENCH_MODELS[register_name] = build
     for lower in ("portable", "xnnpack"):
 
         def make(lower=lower):
@@ -1373,12 +1379,74 @@ def _transformer_encoder():
     return enc.eval(), torch.randn(1, 64, 256)
 
 
+def _efficientnet_b0():
+    import torchvision
+
+    return _calibrate_bn(torchvision.models.efficientnet_b0(weights=None)), torch.randn(1, 3, 224, 224)
+
+
+def _vit_tiny():
+    # ViT-Tiny/16 (DeiT-Ti sizes): 12 layers, hidden 192, 3 heads, MLP 768.
+    from torchvision.models.vision_transformer import VisionTransformer
+
+    torch.backends.mha.set_fastpath_enabled(False)
+    vit = VisionTransformer(
+        image_size=224, patch_size=16, num_layers=12, num_heads=3, hidden_dim=192, mlp_dim=768
+    )
+    return vit.eval(), torch.randn(1, 3, 224, 224)
+
+
+class _DecoderBlock(nn.Module):
+    def __init__(self, d: int, heads: int, ff: int):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.up, self.down = nn.Linear(d, ff), nn.Linear(ff, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+        q, k, v = (y.view(b, t, self.heads, d // self.heads).transpose(1, 2) for y in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+class _DecoderLM(nn.Module):
+    """A GPT-style decoder-only language model: token and position embeddings, pre-norm
+    blocks with causal attention, a language-model head."""
+
+    def __init__(self, vocab=8192, d=256, heads=4, ff=1024, layers=4, context=128):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(context, d)
+        self.blocks = nn.ModuleList(_DecoderBlock(d, heads, ff) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1]))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(self.ln(x))
+
+
+def _decoder_lm():
+    return _DecoderLM().eval(), torch.randint(0, 8192, (1, 128))
+
+
 _bench_pair("mobilenet_v2", _mobilenet, "torchvision mobilenet_v2, random weights, eval, 1x3x224x224")
 _bench_pair("resnet18", _resnet18, "torchvision resnet18, random weights, eval, 1x3x224x224")
 _bench_pair(
     "transformer_encoder",
     _transformer_encoder,
     "nn.TransformerEncoder d_model=256 nhead=4 4 layers ff=1024 batch_first, eval, 1x64x256",
+)
+_bench_pair("efficientnet_b0", _efficientnet_b0, "torchvision efficientnet_b0, random weights, eval, 1x3x224x224")
+_bench_pair("vit_tiny", _vit_tiny, "ViT-Tiny/16 (torchvision VisionTransformer), random weights, eval, 1x3x224x224")
+_bench_pair(
+    "decoder_lm",
+    _decoder_lm,
+    "GPT-style decoder-only LM: vocab 8192, d=256, 4 heads, 4 layers, ff 1024, causal, 1x128 tokens",
 )
 
 

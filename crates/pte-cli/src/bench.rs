@@ -1,8 +1,12 @@
 //! `pte bench`: time repeated executions of a loaded method.
 
-use std::time::Instant;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{bail, Result};
+use pte_runtime::{npy, EValue, Method, ValueMeta};
+use serde::Serialize;
 
 use crate::run::{describe_meta, example_inputs, load, ProgramArgs};
 
@@ -10,6 +14,10 @@ use crate::run::{describe_meta, example_inputs, load, ProgramArgs};
 pub struct BenchArgs {
     #[command(flatten)]
     program: ProgramArgs,
+    /// An input .npy file, in the method's input order (repeatable); default: inputs
+    /// generated from the method's metadata.
+    #[arg(long = "input")]
+    inputs: Vec<PathBuf>,
     /// Untimed executions before measuring.
     #[arg(long, default_value_t = 3)]
     warmup: usize,
@@ -19,57 +27,221 @@ pub struct BenchArgs {
     /// Threads for the method's kernels (default: all cores).
     #[arg(long)]
     threads: Option<usize>,
+    /// Also time every operator and delegate call, and print where the time goes.
+    #[arg(long)]
+    profile: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Time spent in one operator or delegate, per execution.
+#[derive(Serialize)]
+struct ProfileRow {
+    name: String,
+    delegate: bool,
+    calls_per_execution: f64,
+    ms_per_execution: f64,
+    share: f64,
+}
+
+/// What `--json` prints.
+#[derive(Serialize)]
+struct Report {
+    model: String,
+    method: String,
+    inputs: Vec<String>,
+    threads: usize,
+    load_ms: f64,
+    first_ms: f64,
+    iterations: usize,
+    median_ms: f64,
+    min_ms: f64,
+    max_ms: f64,
+    p10_ms: f64,
+    p90_ms: f64,
+    planned_bytes: u64,
+    memory_used_bytes: u64,
+    peak_rss_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    profile: Option<Vec<ProfileRow>>,
+}
+
+/// Peak resident memory of this process (Linux: `VmHWM`), if the system says.
+fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kb = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kb * 1024)
+}
+
+fn inputs(a: &BenchArgs, method: &Method) -> Result<Vec<EValue>> {
+    if a.inputs.is_empty() {
+        return example_inputs(method);
+    }
+    let metas: &[ValueMeta] = &method.meta().inputs;
+    if a.inputs.len() != metas.len() {
+        bail!(
+            "the method takes {} inputs ({}), got {} --input files",
+            metas.len(),
+            metas
+                .iter()
+                .map(describe_meta)
+                .collect::<Vec<_>>()
+                .join(", "),
+            a.inputs.len()
+        );
+    }
+    a.inputs
+        .iter()
+        .zip(metas)
+        .map(|(p, m)| npy::read_input(p, m).map_err(anyhow::Error::from))
+        .collect()
+}
+
+fn execute(method: &mut Method, inputs: &[EValue]) -> Result<Duration> {
+    let t = Instant::now();
+    method.set_inputs(inputs)?;
+    method.execute()?;
+    Ok(t.elapsed())
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
     let started = Instant::now();
     let (name, mut method) = load(&a.program, a.threads)?;
     let load_ms = started.elapsed().as_secs_f64() * 1e3;
-    let inputs = example_inputs(&method)?;
-    let first = Instant::now();
-    method.set_inputs(&inputs)?;
-    method.execute()?;
-    let first_ms = first.elapsed().as_secs_f64() * 1e3;
+    let inputs = inputs(&a, &method)?;
+    let first = execute(&mut method, &inputs)?;
+    let first_ms = first.as_secs_f64() * 1e3;
+
+    let iterations = a.iterations.max(1);
+    let runs = (a.warmup + iterations) as u64;
+    // A progress bar on a terminal, for runs expected to take over a second.
+    let bar = (std::io::stderr().is_terminal() && first * runs as u32 > Duration::from_secs(1))
+        .then(|| {
+            let bar = indicatif::ProgressBar::new(runs);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} executions, {eta}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar
+        });
     for _ in 0..a.warmup {
-        method.set_inputs(&inputs)?;
-        method.execute()?;
+        execute(&mut method, &inputs)?;
+        if let Some(b) = &bar {
+            b.inc(1);
+        }
     }
-    let mut times = Vec::with_capacity(a.iterations);
-    for _ in 0..a.iterations.max(1) {
-        let t = Instant::now();
-        method.set_inputs(&inputs)?;
-        method.execute()?;
-        times.push(t.elapsed().as_secs_f64() * 1e3);
+    method.set_profiling(a.profile);
+    let mut times = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        times.push(execute(&mut method, &inputs)?.as_secs_f64() * 1e3);
+        if let Some(b) = &bar {
+            b.inc(1);
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
     }
     times.sort_by(f64::total_cmp);
     let pct = |p: f64| {
         let at = ((times.len() - 1) as f64 * p).round() as usize;
         times.get(at).copied().unwrap_or_default()
     };
-    println!(
-        "{} {name:?} ({}), {} thread(s)",
-        a.program.model.display(),
+    let total_ms: f64 = times.iter().sum();
+    let profile = a.profile.then(|| {
         method
-            .meta()
-            .inputs
-            .iter()
-            .map(describe_meta)
+            .profile()
+            .into_iter()
+            .map(|e| {
+                let ms = e.total.as_secs_f64() * 1e3;
+                ProfileRow {
+                    name: e.name,
+                    delegate: e.delegate,
+                    calls_per_execution: e.calls as f64 / iterations as f64,
+                    ms_per_execution: ms / iterations as f64,
+                    share: if total_ms > 0.0 { ms / total_ms } else { 0.0 },
+                }
+            })
             .collect::<Vec<_>>()
-            .join(", "),
-        a.threads.unwrap_or_else(rayon_threads)
-    );
-    println!("load {load_ms:.2} ms, first execution {first_ms:.3} ms");
-    println!(
-        "{} executions: median {:.3} ms, p10 {:.3} ms, p90 {:.3} ms, min {:.3} ms",
-        times.len(),
-        pct(0.5),
-        pct(0.1),
-        pct(0.9),
-        pct(0.0)
-    );
+    });
+    let report = Report {
+        model: a.program.model.display().to_string(),
+        method: name,
+        inputs: method.meta().inputs.iter().map(describe_meta).collect(),
+        threads: a.threads.unwrap_or_else(default_threads),
+        load_ms,
+        first_ms,
+        iterations,
+        median_ms: pct(0.5),
+        min_ms: pct(0.0),
+        max_ms: pct(1.0),
+        p10_ms: pct(0.1),
+        p90_ms: pct(0.9),
+        planned_bytes: method
+            .meta()
+            .planned_buffers
+            .iter()
+            .map(|&b| b as u64)
+            .sum(),
+        memory_used_bytes: method.memory_used().0,
+        peak_rss_bytes: peak_rss(),
+        profile,
+    };
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_text(&report);
+    }
     Ok(())
 }
 
-fn rayon_threads() -> usize {
+fn print_text(r: &Report) {
+    let mb = |b: u64| b as f64 / (1 << 20) as f64;
+    println!(
+        "{} {:?} ({}), {} thread(s)",
+        r.model,
+        r.method,
+        r.inputs.join(", "),
+        r.threads
+    );
+    println!(
+        "load {:.2} ms, first execution {:.3} ms",
+        r.load_ms, r.first_ms
+    );
+    println!(
+        "{} executions: median {:.3} ms, p10 {:.3} ms, p90 {:.3} ms, min {:.3} ms, max {:.3} ms",
+        r.iterations, r.median_ms, r.p10_ms, r.p90_ms, r.min_ms, r.max_ms
+    );
+    print!(
+        "memory: planned {:.1} MiB, held by the method {:.1} MiB",
+        mb(r.planned_bytes),
+        mb(r.memory_used_bytes)
+    );
+    match r.peak_rss_bytes {
+        Some(p) => println!(", peak resident {:.1} MiB", mb(p)),
+        None => println!(),
+    }
+    if let Some(rows) = &r.profile {
+        println!("\n{:>9} {:>7} {:>9}  operator", "ms/exec", "share", "calls");
+        for row in rows {
+            println!(
+                "{:>9.3} {:>6.1}% {:>9.1}  {}",
+                row.ms_per_execution,
+                row.share * 100.0,
+                row.calls_per_execution,
+                row.name
+            );
+        }
+    }
+}
+
+fn default_threads() -> usize {
     std::thread::available_parallelism().map_or(1, usize::from)
 }

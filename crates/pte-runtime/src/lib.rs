@@ -56,7 +56,9 @@ pub use budget::{default_memory_limit, Buffer, Charge, MemoryBudget, MemoryError
 pub use dtype::{DType, Element};
 pub use error::{KernelError, KernelResult, Result, RuntimeError};
 pub use memory::SourceBytes;
-pub use method::{CancelHandle, LoadOptions, Method, MAX_INSTRUCTIONS, MIN_LOOP_ITERATIONS};
+pub use method::{
+    CancelHandle, LoadOptions, Method, ProfileEntry, MAX_INSTRUCTIONS, MIN_LOOP_ITERATIONS,
+};
 pub use program::{MethodMeta, Program, TensorMeta, ValueMeta, MAX_SCHEMA_VERSION};
 pub use registry::{
     Backend, BackendRegistry, DelegateInit, Kernel, KernelFn, KernelRegistry, NamedData,

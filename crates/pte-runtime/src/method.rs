@@ -121,6 +121,21 @@ pub struct Method {
     largest_dim: usize,
     timeout: Option<Duration>,
     cancel: CancelHandle,
+    /// Calls and time per instruction (chain-major), when profiling is on.
+    profile: Option<Vec<Vec<(u64, Duration)>>>,
+}
+
+/// Time spent in one operator or delegate over the executions profiled.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProfileEntry {
+    /// The operator name, or `delegate <backend>` for a delegate call.
+    pub name: String,
+    /// True for delegate calls.
+    pub delegate: bool,
+    /// Instructions executed.
+    pub calls: u64,
+    /// Time spent in them.
+    pub total: Duration,
 }
 
 impl std::fmt::Debug for Method {
@@ -430,6 +445,7 @@ impl Method {
             largest_dim,
             timeout: None,
             cancel: CancelHandle::default(),
+            profile: None,
         })
     }
 
@@ -552,6 +568,64 @@ impl Method {
         self.timeout = timeout;
     }
 
+    /// Turns the recording of time per instruction on (clearing what was recorded) or
+    /// off; see [`Method::profile`].
+    pub fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(|| {
+            self.chains
+                .iter()
+                .map(|c| vec![(0, Duration::ZERO); c.len()])
+                .collect()
+        });
+    }
+
+    /// Time per operator and delegate over the executions since profiling was turned on,
+    /// most expensive first. Moves, jumps and frees are left out.
+    pub fn profile(&self) -> Vec<ProfileEntry> {
+        let mut entries: Vec<ProfileEntry> = Vec::new();
+        let Some(profile) = &self.profile else {
+            return entries;
+        };
+        for (chain, times) in self.chains.iter().zip(profile) {
+            for (instr, &(calls, total)) in chain.iter().zip(times) {
+                let (name, delegate) = match instr {
+                    Instr::Kernel { op, .. } => (
+                        self.op_names
+                            .get(*op as usize)
+                            .map_or("?", String::as_str)
+                            .to_owned(),
+                        false,
+                    ),
+                    Instr::Delegate { delegate, .. } => (
+                        format!(
+                            "delegate {}",
+                            self.delegates
+                                .get(*delegate as usize)
+                                .map_or("?", |d| d.0.as_str())
+                        ),
+                        true,
+                    ),
+                    _ => continue,
+                };
+                match entries.iter_mut().find(|e| e.name == name) {
+                    Some(e) => {
+                        e.calls += calls;
+                        e.total += total;
+                    }
+                    None => entries.push(ProfileEntry {
+                        name,
+                        delegate,
+                        calls,
+                        total,
+                    }),
+                }
+            }
+        }
+        entries.retain(|e| e.calls > 0);
+        entries.sort_by_key(|e| std::cmp::Reverse(e.total));
+        entries
+    }
+
     /// A handle that stops this method's execution from another thread.
     pub fn cancel_handle(&self) -> CancelHandle {
         self.cancel.clone()
@@ -598,6 +672,7 @@ impl Method {
             kernels,
             delegates,
             cancel,
+            profile,
             ..
         } = self;
         let mut executed = 0u64;
@@ -617,6 +692,8 @@ impl Method {
                         return Err(RuntimeError::DeadlineExceeded(timeout));
                     }
                 }
+                let started = profile.is_some().then(Instant::now);
+                let at_pc = pc;
                 let at = |source| (c, pc, source);
                 let args_of = |r: &Range<u32>| {
                     call_args
@@ -700,6 +777,16 @@ impl Method {
                         pc + 1
                     }
                 };
+                if let Some(started) = started {
+                    let slot = profile
+                        .as_mut()
+                        .and_then(|p| p.get_mut(c))
+                        .and_then(|p| p.get_mut(at_pc));
+                    if let Some((calls, total)) = slot {
+                        *calls += 1;
+                        *total += started.elapsed();
+                    }
+                }
             }
         }
         Ok(())
