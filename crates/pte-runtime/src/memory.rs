@@ -26,6 +26,43 @@ impl std::ops::Deref for SourceBytes {
     }
 }
 
+/// Bytes inside a loaded program or data file, shared instead of copied: whoever holds
+/// them keeps the file's bytes alive (a delegate keeping its weights, say).
+#[derive(Clone)]
+pub struct SharedBytes {
+    source: Arc<SourceBytes>,
+    start: usize,
+    len: usize,
+}
+
+impl SharedBytes {
+    /// `part`, a view into `source`'s bytes, as shared bytes; `None` if it is not one.
+    pub(crate) fn within(source: &Arc<SourceBytes>, part: &[u8]) -> Option<Self> {
+        let start = (part.as_ptr() as usize).checked_sub(source.as_ptr() as usize)?;
+        let end = start.checked_add(part.len())?;
+        (end <= source.len()).then(|| SharedBytes {
+            source: source.clone(),
+            start,
+            len: part.len(),
+        })
+    }
+}
+
+impl std::ops::Deref for SharedBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.source
+            .get(self.start..self.start.saturating_add(self.len))
+            .unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for SharedBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedBytes({} bytes at {})", self.len, self.start)
+    }
+}
+
 /// Where one tensor's bytes live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Storage {

@@ -13,7 +13,7 @@ use crate::args::{resize_slot, Args};
 use crate::budget::{default_memory_limit, MemoryBudget};
 use crate::dtype::DType;
 use crate::error::{KernelError, Result, RuntimeError};
-use crate::memory::{Access, Memory, Storage};
+use crate::memory::{Access, Memory, SharedBytes, Storage};
 use crate::program::{tensor_shape, MethodMeta, Program};
 use crate::registry::{BackendRegistry, DelegateInit, KernelRegistry, NamedData, PreparedKernel};
 use crate::tensor::Tensor;
@@ -173,18 +173,20 @@ fn value_index(v: i64, n: usize, what: impl Fn() -> String) -> Result<u32> {
 }
 
 struct DataNames<'p> {
+    program: &'p Program,
     pte: &'p Pte<'p>,
     ptds: &'p [Ptd<'p>],
 }
 
 impl NamedData for DataNames<'_> {
-    fn get(&self, key: &str) -> Option<&[u8]> {
-        for ptd in self.ptds {
+    fn get(&self, key: &str) -> Option<SharedBytes> {
+        for (ptd, source) in self.ptds.iter().zip(&self.program.data) {
             if let Ok(Some(e)) = ptd.get(key) {
-                return Some(e.data);
+                return SharedBytes::within(source, e.data);
             }
         }
-        self.pte.named_data(key).ok().flatten()
+        let data = self.pte.named_data(key).ok().flatten()?;
+        SharedBytes::within(&self.program.bytes, data)
     }
 }
 
@@ -346,6 +348,7 @@ impl Method {
         let mut values = values;
         // Delegates.
         let names = DataNames {
+            program,
             pte: &pte,
             ptds: &ptds,
         };
@@ -355,7 +358,8 @@ impl Method {
             let processed = d
                 .processed()?
                 .ok_or_else(|| bad(format!("delegate {i} ({id}) has no payload reference")))?;
-            let processed = pte.delegate_data(processed)?;
+            let processed = SharedBytes::within(&program.bytes, pte.delegate_data(processed)?)
+                .ok_or_else(|| bad(format!("delegate {i} ({id}): payload outside the program")))?;
             let mut specs = Vec::new();
             for s in d.compile_specs()?.into_iter().flatten() {
                 let s = s?;
@@ -365,6 +369,7 @@ impl Method {
                 ));
             }
             let init = DelegateInit {
+                index: i,
                 processed,
                 compile_specs: &specs,
                 named_data: &names,

@@ -73,16 +73,18 @@ impl KernelRegistry {
 }
 
 /// Data a backend can look up while initializing a delegate: the program's named data and
-/// the `.ptd` files, by key.
+/// the `.ptd` files, by key (the `.ptd` files first, as upstream merges them).
 pub trait NamedData {
-    /// The bytes stored under `key`, if any.
-    fn get(&self, key: &str) -> Option<&[u8]>;
+    /// The bytes stored under `key`, if any; they may be kept without a copy.
+    fn get(&self, key: &str) -> Option<crate::SharedBytes>;
 }
 
 /// What a backend gets to initialize one delegate.
 pub struct DelegateInit<'a> {
-    /// The delegate's processed payload.
-    pub processed: &'a [u8],
+    /// Which delegate of the method this is (its index in the plan's delegate list).
+    pub index: usize,
+    /// The delegate's processed payload; it may be kept without a copy.
+    pub processed: crate::SharedBytes,
     /// Compile specs as (key, value) pairs.
     pub compile_specs: &'a [(String, Vec<u8>)],
     /// Named data of the program and its data files.
