@@ -22,7 +22,21 @@ pub mod util;
 
 use pte_runtime::KernelRegistry;
 
-/// A registry with every kernel of this crate.
+/// Kernels that are not a deterministic function of their arguments writing only their
+/// outputs: random numbers, updates of an input in place (by convention their names end in
+/// `_`, or they update running statistics or stack loop results), uninitialized memory.
+const IMPURE: &[&str] = &[
+    "aten::rand.out",
+    "aten::randn.out",
+    "aten::native_dropout.out",
+    "aten::_native_batch_norm_legit.out",
+    "aten::empty.out",
+    "dim_order_ops::_empty_dim_order.out",
+    "executorch_prim::et_copy_index.tensor",
+];
+
+/// A registry with every kernel of this crate; the pure ones are marked so (see
+/// `KernelRegistry::mark_pure`), so that calls on constants run once at load.
 pub fn registry() -> KernelRegistry {
     let mut r = KernelRegistry::new();
     prim::register(&mut r);
@@ -32,5 +46,13 @@ pub fn registry() -> KernelRegistry {
     index::register(&mut r);
     linalg::register(&mut r);
     nn::register(&mut r);
+    let pure: Vec<String> = r
+        .names()
+        .filter(|n| !n.ends_with('_') && !IMPURE.contains(n))
+        .map(str::to_owned)
+        .collect();
+    for name in &pure {
+        r.mark_pure(name);
+    }
     r
 }

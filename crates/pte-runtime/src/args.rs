@@ -468,12 +468,13 @@ impl<'a> Args<'a> {
         })
     }
 
-    /// Bytes of a tensor that lives in the program or its data files (constants), which
-    /// stay the same for the life of the method; `None` for any other tensor.
+    /// Bytes of a constant tensor (in the program or its data files, or computed from
+    /// constants at load), which stay the same for the life of the method; `None` for any
+    /// other tensor.
     pub fn constant(&self, a: impl Into<Arg>) -> KernelResult<Option<&[u8]>> {
         let access = self.access(a.into())?;
         match access.storage {
-            Storage::Program { .. } | Storage::External { .. } => {
+            Storage::Program { .. } | Storage::External { .. } | Storage::Folded { .. } => {
                 self.memory.read(access).map(Some)
             }
             _ => Ok(None),
@@ -514,7 +515,7 @@ impl<'a> Args<'a> {
             match t.storage {
                 Storage::Null => t.storage = Storage::Heap { owner: id as u32 },
                 Storage::Heap { .. } | Storage::Planned { .. } => {}
-                Storage::Program { .. } | Storage::External { .. } => {
+                Storage::Program { .. } | Storage::External { .. } | Storage::Folded { .. } => {
                     return Err(KernelError::invalid(format!(
                         "{op}: a constant tensor cannot be written"
                     )))

@@ -43,6 +43,7 @@ mod args;
 mod budget;
 mod dtype;
 mod error;
+mod fold;
 mod memory;
 mod method;
 pub mod npy;

@@ -74,6 +74,9 @@ pub(crate) enum Storage {
     /// Each value owns at most one such buffer, reused (and grown) at every write, so
     /// that no sequence of instructions can make the number of buffers grow.
     Heap { owner: u32 },
+    /// The runtime-owned buffer of value `owner`, computed once at load from constants
+    /// (see `fold.rs`): read-only from then on.
+    Folded { owner: u32 },
     /// Read-only, inside the program file.
     Program { offset: usize },
     /// Read-only, inside external data file `file`.
@@ -213,7 +216,7 @@ impl Memory {
                     .map_or(&[][..], Buffer::as_bytes);
                 range(bytes, offset, a.nbytes, "its planned buffer")
             }
-            Storage::Heap { owner } => {
+            Storage::Heap { owner } | Storage::Folded { owner } => {
                 let bytes = self
                     .heap
                     .get(owner as usize)
@@ -379,7 +382,7 @@ impl Memory {
             .iter()
             .chain(writes)
             .filter_map(|a| match a.storage {
-                Storage::Heap { owner } => Some(owner),
+                Storage::Heap { owner } | Storage::Folded { owner } => Some(owner),
                 _ => None,
             })
             .collect();
@@ -420,7 +423,7 @@ impl Memory {
                             *b == buffer && *start <= offset && offset + n <= start + g.len()
                         })
                         .and_then(|(_, start, g)| g.get(offset - start..offset - start + n)),
-                    Storage::Heap { owner } => heap_shared
+                    Storage::Heap { owner } | Storage::Folded { owner } => heap_shared
                         .iter()
                         .find(|(h, _)| *h == owner)
                         .and_then(|(_, b)| b.get(..n)),

@@ -77,7 +77,9 @@ impl CancelHandle {
     }
 }
 
-enum Instr {
+pub(crate) enum Instr {
+    /// An instruction whose work was done at load (constant folding).
+    Nop,
     Kernel {
         kernel: u32,
         op: u32,
@@ -109,7 +111,8 @@ pub struct Method {
     chains: Vec<Vec<Instr>>,
     call_args: Vec<u32>,
     op_names: Vec<String>,
-    kernels: Vec<Box<dyn PreparedKernel>>,
+    /// Prepared kernels by call site; `None` for calls folded at load.
+    kernels: Vec<Option<Box<dyn PreparedKernel>>>,
     delegates: Vec<(String, Box<dyn PreparedKernel>)>,
     inputs: Vec<u32>,
     outputs: Vec<u32>,
@@ -388,9 +391,33 @@ impl Method {
             delegates.push((id, handle));
         }
 
-        // Kernels, prepared once per call site.
+        // Calls computing only from constants run now, once.
+        let folded = crate::fold::fold_constants(
+            &chains,
+            &call_args,
+            &op_names,
+            kernels,
+            &mut values,
+            &mut memory,
+            &inputs,
+            &outputs,
+            kernel_calls.len(),
+        );
+        for instr in chains.iter_mut().flatten() {
+            if let Instr::Kernel { kernel, .. } = instr {
+                if folded.get(*kernel as usize) == Some(&true) {
+                    *instr = Instr::Nop;
+                }
+            }
+        }
+
+        // The other kernels, prepared once per call site.
         let mut prepared = Vec::with_capacity(kernel_calls.len());
-        for (op, args) in &kernel_calls {
+        for ((op, args), &folded) in kernel_calls.iter().zip(&folded) {
+            if folded {
+                prepared.push(None);
+                continue;
+            }
             let op_name = op_names.get(*op).map_or("?", String::as_str);
             let kernel = kernels
                 .get(op_name)
@@ -403,12 +430,14 @@ impl Method {
                 values: &mut values,
                 memory: &mut memory,
             };
-            prepared.push(kernel.prepare(&a).map_err(|source| RuntimeError::Kernel {
-                op: op_name.to_owned(),
-                chain: 0,
-                instruction: 0,
-                source,
-            })?);
+            prepared.push(Some(kernel.prepare(&a).map_err(|source| {
+                RuntimeError::Kernel {
+                    op: op_name.to_owned(),
+                    chain: 0,
+                    instruction: 0,
+                    source,
+                }
+            })?));
         }
 
         let pool = match options.threads {
@@ -508,7 +537,7 @@ impl Method {
                 resize_slot(t, x.sizes()).map_err(|e| err(e.to_string()))?;
                 if matches!(
                     t.storage,
-                    Storage::Program { .. } | Storage::External { .. }
+                    Storage::Program { .. } | Storage::External { .. } | Storage::Folded { .. }
                 ) {
                     return Err(err("the input is a constant of the program".into()));
                 }
@@ -706,6 +735,7 @@ impl Method {
                         .unwrap_or_default()
                 };
                 pc = match instr {
+                    Instr::Nop => pc + 1,
                     Instr::Kernel { kernel, op, args } => {
                         let op = op_names.get(*op as usize).map_or("?", String::as_str);
                         let mut a = Args {
@@ -714,10 +744,11 @@ impl Method {
                             values,
                             memory,
                         };
-                        let result = match kernels.get_mut(*kernel as usize) {
-                            Some(k) => k.run(&mut a),
-                            None => Err(KernelError::Failed("no prepared kernel".into())),
-                        };
+                        let result =
+                            match kernels.get_mut(*kernel as usize).and_then(Option::as_mut) {
+                                Some(k) => k.run(&mut a),
+                                None => Err(KernelError::Failed("no prepared kernel".into())),
+                            };
                         result.map_err(|source| RuntimeError::Kernel {
                             op: op.to_owned(),
                             chain: c,
@@ -886,7 +917,9 @@ fn free(values: &mut [Slot], memory: &mut Memory, value: u32) -> std::result::Re
         Some(Slot::Tensor(t)) => {
             match t.storage {
                 Storage::Heap { owner } => memory.release_heap(owner),
-                Storage::Program { .. } | Storage::External { .. } => t.storage = Storage::Null,
+                Storage::Program { .. } | Storage::External { .. } | Storage::Folded { .. } => {
+                    t.storage = Storage::Null
+                }
                 Storage::Planned { .. } | Storage::Null => {}
             }
             Ok(())

@@ -1,6 +1,6 @@
 //! Kernel and backend registries: how operators and delegates are found by name.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::args::Args;
@@ -43,6 +43,9 @@ impl PreparedKernel for FnKernel {
 #[derive(Clone, Default)]
 pub struct KernelRegistry {
     kernels: BTreeMap<String, Arc<dyn Kernel>>,
+    /// Operators whose kernels are pure: a deterministic function of their arguments,
+    /// writing nothing but their outputs (see [`KernelRegistry::mark_pure`]).
+    pure: BTreeSet<String>,
 }
 
 impl KernelRegistry {
@@ -59,6 +62,18 @@ impl KernelRegistry {
     /// Registers (or replaces) a stateless kernel function.
     pub fn register_fn(&mut self, name: &str, f: KernelFn) {
         self.register(name, FnKernel(f));
+    }
+
+    /// Declares the kernel of `name` pure: a deterministic function of its arguments that
+    /// writes only its outputs (the arguments the calling convention makes outputs).
+    /// Calls of pure kernels whose inputs are all constants run once, at load.
+    pub fn mark_pure(&mut self, name: &str) {
+        self.pure.insert(name.to_owned());
+    }
+
+    /// Whether the kernel of `name` was declared pure.
+    pub fn is_pure(&self, name: &str) -> bool {
+        self.pure.contains(name)
     }
 
     /// The kernel for an operator name.

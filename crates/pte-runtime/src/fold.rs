@@ -1,0 +1,305 @@
+//! Constant folding at method load: a call of a pure kernel whose inputs are all constants
+//! runs once, when the method loads; its outputs become constants of the method, held in
+//! runtime buffers charged to the budget, and the call is not executed again. This is how
+//! the transposes the exporter inserts before every `addmm` on a weight, or the causal
+//! masks of attention, stop costing time at each execution, and why kernels preparing a
+//! call (packing weights) see those results as constants.
+//!
+//! Which arguments of a call are its outputs follows the ExecuTorch calling convention:
+//! a trailing tensor list (several outputs) with the output tensors before it, or the out
+//! tensor listed twice (one output), or a trailing scalar (prim ops).
+
+use smallvec::SmallVec;
+
+use crate::args::Args;
+use crate::memory::{Memory, Storage};
+use crate::method::Instr;
+use crate::registry::KernelRegistry;
+use crate::value::Slot;
+
+/// The values a call writes, by the calling convention; `None` when it does not follow it.
+fn call_outputs(args: &[u32], values: &[Slot]) -> Option<SmallVec<[u32; 4]>> {
+    let (&last, rest) = args.split_last()?;
+    match values.get(last as usize)? {
+        Slot::TensorList(items) => {
+            let n = items.len();
+            let outs = rest.get(rest.len().checked_sub(n)?..)?;
+            (outs == &items[..]).then(|| outs.iter().copied().chain([last]).collect())
+        }
+        Slot::Tensor(_) => (rest.last() == Some(&last)).then(|| SmallVec::from_slice(&[last])),
+        Slot::Int(_) | Slot::Double(_) | Slot::Bool(_) => Some(SmallVec::from_slice(&[last])),
+        _ => None,
+    }
+}
+
+/// Every value a value refers to (itself, and a list's elements).
+fn with_items(v: u32, values: &[Slot]) -> SmallVec<[u32; 8]> {
+    let mut all = SmallVec::from_slice(&[v]);
+    match values.get(v as usize) {
+        Some(Slot::IntList(items) | Slot::TensorList(items)) => all.extend_from_slice(items),
+        Some(Slot::OptionalTensorList(items)) => all.extend(items.iter().flatten().copied()),
+        _ => {}
+    }
+    all
+}
+
+/// How many instructions may write each value: the outputs of pure calls, every argument
+/// of other calls and of delegates, the target of moves, freed tensors.
+fn writes(
+    chains: &[Vec<Instr>],
+    call_args: &[u32],
+    op_names: &[String],
+    kernels: &KernelRegistry,
+    values: &[Slot],
+) -> Vec<u32> {
+    let mut count = vec![0u32; values.len()];
+    let mut bump = |v: u32| {
+        if let Some(c) = count.get_mut(v as usize) {
+            *c = c.saturating_add(1);
+        }
+    };
+    let args_of = |r: &std::ops::Range<u32>| {
+        call_args
+            .get(r.start as usize..r.end as usize)
+            .unwrap_or_default()
+    };
+    for instr in chains.iter().flatten() {
+        match instr {
+            Instr::Kernel { op, args, .. } => {
+                let args = args_of(args);
+                let pure = op_names
+                    .get(*op as usize)
+                    .is_some_and(|name| kernels.is_pure(name));
+                match call_outputs(args, values).filter(|_| pure) {
+                    Some(outs) => outs.iter().for_each(|&v| bump(v)),
+                    None => args
+                        .iter()
+                        .flat_map(|&a| with_items(a, values))
+                        .for_each(&mut bump),
+                }
+            }
+            Instr::Delegate { args, .. } => args_of(args)
+                .iter()
+                .flat_map(|&a| with_items(a, values))
+                .for_each(&mut bump),
+            Instr::Move { to, .. } => bump(*to),
+            Instr::Free { value } => bump(*value),
+            Instr::JumpFalse { .. } | Instr::Nop => {}
+        }
+    }
+    count
+}
+
+/// True for a value that holds the same thing at every execution: constant tensors, and
+/// scalars and lists that no instruction writes and the caller does not set.
+fn is_constant(v: u32, values: &[Slot], writes: &[u32], io: &[u32]) -> bool {
+    let unwritten = |x: u32| writes.get(x as usize) == Some(&0) && !io.contains(&x);
+    match values.get(v as usize) {
+        Some(Slot::Tensor(t)) => matches!(
+            t.storage,
+            Storage::Program { .. } | Storage::External { .. } | Storage::Folded { .. }
+        ),
+        Some(Slot::None | Slot::DoubleList(_) | Slot::BoolList(_)) => true,
+        Some(Slot::Int(_) | Slot::Double(_) | Slot::Bool(_) | Slot::String(_)) => unwritten(v),
+        Some(Slot::IntList(items)) => {
+            unwritten(v) && items.iter().all(|&i| is_constant(i, values, writes, io))
+        }
+        Some(Slot::TensorList(items)) => {
+            unwritten(v) && items.iter().all(|&i| is_constant(i, values, writes, io))
+        }
+        Some(Slot::OptionalTensorList(items)) => {
+            unwritten(v)
+                && items
+                    .iter()
+                    .flatten()
+                    .all(|&i| is_constant(i, values, writes, io))
+        }
+        None => false,
+    }
+}
+
+/// Tensors that must keep their planned memory because an elided view reads them there.
+///
+/// The exporter plans a static `view_copy` at the very place of its input and emits no
+/// instruction for it: such a view is a tensor that instructions read but none writes
+/// (and the caller does not set). It sees what the last writer of its place put there
+/// before its first read; that writer's output must stay in planned memory. With jumps
+/// the order of writes is not known, so every tensor sharing a view's place stays.
+fn viewed(
+    chains: &[Vec<Instr>],
+    call_args: &[u32],
+    values: &[Slot],
+    writes: &[u32],
+    inputs: &[u32],
+) -> Vec<u32> {
+    let place = |v: u32| match values.get(v as usize) {
+        Some(Slot::Tensor(t)) => match t.storage {
+            Storage::Planned { buffer, offset } => Some((buffer, offset)),
+            _ => None,
+        },
+        _ => None,
+    };
+    let is_view =
+        |v: u32| writes.get(v as usize) == Some(&0) && !inputs.contains(&v) && place(v).is_some();
+    let args_of = |instr: &Instr| -> SmallVec<[u32; 16]> {
+        let range = match instr {
+            Instr::Kernel { args, .. } | Instr::Delegate { args, .. } => args.clone(),
+            Instr::Move { from, to } => return SmallVec::from_slice(&[*from, *to]),
+            _ => return SmallVec::new(),
+        };
+        call_args
+            .get(range.start as usize..range.end as usize)
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|&a| with_items(a, values))
+            .collect()
+    };
+    let jumps = chains
+        .iter()
+        .flatten()
+        .any(|i| matches!(i, Instr::JumpFalse { .. }));
+    // The tensors last written at each place (every writer, when jumps blur the order).
+    let mut writers: std::collections::HashMap<(u32, usize), SmallVec<[u32; 2]>> =
+        std::collections::HashMap::new();
+    let mut kept = Vec::new();
+    for instr in chains.iter().flatten() {
+        let args = args_of(instr);
+        for &v in args.iter().filter(|&&v| is_view(v)) {
+            if let Some(w) = place(v).and_then(|at| writers.get(&at)) {
+                kept.extend(w.iter().copied().filter(|&o| o != v));
+            }
+        }
+        for &o in args.iter().filter(|&&o| writes.get(o as usize) != Some(&0)) {
+            if let Some(at) = place(o) {
+                let w = writers.entry(at).or_default();
+                if !jumps {
+                    w.clear();
+                }
+                if !w.contains(&o) {
+                    w.push(o);
+                }
+            }
+        }
+    }
+    kept.sort_unstable();
+    kept.dedup();
+    kept
+}
+
+/// Folds every call it can, in program order (so chains of constant computations fold
+/// whole), and returns which kernel call sites (by index) were folded. A call whose
+/// kernel fails at load is left to run (and fail) at execution, as it would without
+/// folding: it may sit in a branch that never runs.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn fold_constants(
+    chains: &[Vec<Instr>],
+    call_args: &[u32],
+    op_names: &[String],
+    kernels: &KernelRegistry,
+    values: &mut [Slot],
+    memory: &mut Memory,
+    inputs: &[u32],
+    outputs: &[u32],
+    calls: usize,
+) -> Vec<bool> {
+    let mut folded = vec![false; calls];
+    let mut writes = writes(chains, call_args, op_names, kernels, values);
+    let viewed = viewed(chains, call_args, values, &writes, inputs);
+    let io: Vec<u32> = inputs.iter().chain(outputs).copied().collect();
+    let io = &io[..];
+    for instr in chains.iter().flatten() {
+        let Instr::Kernel { kernel, op, args } = instr else {
+            continue;
+        };
+        let Some(name) = op_names.get(*op as usize) else {
+            continue;
+        };
+        let Some(k) = kernels.get(name).filter(|_| kernels.is_pure(name)) else {
+            continue;
+        };
+        let args = call_args
+            .get(args.start as usize..args.end as usize)
+            .unwrap_or_default();
+        let Some(outs) = call_outputs(args, values) else {
+            continue;
+        };
+        let inputs_constant = args
+            .iter()
+            .filter(|a| !outs.contains(a))
+            .all(|&a| is_constant(a, values, &writes, io));
+        let outputs_free = outs.iter().all(|&o| {
+            writes.get(o as usize) == Some(&1)
+                && !io.contains(&o)
+                && match values.get(o as usize) {
+                    Some(Slot::Tensor(t)) => match t.storage {
+                        Storage::Planned { .. } => viewed.binary_search(&o).is_err(),
+                        Storage::Null => true,
+                        _ => false,
+                    },
+                    Some(Slot::TensorList(_)) => true,
+                    Some(Slot::Int(_) | Slot::Double(_) | Slot::Bool(_)) => true,
+                    _ => false,
+                }
+        });
+        if !(inputs_constant && outputs_free) {
+            continue;
+        }
+        // Outputs get buffers of their own (their planned memory is shared with other
+        // tensors over an execution), then the call runs.
+        let saved: SmallVec<[(u32, Storage); 4]> = outs
+            .iter()
+            .filter_map(|&o| match values.get_mut(o as usize) {
+                Some(Slot::Tensor(t)) => {
+                    let before = t.storage;
+                    t.storage = Storage::Heap { owner: o };
+                    Some((o, before))
+                }
+                _ => None,
+            })
+            .collect();
+        let mut a = Args {
+            op: name,
+            ids: args,
+            values,
+            memory,
+        };
+        let ran = k.prepare(&a).and_then(|mut p| p.run(&mut a)).is_ok();
+        // Each output now holds a constant: its own buffer, or (a kernel that made its
+        // output a view of its input) a constant input's bytes.
+        let constant = |s: Storage, o: u32| {
+            s == Storage::Heap { owner: o }
+                || matches!(
+                    s,
+                    Storage::Program { .. } | Storage::External { .. } | Storage::Folded { .. }
+                )
+        };
+        let ok = ran
+            && saved.iter().all(|&(o, _)| {
+                matches!(values.get(o as usize), Some(Slot::Tensor(t)) if constant(t.storage, o))
+            });
+        for &(o, before) in &saved {
+            if let Some(Slot::Tensor(t)) = values.get_mut(o as usize) {
+                if !ok {
+                    t.storage = before;
+                    memory.release_heap(o);
+                } else if t.storage == (Storage::Heap { owner: o }) {
+                    t.storage = Storage::Folded { owner: o };
+                } else {
+                    memory.release_heap(o);
+                }
+            }
+        }
+        if ok {
+            if let Some(f) = folded.get_mut(*kernel as usize) {
+                *f = true;
+            }
+            // No longer written at execution: later calls may fold on them.
+            for &o in &outs {
+                if let Some(w) = writes.get_mut(o as usize) {
+                    *w = 0;
+                }
+            }
+        }
+    }
+    folded
+}
