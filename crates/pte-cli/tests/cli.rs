@@ -19,7 +19,7 @@ fn stdout(o: &Output) -> String {
 }
 
 /// A program calling `aten::add.out` and two operators no build will ever have.
-fn program_with_missing_operators() -> PathBuf {
+fn program_with_missing_operators(test: &str) -> PathBuf {
     let mut b = ProgramBuilder::new();
     let x = b.tensor(ScalarType::Float, &[2], Memory::Planned);
     let out = b.tensor(ScalarType::Float, &[2], Memory::Planned);
@@ -29,7 +29,7 @@ fn program_with_missing_operators() -> PathBuf {
     b.call("test::no_such_op", "out", &[x, out, out]);
     b.call("test::another_missing_op", "", &[x, out]);
     b.output(out);
-    let path = std::env::temp_dir().join(format!("pte-cli-missing-{}.pte", std::process::id()));
+    let path = std::env::temp_dir().join(format!("pte-cli-{test}-{}.pte", std::process::id()));
     std::fs::write(&path, b.build()).unwrap();
     path
 }
@@ -50,7 +50,7 @@ fn ops_lists_sorted_kernel_names() {
 
 #[test]
 fn inspect_marks_missing_operators() {
-    let path = program_with_missing_operators();
+    let path = program_with_missing_operators("inspect");
     let file = path.to_str().unwrap();
     let text = stdout(&pte(&["inspect", file]));
     assert!(
@@ -74,7 +74,7 @@ fn inspect_marks_missing_operators() {
 
 #[test]
 fn run_names_every_missing_operator() {
-    let path = program_with_missing_operators();
+    let path = program_with_missing_operators("run");
     let o = pte(&["run", path.to_str().unwrap()]);
     assert!(!o.status.success());
     let err = String::from_utf8_lossy(&o.stderr);
