@@ -136,7 +136,12 @@ fn with_dim_order(t: &Tensor, dim_order: &[usize]) -> Result<Tensor, String> {
     let mut dst = vec![0u8; src.len()];
     let mut index = vec![0usize; t.sizes().len()];
     for element in src.chunks_exact(size) {
-        let at = index.iter().zip(&strides).map(|(i, s)| i * s).sum::<usize>() * size;
+        let at = index
+            .iter()
+            .zip(&strides)
+            .map(|(i, s)| i * s)
+            .sum::<usize>()
+            * size;
         dst[at..at + size].copy_from_slice(element);
         for (i, &n) in index.iter_mut().zip(t.sizes()).rev() {
             *i += 1;
@@ -253,7 +258,10 @@ fn check_random(
             Some(m) => {
                 let mask = floats(outputs.get(m).ok_or("no mask output")?)?;
                 if let Some(i) = (0..x.len()).find(|&i| mask[i] == 0.0 && x[i] != 0.0) {
-                    return Err(format!("element {i} is dropped by the mask but is {}", x[i]));
+                    return Err(format!(
+                        "element {i} is dropped by the mask but is {}",
+                        x[i]
+                    ));
                 }
                 mask.iter().map(|&m| m != 0.0).collect()
             }
