@@ -540,7 +540,7 @@ def binary_edges(dt):
 def int_pairs(dt):
     info = torch.iinfo(dt)
     a = [info.max, info.min, -7, 7, -7, 7, 0, 5, info.max, 3, -1, info.min]
-    b = [1, -1, 2, 2, -2, -2, 3, 3, 2, 7, info.min, 2]
+    b = [1, -3, 2, 2, -2, -2, 3, 3, 2, 7, info.min, 2]  # (min / -1 traps in eager PyTorch)
     if info.min == 0:
         a, b = [255, 0, 7, 7, 200, 13, 0, 5, 255, 3, 1, 128], [1, 1, 2, 3, 100, 5, 3, 3, 2, 7, 255, 2]
     return T(a, dt, (3, 4)), T(b, dt, (3, 4))
@@ -676,7 +676,8 @@ def _binary() -> None:
                 cases_of(("edge", edges_of(dt)), ("rand", rand_of(dt, 3, 4))) if dt != BOOL else cases_of(("edge", edges_of(dt))),
                 [op], kind="exact" if name in ("eq", "ne", "lt", "le", "gt", "ge") or bitwise else
                 ("transcendental" if "pow" in name else "elementwise"),
-                signed_zeros=name.startswith(("div", "remainder", "fmod")), note=BINARY_NOTES.get(name))
+                signed_zeros=name.startswith(("div", "remainder", "fmod")), note=BINARY_NOTES.get(name),
+                edge={"preserve_ops": [A.rsub.Scalar]} if name == "rsub" else {})
     # floor_divide (kept when called directly).
     for dt in [F32, I32, I64, I8]:
         a, b = (binary_edges(dt) if dt.is_floating_point else
@@ -1163,7 +1164,8 @@ def _shape() -> None:
     add(S, "cat_legacy_empty", lambda a, b: torch.cat([a, b], 1), cases_of(("rand", (randn(0), randn(2, 3)))), ["aten::cat.out"], kind="exact")
     for da, db in [(I32, F32), (I64, F16), (U8, I8), (BOOL, I32), (F16, F32), (BOOL, F32)]:
         add(S, f"cat_{SHORT[da]}_{SHORT[db]}", lambda a, b: torch.cat([a, b]), cases_of(("rand", (rand_of(da, 2, 3), rand_of(db, 1, 3)))),
-            ["aten::cat.out"], kind="exact", note="upstream: cat of mixed dtypes (e.g. int32 with float32) converts values wrongly")
+            ["aten::cat.out"], kind="exact", note="upstream: cat of mixed dtypes (e.g. int32 with float32) converts values wrongly",
+            edge={"_check_ir_validity": False})
     add(S, "cat_channels_last", lambda a, b: torch.cat([a, b], 1), cases_of(("rand", (channels_last(randn(1, 2, 2, 2)), channels_last(randn(1, 3, 2, 2))))),
         ["aten::cat.out"], kind="exact")
     add(S, "cat_0d_list", lambda a: torch.cat([a]), cases_of(("rand", randn(3))), ["aten::cat.out"], kind="exact")
@@ -1171,7 +1173,7 @@ def _shape() -> None:
         add(S, f"stack_{dim}".replace("-", "m"), lambda a, b, d=dim: torch.stack([a, b], d), cases_of(("rand", (randn(2, 3), randn(2, 3)))),
             ["aten::stack.out"], kind="exact", edge={"preserve_ops": [A.stack.default]})
     add(S, "stack_mixed", lambda a, b: torch.stack([a, b]), cases_of(("rand", (rand_of(I32, 2), randn(2)))), ["aten::stack.out"], kind="exact",
-        edge={"preserve_ops": [A.stack.default]})
+        edge={"preserve_ops": [A.stack.default], "_check_ir_validity": False})
     add(S, "narrow_copy", lambda x: A.narrow_copy(x, -1, 1, 2), cases_of(("rand", x())), ["aten::narrow_copy.out"], kind="exact")
     for tag, fn in [("main", lambda x: torch.diagonal(x)), ("offset", lambda x: torch.diagonal(x, 1)), ("neg_offset", lambda x: torch.diagonal(x, -1, 0, 2)),
                     ("dims", lambda x: torch.diagonal(x, 0, -1, 0)), ("offset_out", lambda x: torch.diagonal(x, 5))]:
@@ -1221,7 +1223,6 @@ def _shape() -> None:
     add(S, "alias_copy", lambda x: A.alias_copy(x), cases_of(("rand", x())), ["aten::alias_copy.out"], kind="exact")
     add(S, "detach_copy", lambda x: A.detach_copy(x), cases_of(("rand", x(F16))), ["aten::detach_copy.out"], kind="exact")
     add(S, "copy", lambda x, y: A.copy(x, y), cases_of(("rand", (randn(2, 3), rand_of(I32, 3)))), ["aten::copy.out"], kind="exact")
-    add(S, "copy_inplace_input", lambda x, y: x.copy_(y) * 2, cases_of(("rand", (randn(3), randn(3)))), ["aten::copy_"], kind="exact")
 
     def rename(old: str, new_name: str, new_overload: str):
         def rewrite(program) -> None:
@@ -1275,8 +1276,6 @@ def _index() -> None:
         ("int", lambda x, i, v: torch.index_put(x, (i,), v, accumulate=True), (rand_of(I32, 3, 4), T([0, 0], I64), rand_of(I32, 2, 4)), True),
     ]:
         add(X, f"index_put_{tag}", fn, cases_of(("rand", args)), ["aten::index_put.out"], kind="reduction" if acc else "exact")
-    add(X, "index_put_inplace", lambda x, i, v: x.index_put_((i,), v), cases_of(("rand", (x, T([1, 0], I64), randn(2, 4)))),
-        ["aten::index_put.out"], kind="exact")
     for dt in [F32, I32]:
         add(X, f"scatter_src_{SHORT[dt]}", lambda x, i, s: torch.scatter(x, 1, i, s),
             cases_of(("rand", (rand_of(dt, 3, 4), T([[0, 3], [2, 1], [1, 0]], I64), rand_of(dt, 3, 2)))), ["aten::scatter.src_out"], kind="exact")
@@ -1842,7 +1841,7 @@ def first_difference(got, want, rtol: float, atol: float, signed_zeros: bool) ->
     if signed_zeros:
         ok &= ~((a == 0) & (b == 0) & (np.signbit(a) != np.signbit(b)))
     bad = np.nonzero(~ok)[0]
-    return f"element {bad[0]}: {a[bad[0]]!r}, expected {b[bad[0]]!r}" if len(bad) else None
+    return f"element {bad[0]}: {float(a[bad[0]])!r}, expected {float(b[bad[0]])!r}" if len(bad) else None
 
 
 def level_for(p: Prog, outputs: List[Any]) -> str:
@@ -2159,12 +2158,13 @@ def summary(cases: List[Dict[str, Any]], programs: List[Dict[str, Any]], upstrea
     lines += ["", "## Where pte follows PyTorch instead of upstream", "",
               "Upstream's outputs differ from eager PyTorch beyond tolerance (`follows: pytorch`), or "
               "upstream refuses arguments PyTorch accepts (`follows: upstream_rejects`):", ""]
-    notes: Dict[Tuple[str, str], List[str]] = defaultdict(list)
+    notes: Dict[Tuple[str, str], List[Dict[str, Any]]] = defaultdict(list)
     for c in cases:
         if c.get("follows") == "pytorch" and "expect_error" not in c["steps"][0]:
-            notes[(c["note"], "differs")].append(f"{c['family']}::{c['name']}")
-    for (note, _), names in sorted(notes.items()):
-        lines.append(f"- {note} ({len(names)} cases, e.g. `{names[0]}`)")
+            notes[(", ".join(c["operators"]), c["note"])].append(c)
+    for (ops, note), cs in sorted(notes.items()):
+        ex = cs[0]
+        lines.append(f"- `{ops}`: {note} ({len(cs)} cases; e.g. `{ex['family']}::{ex['name']}`: {ex.get('difference', '')})")
     rej: Dict[str, List[str]] = defaultdict(list)
     for c in cases:
         if c.get("follows") == "upstream_rejects":
@@ -2205,6 +2205,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", metavar="PAT[,PAT]", help="regenerate programs whose family::name contains a pattern")
     ap.add_argument("--list", action="store_true", help="print the catalogue and exit")
+    ap.add_argument("--summary", action="store_true",
+                    help="only rewrite README.md from manifest.json and known_failures.txt")
     ap.add_argument("--out", default=str(OUT_DIR), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
@@ -2215,6 +2217,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{len(CATALOGUE)} programs, {sum(len(p.cases) for p in CATALOGUE)} input sets")
         return 0
     root = Path(args.out).resolve()
+    if args.summary:
+        m = json.loads((root / "manifest.json").read_text())
+        (root / "README.md").write_text(summary(m["cases"], m["programs"], m["upstream_operators"], root))
+        return 0
     pats = [s.strip() for s in args.only.split(",")] if args.only else None
     selected = [p for p in CATALOGUE if pats is None or any(s in p.full for s in pats)]
     manifest_path = root / "manifest.json"
