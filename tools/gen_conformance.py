@@ -819,6 +819,23 @@ def _reduce() -> None:
             ["aten::var.correction_out"], kind="reduction")
         add(R, f"var_mean_correction{corr}", lambda x, c=corr: torch.var_mean(x, -1, correction=c), cases_of(("rand", x3())),
             ["aten::var_mean.correction_out"], kind="reduction", edge={"preserve_ops": [A.var_mean.correction]})
+    def correction_to_unbiased(program) -> None:
+        from executorch.exir.schema import Bool, EValue
+
+        plan = program.execution_plan[0]
+        for i, op in enumerate(plan.operators):
+            if op.name == "aten::var" and op.overload == "correction_out":
+                op.overload = "out"
+                for ins in plan.chains[0].instructions:
+                    a = ins.instr_args
+                    if getattr(a, "op_index", None) == i:
+                        plan.values.append(EValue(val=Bool(bool_val=True)))
+                        a.args[2] = len(plan.values) - 1
+
+    add(R, "var_out_overload", lambda x: torch.var(x, 1, correction=1, keepdim=True), cases_of(("rand", x3())), ["aten::var.out"],
+        kind="reduction", rewrite=correction_to_unbiased,
+        export_path="rewritten: var.correction_out with correction=1 called as var.out with unbiased=True")
+    UNREACHABLE["aten::var.out"] = "the exporter canonicalizes every var to var.correction; tested by rewriting the call"
     add(R, "var_single", lambda x: x.var(1), cases_of(("base", randn(3, 1))), ["aten::var.correction_out"], kind="reduction")
     add(R, "var_all_f64", lambda x: x.var(), cases_of(("rand", x3(F64))), ["aten::var.correction_out"], kind="reduction")
     add(R, "var_dim_unbiased_keepdim", lambda x: A.var.dim(x, [1], False, True),
@@ -1398,6 +1415,17 @@ def _complex() -> None:
             ["aten::view_as_real_copy.out"], kind="exact", edge={"_check_ir_validity": False})
 
 
+def _rename_op(old: str, new_name: str, new_overload: str):
+    """A program rewrite renaming one operator (for overloads with the same arguments)."""
+
+    def rewrite(program) -> None:
+        for op in program.execution_plan[0].operators:
+            if op.name + ("." + op.overload if op.overload else "") == old:
+                op.name, op.overload = new_name, new_overload
+
+    return rewrite
+
+
 def _prim_item(fn, dt_out):
     return lambda *xs: torch.scalar_tensor(fn(*[x.item() for x in xs]), dtype=dt_out)
 
@@ -1464,6 +1492,31 @@ def _prim() -> None:
             note={"mod": "upstream: executorch_prim::mod truncates (C remainder); Python takes the divisor's sign"}.get(name))
         UNREACHABLE[f"executorch_prim::{name}.int"] = f"no exporter path emits it; tested by renaming {name}.Scalar"
 
+    # Three names no exporter path emits from eager code: torch.sym_int of a symbolic float
+    # traces to math.trunc (trunc.Scalar), x.numel() and aten.sym_numel trace to products
+    # of sym_size.int, and var(unbiased=...) is canonicalized to var.correction.  The
+    # programs below are the nearest exported programs with the call rewritten to the
+    # missing overload (same arguments, or the argument converted).
+    add(P, "sym_int_overload", _prim_item(math.trunc, I64), one_f, ["executorch_prim::sym_int.Scalar"], kind="exact",
+        rewrite=_rename_op("executorch_prim::trunc.Scalar", "executorch_prim::sym_int", "Scalar"),
+        export_path="rewritten: executorch_prim::trunc.Scalar renamed sym_int.Scalar (torch.sym_int traces to trunc)")
+    UNREACHABLE["executorch_prim::sym_int.Scalar"] = "torch.sym_int and int() of a symbolic float trace to trunc.Scalar; tested by renaming it"
+
+    def size_to_numel(program) -> None:
+        plan = program.execution_plan[0]
+        for i, op in enumerate(plan.operators):
+            if op.name == "aten::sym_size" and op.overload == "int":
+                op.name, op.overload = "aten::sym_numel", ""
+                for ins in plan.chains[0].instructions:
+                    a = ins.instr_args
+                    if getattr(a, "op_index", None) == i:
+                        a.args = [a.args[0], a.args[-1]]
+
+    add(P, "sym_numel", lambda x: x.new_zeros(x.shape[0] * 3) + 1, [("n2", (randn(2, 3),)), ("n5", (randn(5, 3),))], ["aten::sym_numel"],
+        kind="exact", dynamic=({0: Dim("d", min=2, max=12)},), rewrite=size_to_numel, eager=lambda x: x.new_zeros(x.numel() * 3) + 1,
+        export_path="rewritten: sym_size.int(x, 0) replaced by sym_numel(x) (x.numel() traces to sym_size products)")
+    UNREACHABLE["aten::sym_numel"] = "x.numel() and aten.sym_numel trace to sym_size.int products; tested by rewriting sym_size.int"
+
     d = Dim("d", min=2, max=12)
     add(P, "sym_size", lambda x: x.new_zeros(x.shape[0] * 2) + 1, [("n3", (randn(3),)), ("n7", (randn(7),))],
         ["aten::sym_size.int", "executorch_prim::mul.Scalar"], kind="exact", dynamic=({0: d},))
@@ -1471,8 +1524,6 @@ def _prim() -> None:
         ["executorch_prim::truediv.Scalar", "aten::sym_size.int"], kind="exact", dynamic=({0: d},))
     add(P, "sym_size_floordiv", lambda x: torch.zeros(x.shape[0] // 2 + 1), [("n3", (randn(3),)), ("n10", (randn(10),))],
         ["executorch_prim::floordiv.Scalar", "aten::sym_size.int"], kind="exact", dynamic=({0: d},))
-    add(P, "sym_numel", lambda x: torch.zeros(A.sym_numel(x)) + 2, [("n2", (randn(2, 3),)), ("n5", (randn(5, 3),))],
-        ["aten::sym_numel"], kind="exact", dynamic=({0: d},), edge=nocheck)
     add(P, "et_view", lambda x: x.view(-1, 2) + 1, [("n3", (randn(3, 4),)), ("n5", (randn(5, 4),))], ["executorch_prim::et_view.default"],
         dynamic=({0: d},))
     add(P, "et_view_reshape", lambda x: x.reshape(2, -1) * 2, [("n4", (randn(4, 3),)), ("n6", (randn(6, 3),))], ["executorch_prim::et_view.default"],
