@@ -1512,7 +1512,8 @@ def _prim() -> None:
                     if getattr(a, "op_index", None) == i:
                         a.args = [a.args[0], a.args[-1]]
 
-    add(P, "sym_numel", lambda x: x.new_zeros(x.shape[0] * 3) + 1, [("n2", (randn(2, 3),)), ("n5", (randn(5, 3),))], ["aten::sym_numel"],
+    # x is [n, 1], so numel(x) equals size(x, 0) and the planned bound still holds.
+    add(P, "sym_numel", lambda x: x.new_zeros(x.shape[0] * 3) + 1, [("n2", (randn(2, 1),)), ("n5", (randn(5, 1),))], ["aten::sym_numel"],
         kind="exact", dynamic=({0: Dim("d", min=2, max=12)},), rewrite=size_to_numel, eager=lambda x: x.new_zeros(x.numel() * 3) + 1,
         export_path="rewritten: sym_size.int(x, 0) replaced by sym_numel(x) (x.numel() traces to sym_size products)")
     UNREACHABLE["aten::sym_numel"] = "x.numel() and aten.sym_numel trace to sym_size.int products; tested by rewriting sym_size.int"
