@@ -1,5 +1,6 @@
 //! `pte inspect`: what is inside a `.pte`, `.ptd` or `.bpte` file.
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -40,25 +41,77 @@ pub fn run(path: &Path, json: bool) -> Result<()> {
             String::from_utf8_lossy(bytes.get(4..8).unwrap_or(&[]))
         ),
     };
+    let missing = missing_operators(&document);
     if json {
         let envelope = Envelope {
             format_version: summary::SUMMARY_FORMAT_VERSION,
             path: &path.to_string_lossy(),
             document,
         };
+        let mut value = serde_json::to_value(&envelope).context("JSON output")?;
+        mark_missing(&mut value, &missing);
         println!(
             "{}",
-            serde_json::to_string_pretty(&envelope).context("JSON output")?
+            serde_json::to_string_pretty(&value).context("JSON output")?
         );
         return Ok(());
     }
     let text = match &document {
-        Document::Program(p) => program_text(path, p, "program"),
+        Document::Program(p) => program_text(path, p, "program", &missing),
         Document::Data(d) => data_text(path, d),
-        Document::Bundled(b) => bundled_text(path, b),
+        Document::Bundled(b) => bundled_text(path, b, &missing),
     };
     print!("{text}");
     Ok(())
+}
+
+/// The operators of a program (or of a bundle's program) that this build has no kernel for.
+fn missing_operators(document: &Document) -> BTreeSet<String> {
+    let program = match document {
+        Document::Program(p) => p,
+        Document::Bundled(b) => &b.program,
+        Document::Data(_) => return BTreeSet::new(),
+    };
+    let kernels = pte_kernels::registry();
+    program
+        .methods
+        .iter()
+        .flat_map(|m| &m.operators)
+        .filter(|op| kernels.get(&op.name).is_none())
+        .map(|op| op.name.clone())
+        .collect()
+}
+
+/// Adds `"missing": bool` to every operator and a `missing_operators` list to every method
+/// of the JSON document (the program's, or the bundled program's).
+fn mark_missing(document: &mut serde_json::Value, missing: &BTreeSet<String>) {
+    let program = match document.get("program") {
+        Some(serde_json::Value::Object(_)) => &mut document["program"],
+        _ => document,
+    };
+    let Some(methods) = program
+        .get_mut("methods")
+        .and_then(serde_json::Value::as_array_mut)
+    else {
+        return;
+    };
+    for method in methods {
+        let mut lacking = Vec::new();
+        if let Some(ops) = method
+            .get_mut("operators")
+            .and_then(serde_json::Value::as_array_mut)
+        {
+            for op in ops {
+                let name = op["name"].as_str().unwrap_or_default().to_owned();
+                let is_missing = missing.contains(&name);
+                op["missing"] = is_missing.into();
+                if is_missing {
+                    lacking.push(serde_json::Value::from(name));
+                }
+            }
+        }
+        method["missing_operators"] = lacking.into();
+    }
 }
 
 fn bytes(n: u64) -> String {
@@ -69,7 +122,7 @@ fn bytes(n: u64) -> String {
     }
 }
 
-fn program_text(path: &Path, p: &ProgramSummary, what: &str) -> String {
+fn program_text(path: &Path, p: &ProgramSummary, what: &str, missing: &BTreeSet<String>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -118,7 +171,7 @@ fn program_text(path: &Path, p: &ProgramSummary, what: &str) -> String {
         out.push_str(&t.render());
     }
     for m in &p.methods {
-        method_text(&mut out, m);
+        method_text(&mut out, m, missing);
     }
     out
 }
@@ -149,7 +202,7 @@ fn value_row(direction: &str, i: usize, v: &ValueSummary) -> Vec<String> {
     ]
 }
 
-fn method_text(out: &mut String, m: &MethodSummary) {
+fn method_text(out: &mut String, m: &MethodSummary, missing: &BTreeSet<String>) {
     let _ = writeln!(
         out,
         "\nmethod {:?}: {} values, {} instructions",
@@ -202,11 +255,28 @@ fn method_text(out: &mut String, m: &MethodSummary) {
     }
     out.push('\n');
     if !m.operators.is_empty() {
-        let mut t = Table::new(["operator", "calls"]);
+        let mut t = Table::new(["operator", "calls", "kernel"]);
+        let mut lacking = Vec::new();
         for op in &m.operators {
-            t.row(vec![op.name.clone(), op.calls.to_string()]);
+            let is_missing = missing.contains(&op.name);
+            if is_missing {
+                lacking.push(op.name.as_str());
+            }
+            t.row(vec![
+                op.name.clone(),
+                op.calls.to_string(),
+                if is_missing { "MISSING" } else { "" }.to_owned(),
+            ]);
         }
         out.push_str(&t.render());
+        if !lacking.is_empty() {
+            let _ = writeln!(
+                out,
+                "  missing operators ({}): {} (see `pte ops`)",
+                lacking.len(),
+                lacking.join(", ")
+            );
+        }
     }
     if !m.delegates.is_empty() {
         let mut t = Table::new(["delegate", "payload", "location", "calls", "compile specs"]);
@@ -262,7 +332,7 @@ fn data_text(path: &Path, d: &summary::DataSummary) -> String {
     out
 }
 
-fn bundled_text(path: &Path, b: &summary::BundledSummary) -> String {
+fn bundled_text(path: &Path, b: &summary::BundledSummary, missing: &BTreeSet<String>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -285,6 +355,11 @@ fn bundled_text(path: &Path, b: &summary::BundledSummary) -> String {
     out.push_str("\ntest suites:\n");
     out.push_str(&t.render());
     out.push_str("\nembedded ");
-    out.push_str(&program_text(Path::new("program"), &b.program, "program"));
+    out.push_str(&program_text(
+        Path::new("program"),
+        &b.program,
+        "program",
+        missing,
+    ));
     out
 }

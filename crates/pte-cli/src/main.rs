@@ -3,6 +3,7 @@
 
 mod bench;
 mod inspect;
+mod ops;
 mod repack;
 mod run;
 mod table;
@@ -26,7 +27,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Show what a .pte, .ptd or .bpte file holds: header, segments, methods with their
-    /// inputs, outputs, operators, delegates, planned memory and constants.
+    /// inputs, outputs, operators (marking those this build has no kernel for), delegates,
+    /// planned memory and constants.
     Inspect {
         file: PathBuf,
         /// Print a JSON document (described in the README) instead of tables.
@@ -50,6 +52,12 @@ enum Command {
     Run(run::RunArgs),
     /// Time repeated executions of a method on generated inputs.
     Bench(bench::BenchArgs),
+    /// List the operators this build has kernels for, sorted, one per line.
+    Ops {
+        /// Print a JSON array of strings instead.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -69,6 +77,7 @@ fn main() -> ExitCode {
         ),
         Command::Run(args) => run::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Ops { json } => ops::run(json),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

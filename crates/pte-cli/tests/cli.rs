@@ -1,0 +1,87 @@
+//! The `pte` binary end to end: `ops`, and how `inspect` and `run` report operators this
+//! build has no kernel for.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use pte_format::schema::executorch_flatbuffer::ScalarType;
+use pte_testkit::program::{Memory, ProgramBuilder};
+
+fn pte(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_pte"))
+        .args(args)
+        .output()
+        .expect("running pte")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A program calling `aten::add.out` and two operators no build will ever have.
+fn program_with_missing_operators(test: &str) -> PathBuf {
+    let mut b = ProgramBuilder::new();
+    let x = b.tensor(ScalarType::Float, &[2], Memory::Planned);
+    let out = b.tensor(ScalarType::Float, &[2], Memory::Planned);
+    let alpha = b.int(1);
+    b.input(x);
+    b.call("aten::add", "out", &[x, x, alpha, out, out]);
+    b.call("test::no_such_op", "out", &[x, out, out]);
+    b.call("test::another_missing_op", "", &[x, out]);
+    b.output(out);
+    let path = std::env::temp_dir().join(format!("pte-cli-{test}-{}.pte", std::process::id()));
+    std::fs::write(&path, b.build()).unwrap();
+    path
+}
+
+#[test]
+fn ops_lists_sorted_kernel_names() {
+    let o = pte(&["ops"]);
+    assert!(o.status.success());
+    let names: Vec<String> = stdout(&o).lines().map(str::to_owned).collect();
+    assert!(names.iter().any(|n| n == "aten::add.out"), "{names:?}");
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(names, sorted);
+
+    let json: Vec<String> = serde_json::from_str(&stdout(&pte(&["ops", "--json"]))).unwrap();
+    assert_eq!(json, names);
+}
+
+#[test]
+fn inspect_marks_missing_operators() {
+    let path = program_with_missing_operators("inspect");
+    let file = path.to_str().unwrap();
+    let text = stdout(&pte(&["inspect", file]));
+    assert!(
+        text.contains("missing operators (2): test::no_such_op.out, test::another_missing_op"),
+        "{text}"
+    );
+
+    let o = pte(&["inspect", "--json", file]);
+    let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let method = &doc["methods"][0];
+    assert_eq!(
+        method["missing_operators"],
+        serde_json::json!(["test::no_such_op.out", "test::another_missing_op"])
+    );
+    for op in method["operators"].as_array().unwrap() {
+        let missing = op["name"].as_str().unwrap().starts_with("test::");
+        assert_eq!(op["missing"], missing, "{op}");
+    }
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn run_names_every_missing_operator() {
+    let path = program_with_missing_operators("run");
+    let o = pte(&["run", path.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("test::no_such_op") && err.contains("test::another_missing_op"),
+        "{err}"
+    );
+    assert!(!err.contains("aten::add.out"), "{err}");
+    std::fs::remove_file(path).unwrap();
+}
