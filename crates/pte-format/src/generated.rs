@@ -14559,7 +14559,7 @@ mod root {
         /// The enum `ScalarType` in the namespace `executorch_flatbuffer`
         ///
         /// Generated from these locations:
-        /// * Enum `ScalarType` in the file `schema/scalar_type.fbs:9`
+        /// * Enum `ScalarType` in the file `schema/scalar_type.fbs:11`
         #[derive(
             Copy,
             Clone,
@@ -14598,6 +14598,15 @@ mod root {
             /// The variant `DOUBLE` in the enum `ScalarType`
             Double = 7,
 
+            /// The variant `COMPLEX32` in the enum `ScalarType`
+            Complex32 = 8,
+
+            /// The variant `COMPLEX64` in the enum `ScalarType`
+            Complex64 = 9,
+
+            /// The variant `COMPLEX128` in the enum `ScalarType`
+            Complex128 = 10,
+
             /// The variant `BOOL` in the enum `ScalarType`
             Bool = 11,
 
@@ -14618,6 +14627,18 @@ mod root {
 
             /// The variant `QUINT2X4` in the enum `ScalarType`
             Quint2x4 = 17,
+
+            /// The variant `BITS1X8` in the enum `ScalarType`
+            Bits1x8 = 18,
+
+            /// The variant `BITS2X4` in the enum `ScalarType`
+            Bits2x4 = 19,
+
+            /// The variant `BITS4X2` in the enum `ScalarType`
+            Bits4x2 = 20,
+
+            /// The variant `BITS8` in the enum `ScalarType`
+            Bits8 = 21,
 
             /// The variant `BITS16` in the enum `ScalarType`
             Bits16 = 22,
@@ -14646,7 +14667,7 @@ mod root {
 
         impl ScalarType {
             /// Array containing all valid variants of ScalarType
-            pub const ENUM_VALUES: [Self; 23] = [
+            pub const ENUM_VALUES: [Self; 30] = [
                 Self::Byte,
                 Self::Char,
                 Self::Short,
@@ -14655,6 +14676,9 @@ mod root {
                 Self::Half,
                 Self::Float,
                 Self::Double,
+                Self::Complex32,
+                Self::Complex64,
+                Self::Complex128,
                 Self::Bool,
                 Self::Qint8,
                 Self::Quint8,
@@ -14662,6 +14686,10 @@ mod root {
                 Self::Bfloat16,
                 Self::Quint4x2,
                 Self::Quint2x4,
+                Self::Bits1x8,
+                Self::Bits2x4,
+                Self::Bits4x2,
+                Self::Bits8,
                 Self::Bits16,
                 Self::Float8e5m2,
                 Self::Float8e4m3fn,
@@ -14689,6 +14717,9 @@ mod root {
                     5 => ::core::result::Result::Ok(ScalarType::Half),
                     6 => ::core::result::Result::Ok(ScalarType::Float),
                     7 => ::core::result::Result::Ok(ScalarType::Double),
+                    8 => ::core::result::Result::Ok(ScalarType::Complex32),
+                    9 => ::core::result::Result::Ok(ScalarType::Complex64),
+                    10 => ::core::result::Result::Ok(ScalarType::Complex128),
                     11 => ::core::result::Result::Ok(ScalarType::Bool),
                     12 => ::core::result::Result::Ok(ScalarType::Qint8),
                     13 => ::core::result::Result::Ok(ScalarType::Quint8),
@@ -14696,6 +14727,10 @@ mod root {
                     15 => ::core::result::Result::Ok(ScalarType::Bfloat16),
                     16 => ::core::result::Result::Ok(ScalarType::Quint4x2),
                     17 => ::core::result::Result::Ok(ScalarType::Quint2x4),
+                    18 => ::core::result::Result::Ok(ScalarType::Bits1x8),
+                    19 => ::core::result::Result::Ok(ScalarType::Bits2x4),
+                    20 => ::core::result::Result::Ok(ScalarType::Bits4x2),
+                    21 => ::core::result::Result::Ok(ScalarType::Bits8),
                     22 => ::core::result::Result::Ok(ScalarType::Bits16),
                     23 => ::core::result::Result::Ok(ScalarType::Float8e5m2),
                     24 => ::core::result::Result::Ok(ScalarType::Float8e4m3fn),

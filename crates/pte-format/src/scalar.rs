@@ -9,10 +9,11 @@ pub fn element_size(dtype: ScalarType) -> Option<usize> {
     use ScalarType::*;
     Some(match dtype {
         Byte | Char | Bool | Qint8 | Quint8 | Float8e5m2 | Float8e4m3fn | Float8e5m2fnuz
-        | Float8e4m3fnuz => 1,
+        | Float8e4m3fnuz | Bits1x8 | Bits2x4 | Bits4x2 | Bits8 => 1,
         Short | Half | Bfloat16 | Bits16 | Uint16 => 2,
-        Int | Float | Qint32 | Uint32 => 4,
-        Long | Double | Uint64 => 8,
+        Int | Float | Qint32 | Uint32 | Complex32 => 4,
+        Long | Double | Uint64 | Complex64 => 8,
+        Complex128 => 16,
         Quint4x2 | Quint2x4 => 1,
     })
 }
@@ -29,6 +30,9 @@ pub fn dtype_name(dtype: ScalarType) -> &'static str {
         Half => "float16",
         Float => "float32",
         Double => "float64",
+        Complex32 => "complex32",
+        Complex64 => "complex64",
+        Complex128 => "complex128",
         Bool => "bool",
         Qint8 => "qint8",
         Quint8 => "quint8",
@@ -36,6 +40,10 @@ pub fn dtype_name(dtype: ScalarType) -> &'static str {
         Bfloat16 => "bfloat16",
         Quint4x2 => "quint4x2",
         Quint2x4 => "quint2x4",
+        Bits1x8 => "bits1x8",
+        Bits2x4 => "bits2x4",
+        Bits4x2 => "bits4x2",
+        Bits8 => "bits8",
         Bits16 => "bits16",
         Float8e5m2 => "float8_e5m2",
         Float8e4m3fn => "float8_e4m3fn",

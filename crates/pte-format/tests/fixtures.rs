@@ -82,15 +82,19 @@ fn without_offsets(mut p: et::Program) -> et::Program {
     p
 }
 
+/// The fixtures' programs and the conformance suite's (every scalar type upstream writes,
+/// complex ones included).
 fn all_programs() -> Vec<(String, Vec<u8>)> {
-    pte_testkit::manifest()
-        .fixtures
-        .iter()
-        .map(|f| {
-            let bytes = read(&f.program_path());
-            (f.name.clone(), program_bytes(&bytes).to_vec())
-        })
-        .collect()
+    let fixtures = pte_testkit::manifest().fixtures.into_iter().map(|f| {
+        let bytes = read(&f.program_path());
+        (f.name.clone(), program_bytes(&bytes).to_vec())
+    });
+    let suite = pte_testkit::files_under(&pte_testkit::conformance_dir(), "pte")
+        .into_iter()
+        .map(|p| (p.display().to_string(), read(&p)));
+    let all: Vec<_> = fixtures.chain(suite).collect();
+    assert!(all.len() > 1000, "only {} programs found", all.len());
+    all
 }
 
 #[test]
@@ -99,9 +103,10 @@ fn read_write_read_is_lossless() {
         let image = ProgramImage::parse(&bytes).unwrap();
         let written = image.to_bytes(&WriteOptions::default()).unwrap();
         let again = ProgramImage::parse(&written).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // Compared as text: NaN scalars must round-trip too, and NaN != NaN.
         assert_eq!(
-            without_offsets(again.program.clone()),
-            without_offsets(image.program.clone()),
+            format!("{:?}", without_offsets(again.program.clone())),
+            format!("{:?}", without_offsets(image.program.clone())),
             "{name}: program table changed"
         );
         assert_eq!(

@@ -1,6 +1,7 @@
 //! Element types of runtime tensors and the Rust types that hold them.
 
 use half::{bf16, f16};
+use num_complex::Complex;
 use pte_format::schema::executorch_flatbuffer::ScalarType;
 
 /// The element type of a tensor.
@@ -22,6 +23,10 @@ pub enum DType {
     U16,
     U32,
     U64,
+    /// `complex32` (a pair of float16), `complex64`, `complex128`.
+    C32,
+    C64,
+    C128,
     /// A wire type the kernels do not compute on; the name is the PyTorch name.
     Other(ScalarType),
 }
@@ -43,6 +48,9 @@ impl DType {
             ScalarType::Uint16 => DType::U16,
             ScalarType::Uint32 => DType::U32,
             ScalarType::Uint64 => DType::U64,
+            ScalarType::Complex32 => DType::C32,
+            ScalarType::Complex64 => DType::C64,
+            ScalarType::Complex128 => DType::C128,
             other => DType::Other(other),
         }
     }
@@ -63,6 +71,9 @@ impl DType {
             DType::U16 => ScalarType::Uint16,
             DType::U32 => ScalarType::Uint32,
             DType::U64 => ScalarType::Uint64,
+            DType::C32 => ScalarType::Complex32,
+            DType::C64 => ScalarType::Complex64,
+            DType::C128 => ScalarType::Complex128,
             DType::Other(s) => s,
         }
     }
@@ -80,6 +91,11 @@ impl DType {
     /// Floating-point types.
     pub fn is_float(self) -> bool {
         matches!(self, DType::F16 | DType::F32 | DType::F64 | DType::BF16)
+    }
+
+    /// Complex types.
+    pub fn is_complex(self) -> bool {
+        matches!(self, DType::C32 | DType::C64 | DType::C128)
     }
 
     /// Integer types (bool excluded).
@@ -119,4 +135,5 @@ macro_rules! element {
     )*};
 }
 element!(u8 => U8, i8 => I8, i16 => I16, i32 => I32, i64 => I64, f16 => F16, f32 => F32,
-         f64 => F64, bf16 => BF16, u16 => U16, u32 => U32, u64 => U64);
+         f64 => F64, bf16 => BF16, u16 => U16, u32 => U32, u64 => U64,
+         Complex<f16> => C32, Complex<f32> => C64, Complex<f64> => C128);

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use half::f16;
 use npyz::WriterBuilder;
+use num_complex::Complex;
 
 use crate::dtype::{DType, Element};
 use crate::error::{Result, RuntimeError};
@@ -75,6 +76,8 @@ fn parse_tensor(reader: impl Read, available: u64) -> std::result::Result<Tensor
         "u2" => typed::<u16, _>(npy, &shape),
         "u4" => typed::<u32, _>(npy, &shape),
         "u8" => typed::<u64, _>(npy, &shape),
+        "c8" => typed::<Complex<f32>, _>(npy, &shape),
+        "c16" => typed::<Complex<f64>, _>(npy, &shape),
         "b1" => {
             let v: Vec<bool> = npy.into_vec().map_err(|e| e.to_string())?;
             Tensor::from_bools(&shape, &v).map_err(|e| e.to_string())
@@ -115,6 +118,8 @@ pub fn tensor_to_npy(t: &Tensor) -> Result<Vec<u8>> {
         DType::U16 => write_typed(&shape, t.as_slice::<u16>()?, &mut out),
         DType::U32 => write_typed(&shape, t.as_slice::<u32>()?, &mut out),
         DType::U64 => write_typed(&shape, t.as_slice::<u64>()?, &mut out),
+        DType::C64 => write_typed(&shape, t.as_slice::<Complex<f32>>()?, &mut out),
+        DType::C128 => write_typed(&shape, t.as_slice::<Complex<f64>>()?, &mut out),
         DType::Bool => {
             let v: Vec<bool> = t.as_bytes().iter().map(|&b| b != 0).collect();
             let mut w = npyz::WriteOptions::new()
@@ -217,6 +222,7 @@ mod tests {
             Tensor::from_bools(&[3], &[true, false, true]).unwrap(),
             Tensor::from_slice::<f16>(&[1], &[f16::from_f32(0.5)]).unwrap(),
             Tensor::from_slice::<u8>(&[0, 4], &[]).unwrap(),
+            Tensor::from_slice(&[2], &[Complex::new(1f32, -2.0), Complex::new(0.5, 3.0)]).unwrap(),
         ];
         for t in cases {
             let bytes = tensor_to_npy(&t).unwrap();

@@ -219,7 +219,8 @@ impl Tensor {
         Ok(out)
     }
 
-    /// Every element converted to f64 (bools as 0/1), in memory order.
+    /// Every element converted to f64 (bools as 0/1; complex numbers as their real and
+    /// imaginary parts, interleaved), in memory order.
     pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
         let b = self.as_bytes();
         Ok(match self.dtype {
@@ -235,6 +236,9 @@ impl Tensor {
             DType::U16 => cast::<u16>(b).iter().map(|&v| v.into()).collect(),
             DType::U32 => cast::<u32>(b).iter().map(|&v| v.into()).collect(),
             DType::U64 => cast::<u64>(b).iter().map(|&v| v as f64).collect(),
+            DType::C32 => cast::<half::f16>(b).iter().map(|v| v.to_f64()).collect(),
+            DType::C64 => cast::<f32>(b).iter().map(|&v| v.into()).collect(),
+            DType::C128 => cast::<f64>(b).to_vec(),
             DType::Other(_) => {
                 return Err(RuntimeError::invalid_argument(format!(
                     "cannot convert {} to numbers",
@@ -245,8 +249,10 @@ impl Tensor {
     }
 }
 
+/// The bytes as `T`s (tensor data is 16-byte aligned; a misfit gives nothing, never a
+/// panic).
 fn cast<T: bytemuck::Pod>(b: &[u8]) -> &[T] {
-    bytemuck::cast_slice(b)
+    bytemuck::try_cast_slice(b).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -124,10 +124,20 @@ pub fn manifest() -> Manifest {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad {}: {e}", path.display()))
 }
 
+/// The committed operator conformance suite (`tests/conformance`).
+pub fn conformance_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/conformance")
+}
+
 /// Every fixture file of a kind (by extension) under the fixture directory.
 pub fn files_with_extension(ext: &str) -> Vec<PathBuf> {
+    files_under(&fixtures_dir(), ext)
+}
+
+/// Every file of a kind (by extension) under `root`, sorted.
+pub fn files_under(root: &Path, ext: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
-    let mut stack = vec![fixtures_dir()];
+    let mut stack = vec![root.to_path_buf()];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(&dir).expect("fixture dir") {
             let path = entry.expect("dir entry").path();
