@@ -63,8 +63,8 @@ fn bench_gemm(o: &Opts) {
         "## GEMM, f32, C = A·B (row-major), GFLOP/s (median of {} rounds)\n",
         o.rounds
     );
-    println!("| m | n | k | threads | pte strided | pte packed B | gemm crate |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| m | n | k | threads | pte strided | pte packed B | pte packed A | gemm crate |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     let shapes = [
         (1024, 1024, 1024),
         (512, 512, 512),
@@ -110,6 +110,21 @@ fn bench_gemm(o: &Opts) {
             let mut scratch = vec![0.0; g.scratch_len(m, n, k, false, false, threads).unwrap()];
             let mut scratch2 = scratch.clone();
             let epi = Epilogue::default();
+            let pa = g.pack_a(am).unwrap();
+            let mut c4 = vec![0.0f32; m * n];
+            let mut scratch4 = scratch.clone();
+            let mut packed_a = || {
+                let cm = MatMut::row_major(&mut c4, m, n).unwrap();
+                g.run(
+                    &pool,
+                    cm,
+                    Lhs::Packed(&pa),
+                    Rhs::Mat(bm),
+                    &epi,
+                    &mut scratch4,
+                )
+                .unwrap();
+            };
             let mut strided = || {
                 let cm = MatMut::row_major(&mut c, m, n).unwrap();
                 g.run(&pool, cm, Lhs::Mat(am), Rhs::Mat(bm), &epi, &mut scratch)
@@ -159,16 +174,17 @@ fn bench_gemm(o: &Opts) {
                 black_box(&c3);
             };
             let t = race(
-                &mut [&mut strided, &mut packed, &mut theirs],
+                &mut [&mut strided, &mut packed, &mut packed_a, &mut theirs],
                 o.rounds,
                 o.min,
             );
             let fl = 2.0 * (m * n * k) as f64 / 1e9;
             println!(
-                "| {m} | {n} | {k} | {threads} | {:.1} | {:.1} | {:.1} |",
+                "| {m} | {n} | {k} | {threads} | {:.1} | {:.1} | {:.1} | {:.1} |",
                 fl / t[0],
                 fl / t[1],
-                fl / t[2]
+                fl / t[2],
+                fl / t[3]
             );
         }
     }

@@ -14,3 +14,5 @@ pub use error::{Error, Result};
 pub use gemm::{Bias, Epilogue, Gemm, Lhs, PackedA, PackedB, Rhs};
 pub use mat::{MatMut, MatRef};
 pub use pool::ThreadPool;
+pub mod conv;
+pub use conv::{Conv2d, Conv2dParams};

@@ -129,6 +129,9 @@ pub struct PackedA(Panels);
 pub struct PackedB(Panels);
 
 impl PackedA {
+    pub(crate) fn panels(&self) -> &Panels {
+        &self.0
+    }
     /// Rows (m).
     pub fn rows(&self) -> usize {
         self.0.lines
@@ -642,15 +645,21 @@ impl Gemm {
         let mut t = MatMut::row_major(&mut tile, rows, nr)?;
         if accumulate {
             for r in 0..rows {
-                for s in 0..cols {
-                    t.set(r, s, c.get(i + r, j + s).unwrap_or(0.0));
+                match (c.row_run(i + r, j, cols), t.row_run(r, 0, cols)) {
+                    (Some(src), Some(dst)) => dst.copy_from_slice(src),
+                    _ => (0..cols).for_each(|s| {
+                        t.set(r, s, c.get(i + r, j + s).unwrap_or(0.0));
+                    }),
                 }
             }
         }
         arch::microkernel(self.isa, rows, kb, ap, bp, &mut t, (0, 0), accumulate)?;
         for r in 0..rows {
-            for s in 0..cols {
-                c.set(i + r, j + s, t.get(r, s).unwrap_or(0.0));
+            match (c.row_run(i + r, j, cols), t.row_run(r, 0, cols)) {
+                (Some(dst), Some(src)) => dst.copy_from_slice(src),
+                _ => (0..cols).for_each(|s| {
+                    c.set(i + r, j + s, t.get(r, s).unwrap_or(0.0));
+                }),
             }
         }
         Ok(())
@@ -758,4 +767,4 @@ multiversion! {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

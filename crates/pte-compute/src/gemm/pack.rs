@@ -35,49 +35,72 @@ impl Lines for MatRef<'_> {
             return;
         }
         let panels = len.div_ceil(w);
-        for (q, panel) in dst.chunks_exact_mut(kc * w).take(panels).enumerate() {
-            let first = l0 + q * w;
-            let valid = w.min((l0 + len).saturating_sub(first));
-            if self.row_stride() == 1 && valid == w {
-                // Lines contiguous: each depth step is a copy of w values.
-                for (p, out) in panel.chunks_exact_mut(w).enumerate() {
-                    let src = self.t().row_run(k0 + p, first, w);
-                    match src {
-                        Some(s) if s.len() == w => out.copy_from_slice(s),
-                        _ => out
-                            .iter_mut()
-                            .enumerate()
-                            .for_each(|(l, o)| *o = self.at(first + l, k0 + p)),
+        let dst = dst.get_mut(..panels * kc * w).unwrap_or_default();
+        if self.row_stride() == 1 {
+            // Lines contiguous (B row-major, or A column-major): walk the source in
+            // memory order, depth by depth, scattering runs of w values to the panels.
+            let by_depth = self.t();
+            for p in 0..kc {
+                let run = by_depth.row_run(k0 + p, l0, len).unwrap_or_default();
+                for (q, panel) in dst.chunks_exact_mut(kc * w).enumerate() {
+                    let out = panel.get_mut(p * w..(p + 1) * w).unwrap_or_default();
+                    let src = run.get(q * w..).unwrap_or_default();
+                    if src.len() >= w {
+                        out.copy_from_slice(src.get(..w).unwrap_or_default());
+                    } else {
+                        out.fill(0.0);
+                        out.iter_mut().zip(src).for_each(|(o, &v)| *o = v);
                     }
                 }
-                continue;
             }
-            for l in 0..w {
-                let run = if l < valid {
-                    self.row_run(first + l, k0, kc)
-                } else {
-                    None
-                };
-                match run {
-                    Some(r) if r.len() == kc => {
-                        for (o, &v) in panel.iter_mut().skip(l).step_by(w).zip(r) {
+            return;
+        }
+        // Lines along the depth (A row-major, B column-major): transpose blocks of
+        // `D` depths of every line of a panel through registers.
+        const D: usize = 8;
+        for (q, panel) in dst.chunks_exact_mut(kc * w).enumerate() {
+            let first = l0 + q * w;
+            let valid = w.min((l0 + len).saturating_sub(first));
+            let rows: [Option<&[f32]>; MAX_W] = std::array::from_fn(|l| {
+                (l < valid)
+                    .then(|| self.row_run(first + l, k0, kc))
+                    .flatten()
+                    .filter(|r| r.len() == kc)
+            });
+            let (whole, tail) = (kc / D * D, kc % D);
+            for (p0, block) in (0..whole).step_by(D).zip(panel.chunks_exact_mut(D * w)) {
+                for (l, row) in rows.iter().take(w).enumerate() {
+                    let vals: [f32; D] = match row {
+                        Some(r) => std::array::from_fn(|d| r.get(p0 + d).copied().unwrap_or(0.0)),
+                        None if l < valid => {
+                            std::array::from_fn(|d| self.at(first + l, k0 + p0 + d))
+                        }
+                        None => [0.0; D],
+                    };
+                    for (d, v) in vals.into_iter().enumerate() {
+                        if let Some(o) = block.get_mut(d * w + l) {
                             *o = v;
                         }
                     }
-                    _ => {
-                        for (p, o) in panel.iter_mut().skip(l).step_by(w).enumerate() {
-                            *o = if l < valid {
-                                self.at(first + l, k0 + p)
-                            } else {
-                                0.0
-                            };
-                        }
+                }
+            }
+            for p in whole..whole + tail {
+                for l in 0..w {
+                    if let Some(o) = panel.get_mut(p * w + l) {
+                        *o = if l < valid {
+                            self.at(first + l, k0 + p)
+                        } else {
+                            0.0
+                        };
                     }
                 }
             }
         }
     }
 }
+
+/// Widest panel of any micro-kernel.
+const MAX_W: usize = 32;
 
 /// Elements of `len` lines packed in panels of `w` over `kc` depths.
 pub(crate) fn packed_len(len: usize, kc: usize, w: usize) -> Option<usize> {
