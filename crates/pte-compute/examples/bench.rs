@@ -11,7 +11,9 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use pte_compute::{Epilogue, Gemm, Lhs, MatMut, MatRef, Rhs, ThreadPool};
+use pte_compute::{
+    Activation, Conv2d, Conv2dParams, Epilogue, Gemm, Lhs, MatMut, MatRef, Rhs, ThreadPool,
+};
 
 /// Median seconds per call of `f`, timed in `rounds` rounds of at least `min` each.
 fn time<F: FnMut()>(f: &mut F, min: Duration) -> f64 {
@@ -191,6 +193,256 @@ fn bench_gemm(o: &Opts) {
     println!();
 }
 
+/// A convolution layer of a network and how many times it occurs.
+struct Layer {
+    p: Conv2dParams,
+    count: usize,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn layer(
+    c_in: usize,
+    c_out: usize,
+    groups: usize,
+    size: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+) -> Conv2dParams {
+    Conv2dParams {
+        in_channels: c_in,
+        out_channels: c_out,
+        groups,
+        input: [size, size],
+        kernel: [k, k],
+        stride: [stride, stride],
+        padding: [pad; 4],
+        dilation: [1, 1],
+    }
+}
+
+fn push(v: &mut Vec<Layer>, p: Conv2dParams) {
+    match v.iter_mut().find(|l| l.p == p) {
+        Some(l) => l.count += 1,
+        None => v.push(Layer { p, count: 1 }),
+    }
+}
+
+/// torchvision resnet18's convolutions at 224x224.
+fn resnet18() -> Vec<Layer> {
+    let mut v = Vec::new();
+    push(&mut v, layer(3, 64, 1, 224, 7, 2, 3));
+    let mut c = 64;
+    let mut size = 56;
+    for (i, out) in [64, 128, 256, 512].into_iter().enumerate() {
+        for block in 0..2 {
+            let s = if i > 0 && block == 0 { 2 } else { 1 };
+            push(&mut v, layer(c, out, 1, size, 3, s, 1));
+            if s == 2 {
+                push(&mut v, layer(c, out, 1, size, 1, 2, 0));
+                size /= 2;
+            }
+            push(&mut v, layer(out, out, 1, size, 3, 1, 1));
+            c = out;
+        }
+    }
+    v
+}
+
+/// torchvision mobilenet_v2's convolutions at 224x224.
+fn mobilenet_v2() -> Vec<Layer> {
+    let mut v = Vec::new();
+    push(&mut v, layer(3, 32, 1, 224, 3, 2, 1));
+    let (mut c, mut size) = (32, 112);
+    for (t, out, n, s) in [
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    ] {
+        for i in 0..n {
+            let stride = if i == 0 { s } else { 1 };
+            let hidden = c * t;
+            if t != 1 {
+                push(&mut v, layer(c, hidden, 1, size, 1, 1, 0));
+            }
+            push(&mut v, layer(hidden, hidden, hidden, size, 3, stride, 1));
+            size = (size - 1) / stride + 1;
+            push(&mut v, layer(hidden, out, 1, size, 1, 1, 0));
+            c = out;
+        }
+    }
+    push(&mut v, layer(320, 1280, 1, 7, 1, 1, 0));
+    v
+}
+
+/// The pre-existing path of pte-kernels for a non-depthwise convolution: im2col into a
+/// buffer, then the `gemm` crate per group, bias pre-filled.
+fn im2col_gemm_crate(
+    p: &Conv2dParams,
+    x: &[f32],
+    w: &[f32],
+    bias: &[f32],
+    y: &mut [f32],
+    col: &mut [f32],
+    par: gemm::Parallelism,
+) {
+    let [oh, ow] = p.output().unwrap();
+    let (cig, cog) = (p.in_channels / p.groups, p.out_channels / p.groups);
+    let [h, wd] = p.input;
+    let [kh, kw] = p.kernel;
+    let kk = cig * kh * kw;
+    let n = oh * ow;
+    for g in 0..p.groups {
+        let xg = &x[g * cig * h * wd..];
+        for r in 0..kk {
+            let (c, ky, kx) = (r / (kh * kw), r / kw % kh, r % kw);
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let iy = (oy * p.stride[0] + ky) as isize - p.padding[0] as isize;
+                    let ix = (ox * p.stride[1] + kx) as isize - p.padding[1] as isize;
+                    col[r * n + oy * ow + ox] =
+                        if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
+                            0.0
+                        } else {
+                            xg[c * h * wd + iy as usize * wd + ix as usize]
+                        };
+                }
+            }
+        }
+        let yg = &mut y[g * cog * n..(g + 1) * cog * n];
+        for (row, &b) in yg.chunks_mut(n).zip(&bias[g * cog..]) {
+            row.fill(b);
+        }
+        // SAFETY: row-major buffers of the stated sizes; y does not alias w or col.
+        unsafe {
+            gemm::gemm(
+                cog,
+                n,
+                kk,
+                yg.as_mut_ptr(),
+                1,
+                n as isize,
+                true,
+                w[g * cog * kk..].as_ptr(),
+                1,
+                kk as isize,
+                col.as_ptr(),
+                1,
+                n as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                par,
+            );
+        }
+    }
+}
+
+fn bench_conv(o: &Opts, name: &str, layers: &[Layer]) {
+    println!(
+        "## {name} convolutions (1x3x224x224), milliseconds per layer (median of {} rounds)\n",
+        o.rounds
+    );
+    println!("| layer (c_in→c_out, groups, input, kernel/stride/pad) | count | algorithm | GFLOP | pte 1T | pte 2T | im2col+gemm crate 1T | 2T |");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    let g = Gemm::new();
+    let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
+    let mut totals = [0.0f64; 4];
+    let mut flops = 0.0;
+    for l in layers {
+        let p = &l.p;
+        let (cig, _) = (p.in_channels / p.groups, 0);
+        let w = values(p.out_channels * cig * p.kernel[0] * p.kernel[1]);
+        let bias = values(p.out_channels);
+        let conv = Conv2d::new(g, *p, &w, Some(&bias), Activation::RELU).unwrap();
+        let (x_len, y_len) = conv.io_len(1).unwrap();
+        let x = values(x_len);
+        let [oh, ow] = conv.output_size();
+        let gflop = 2.0 * (p.out_channels * oh * ow * cig * p.kernel[0] * p.kernel[1]) as f64 / 1e9;
+        let mut ys = [
+            vec![0.0; y_len],
+            vec![0.0; y_len],
+            vec![0.0; y_len],
+            vec![0.0; y_len],
+        ];
+        let mut scratch = [
+            vec![0.0; conv.scratch_len(1).unwrap()],
+            vec![0.0; conv.scratch_len(2).unwrap()],
+        ];
+        let depthwise = conv.algorithm() == "depthwise";
+        let mut col = vec![
+            0.0;
+            if depthwise {
+                0
+            } else {
+                cig * p.kernel[0] * p.kernel[1] * oh * ow
+            }
+        ];
+        let rayon2 = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let [y0, y1, y2, y3] = &mut ys;
+        let [s0, s1] = &mut scratch;
+        let mut col2 = col.clone();
+        let mut f0 = || conv.run(&pools[0], &x, 1, y0, s0).unwrap();
+        let mut f1 = || conv.run(&pools[1], &x, 1, y1, s1).unwrap();
+        let mut f2 = || {
+            if !depthwise {
+                im2col_gemm_crate(p, &x, &w, &bias, y2, &mut col, gemm::Parallelism::None)
+            }
+        };
+        let mut f3 = || {
+            if !depthwise {
+                rayon2.install(|| {
+                    im2col_gemm_crate(p, &x, &w, &bias, y3, &mut col2, gemm::Parallelism::Rayon(2))
+                })
+            }
+        };
+        let t = race(&mut [&mut f0, &mut f1, &mut f2, &mut f3], o.rounds, o.min);
+        let c = l.count as f64;
+        for (tot, v) in totals.iter_mut().zip(&t) {
+            *tot += v * c;
+        }
+        flops += gflop * c;
+        let base = |v: f64| {
+            if depthwise {
+                "-".to_string()
+            } else {
+                format!("{:.3}", v * 1e3)
+            }
+        };
+        println!(
+            "| {}→{}, g{}, {}x{}, {}/{}/{} | {} | {} | {:.3} | {:.3} | {:.3} | {} | {} |",
+            p.in_channels,
+            p.out_channels,
+            p.groups,
+            p.input[0],
+            p.input[1],
+            p.kernel[0],
+            p.stride[0],
+            p.padding[0],
+            l.count,
+            conv.algorithm(),
+            gflop,
+            t[0] * 1e3,
+            t[1] * 1e3,
+            base(t[2]),
+            base(t[3])
+        );
+    }
+    println!(
+        "| **all convolutions** | | | {:.2} | {:.2} ({:.0} GFLOP/s) | {:.2} ({:.0} GFLOP/s) | {:.2}* | {:.2}* |\n",
+        flops, totals[0] * 1e3, flops / totals[0], totals[1] * 1e3, flops / totals[1], totals[2] * 1e3, totals[3] * 1e3
+    );
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -212,5 +464,34 @@ fn main() {
     println!("isa: {}\n", pte_compute::Isa::best().name());
     if what == "gemm" || what == "all" {
         bench_gemm(&o);
+    }
+    if what == "layer" {
+        // One layer in a loop, for a profiler: layer C_IN C_OUT GROUPS SIZE K STRIDE PAD THREADS
+        let n: Vec<usize> = args.iter().skip(1).filter_map(|a| a.parse().ok()).collect();
+        if let [ci, co, g, size, k, s, pad, threads] = n[..] {
+            let p = layer(ci, co, g, size, k, s, pad);
+            let w = values(co * ci / g * k * k);
+            let conv = Conv2d::new(Gemm::new(), p, &w, None, Activation::RELU).unwrap();
+            let pool = ThreadPool::new(threads).unwrap();
+            let (xl, yl) = conv.io_len(1).unwrap();
+            let (x, mut y) = (values(xl), vec![0.0; yl]);
+            let mut scratch = vec![0.0; conv.scratch_len(threads).unwrap()];
+            let t = Instant::now();
+            let mut runs = 0;
+            while t.elapsed() < Duration::from_secs(3) {
+                conv.run(&pool, &x, 1, &mut y, &mut scratch).unwrap();
+                runs += 1;
+            }
+            println!(
+                "{} {:.3} ms",
+                conv.algorithm(),
+                t.elapsed().as_secs_f64() * 1e3 / f64::from(runs)
+            );
+        }
+    }
+    if what == "conv" || what == "all" {
+        bench_conv(&o, "resnet18", &resnet18());
+        bench_conv(&o, "mobilenet_v2", &mobilenet_v2());
+        println!("\\* without the depthwise layers, which the baseline column skips.\n");
     }
 }

@@ -49,7 +49,7 @@ impl Activation {
 
 /// The activation of one value, vectorizable inside a loop.
 #[inline(always)]
-fn act<const FMA: bool>(a: Activation, x: f32) -> f32 {
+pub(crate) fn act<const FMA: bool>(a: Activation, x: f32) -> f32 {
     match a {
         Activation::Identity => x,
         Activation::Clamp { min, max } => clamp(x, min, max),
@@ -73,12 +73,50 @@ fn clamp(x: f32, min: f32, max: f32) -> f32 {
     }
 }
 
+/// `x = act(x + bias)`, one loop per activation so that each vectorizes.
+#[inline(always)]
+pub(crate) fn bias_act<const FMA: bool>(x: &mut [f32], bias: f32, a: Activation) {
+    match a {
+        Activation::Identity => x.iter_mut().for_each(|v| *v += bias),
+        Activation::Clamp { min, max } => {
+            x.iter_mut().for_each(|v| *v = clamp(*v + bias, min, max))
+        }
+        Activation::Sigmoid => x
+            .iter_mut()
+            .for_each(|v| *v = math::sigmoid::<FMA>(*v + bias)),
+        Activation::Tanh => x.iter_mut().for_each(|v| *v = math::tanh::<FMA>(*v + bias)),
+        Activation::Gelu => x.iter_mut().for_each(|v| *v = math::gelu::<FMA>(*v + bias)),
+        Activation::GeluTanh => x
+            .iter_mut()
+            .for_each(|v| *v = math::gelu_tanh::<FMA>(*v + bias)),
+        Activation::Silu => x.iter_mut().for_each(|v| *v = math::silu::<FMA>(*v + bias)),
+        Activation::HardSwish => x
+            .iter_mut()
+            .for_each(|v| *v = act::<FMA>(Activation::HardSwish, *v + bias)),
+    }
+}
+
 multiversion! {
     /// `x = act(x + bias)` over a slice (`bias` added to every element).
     fn bias_act_scalar<const FMA: bool>(x: &mut [f32], bias: f32, a: Activation) {
-        match a {
-            Activation::Identity => x.iter_mut().for_each(|v| *v += bias),
-            a => x.iter_mut().for_each(|v| *v = act::<FMA>(a, *v + bias)),
+        bias_act::<FMA>(x, bias, a);
+    }
+}
+
+/// `x[i] = act(x[i] + bias[i])`, one loop per activation.
+#[inline(always)]
+fn bias_vec_act<const FMA: bool>(x: &mut [f32], bias: &[f32], a: Activation) {
+    let z = x.iter_mut().zip(bias);
+    match a {
+        Activation::Identity => z.for_each(|(v, b)| *v += b),
+        Activation::Clamp { min, max } => z.for_each(|(v, b)| *v = clamp(*v + b, min, max)),
+        Activation::Sigmoid => z.for_each(|(v, b)| *v = math::sigmoid::<FMA>(*v + b)),
+        Activation::Tanh => z.for_each(|(v, b)| *v = math::tanh::<FMA>(*v + b)),
+        Activation::Gelu => z.for_each(|(v, b)| *v = math::gelu::<FMA>(*v + b)),
+        Activation::GeluTanh => z.for_each(|(v, b)| *v = math::gelu_tanh::<FMA>(*v + b)),
+        Activation::Silu => z.for_each(|(v, b)| *v = math::silu::<FMA>(*v + b)),
+        Activation::HardSwish => {
+            z.for_each(|(v, b)| *v = act::<FMA>(Activation::HardSwish, *v + b))
         }
     }
 }
@@ -86,10 +124,7 @@ multiversion! {
 multiversion! {
     /// `x[i] = act(x[i] + bias[i])`.
     fn bias_act_vector<const FMA: bool>(x: &mut [f32], bias: &[f32], a: Activation) {
-        match a {
-            Activation::Identity => x.iter_mut().zip(bias).for_each(|(v, b)| *v += b),
-            a => x.iter_mut().zip(bias).for_each(|(v, b)| *v = act::<FMA>(a, *v + b)),
-        }
+        bias_vec_act::<FMA>(x, bias, a);
     }
 }
 

@@ -178,6 +178,7 @@ macro_rules! multiversion {
         $vis:vis fn $name:ident<const $fma:ident: bool>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block
     ) => {
         $(#[$meta])*
+        #[allow(clippy::too_many_arguments)]
         $vis fn $name(isa: $crate::arch::Isa, $($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
             #[allow(clippy::too_many_arguments)]

@@ -12,10 +12,6 @@ use crate::elementwise::{self, Activation};
 use crate::error::{Error, Result};
 use crate::pool::ThreadPool;
 
-/// Input widths up to this split into phases on the stack; wider rows with a stride
-/// read strided.
-const MAX_PHASED: usize = 4096;
-
 pub(crate) struct Layer<'a> {
     pub p: &'a Conv2dParams,
     pub out: [usize; 2],
@@ -24,8 +20,25 @@ pub(crate) struct Layer<'a> {
     pub activation: Activation,
 }
 
-pub(crate) fn scratch_len(_p: &Conv2dParams, _out: [usize; 2], _threads: usize) -> Result<usize> {
-    Ok(0)
+/// Outputs computed at once in registers.
+const CH: usize = 16;
+
+/// Length of one phase of a padded input row: enough for every tap's run over the
+/// output width rounded up to whole [`CH`] chunks.
+fn phase_len(p: &Conv2dParams, ow: usize) -> usize {
+    let (sw, dw) = (p.stride[1], p.dilation[1]);
+    (p.kernel[1] - 1) * dw / sw + ow.div_ceil(CH) * CH
+}
+
+/// Scratch per thread: the input plane with its rows padded and split in phases.
+fn per_thread(p: &Conv2dParams, ow: usize) -> usize {
+    p.input[0] * p.stride[1] * phase_len(p, ow)
+}
+
+pub(crate) fn scratch_len(p: &Conv2dParams, out: [usize; 2], threads: usize) -> Result<usize> {
+    let per = crate::error::mul(p.input[0], p.stride[1], "depthwise scratch")
+        .and_then(|v| crate::error::mul(v, phase_len(p, out[1]), "depthwise scratch"))?;
+    crate::error::mul(per, threads, "depthwise scratch")
 }
 
 pub(crate) fn run(
@@ -34,7 +47,7 @@ pub(crate) fn run(
     l: &Layer<'_>,
     x: &[f32],
     y: &mut [f32],
-    _scratch: &mut [f32],
+    scratch: &mut [f32],
 ) -> Result {
     let p = l.p;
     let ([h, w], [oh, ow]) = (p.input, l.out);
@@ -51,7 +64,7 @@ pub(crate) fn run(
     // Tasks take the next chunk of planes (the pool runs each task once).
     let outs = std::sync::Mutex::new(y.chunks_mut(per_task * plane_out).enumerate());
     let failed = std::sync::atomic::AtomicBool::new(false);
-    pool.parallel_for(tasks, |_, _| {
+    pool.parallel_for_scratch(tasks, scratch, per_thread(p, ow), |_, rows| {
         let Some((t, chunk)) = outs.lock().ok().and_then(|mut it| it.next()) else {
             return;
         };
@@ -67,10 +80,9 @@ pub(crate) fn run(
                 return;
             };
             let bias = l.bias.get(oc).copied().unwrap_or(0.0);
-            plane_fn(isa, p, l.out, src, wt, bias, out);
-            elementwise::activate(isa, out, l.activation);
+            plane_fn(isa, p, l.out, src, wt, bias, l.activation, out, rows);
         }
-    });
+    })?;
     if failed.load(std::sync::atomic::Ordering::Relaxed) {
         return Err(Error::InvalidParameter {
             what: "depthwise input too short".into(),
@@ -79,59 +91,128 @@ pub(crate) fn run(
     Ok(())
 }
 
+/// Copies the input plane `x` (`h × w`) into `rows`: each row zero-padded by `pl` on
+/// the left and split in `sw` phases of `len` (phase q holds padded columns q, q + sw,
+/// ...), so that every tap reads a contiguous run.
+fn pad_plane(x: &[f32], w: usize, pl: usize, sw: usize, len: usize, rows: &mut [f32]) {
+    for (src, row) in x.chunks_exact(w).zip(rows.chunks_exact_mut(sw * len)) {
+        if sw == 1 {
+            let (head, rest) = row.split_at_mut(pl.min(row.len()));
+            head.fill(0.0);
+            let (body, tail) = rest.split_at_mut(w.min(rest.len()));
+            body.copy_from_slice(src.get(..body.len()).unwrap_or_default());
+            tail.fill(0.0);
+            continue;
+        }
+        row.fill(0.0);
+        if sw == 2 {
+            // Input column i is padded column i + pl: pairs (2m, 2m + 1) land in the
+            // phases of parities pl and pl + 1.
+            let (even, odd) = row.split_at_mut(len);
+            let (first, second, f0, s0) = if pl.is_multiple_of(2) {
+                (even, odd, pl / 2, pl / 2)
+            } else {
+                (odd, even, pl / 2, pl / 2 + 1)
+            };
+            let pairs = src.chunks_exact(2);
+            let last = pairs.remainder().first().copied();
+            let n = pairs.len();
+            let (Some(a), Some(b)) = (first.get_mut(f0..f0 + n), second.get_mut(s0..s0 + n)) else {
+                continue;
+            };
+            for ((a, b), pair) in a.iter_mut().zip(b.iter_mut()).zip(pairs) {
+                *a = pair[0];
+                *b = pair[1];
+            }
+            if let (Some(v), Some(o)) = (last, first.get_mut(f0 + n)) {
+                *o = v;
+            }
+        } else {
+            for (i, &v) in src.iter().enumerate() {
+                let col = i + pl;
+                if let Some(o) = row.get_mut(col % sw * len + col / sw) {
+                    *o = v;
+                }
+            }
+        }
+    }
+}
+
+/// Most taps of a kernel whose offsets are precomputed (larger kernels compute them
+/// as they go).
+pub(crate) const MAX_TAPS: usize = 64;
+
+/// One output row in chunks of `C` outputs kept in registers: each tap adds a run of
+/// `C` values of a padded input row. `rows` holds the padded input rows the kernel
+/// reaches with their taps; `offs` the start of each kernel column's run.
+#[inline(always)]
+fn row_chunks<const C: usize, const FMA: bool>(
+    out_row: &mut [f32],
+    rows: &[(&[f32], &[f32])],
+    offs: &[usize],
+    bias: f32,
+    activation: Activation,
+) {
+    for (c, dst) in out_row.chunks_mut(C).enumerate() {
+        let c0 = c * C;
+        let mut acc = [bias; C];
+        for &(row, row_taps) in rows {
+            for (&t, &off) in row_taps.iter().zip(offs) {
+                if let Some(run) = row
+                    .get(off + c0..off + c0 + C)
+                    .and_then(|r| <&[f32; C]>::try_from(r).ok())
+                {
+                    for i in 0..C {
+                        acc[i] = madd::<FMA>(t, run[i], acc[i]);
+                    }
+                }
+            }
+        }
+        match <&mut [f32; C]>::try_from(&mut *dst) {
+            Ok(d) => *d = acc,
+            Err(_) => dst.iter_mut().zip(&acc).for_each(|(o, &a)| *o = a),
+        }
+    }
+    elementwise::bias_act::<FMA>(out_row, 0.0, activation);
+}
+
 multiversion! {
-    /// One output plane (`oh × ow`) from one input plane (`h × w`).
-    fn plane_fn<const FMA: bool>(p: &Conv2dParams, out: [usize; 2], x: &[f32], taps: &[f32], bias: f32, y: &mut [f32]) {
+    /// One output plane (`oh × ow`) from one input plane (`h × w`), `rows` the
+    /// per-thread scratch for the padded plane.
+    fn plane_fn<const FMA: bool>(p: &Conv2dParams, out: [usize; 2], x: &[f32], taps: &[f32], bias: f32, activation: Activation, y: &mut [f32], rows: &mut [f32]) {
         let ([h, w], [kh, kw], [_, ow]) = (p.input, p.kernel, out);
         let ([sh, sw], [dh, dw]) = (p.stride, p.dilation);
         let (pt, pl) = (p.padding[0], p.padding[1]);
-        // Phase q of a row holds its elements q, q + sw, ... at q * len..
-        let len = w.div_ceil(sw);
-        let mut phases = [0f32; MAX_PHASED];
-        let phased = sw > 1 && len * sw <= MAX_PHASED;
-        for (oy, row) in y.chunks_exact_mut(ow).enumerate() {
-            row.fill(bias);
+        let len = phase_len(p, ow);
+        let row_len = sw * len;
+        pad_plane(x, w, pl, sw, len, rows);
+        let rows = &*rows;
+        // Padded column kx·dw is element (kx·dw) / sw of phase (kx·dw) % sw.
+        let mut offs = [0usize; MAX_TAPS];
+        for (kx, o) in offs.iter_mut().enumerate().take(kw) {
+            let col = kx * dw;
+            *o = col % sw * len + col / sw;
+        }
+        let offs = offs.get(..kw).unwrap_or_default();
+        // The kernel rows inside the input for the current output row, with their taps.
+        let mut live: [(&[f32], &[f32]); MAX_TAPS] = [(&[], &[]); MAX_TAPS];
+        for (oy, out_row) in y.chunks_exact_mut(ow).enumerate() {
+            let mut n = 0;
             for ky in 0..kh {
                 let Some(iy) = (oy * sh + ky * dh).checked_sub(pt).filter(|&iy| iy < h) else {
                     continue;
                 };
-                let src = x.get(iy * w..(iy + 1) * w).unwrap_or_default();
-                if phased {
-                    for (q, phase) in phases.chunks_exact_mut(len).take(sw).enumerate() {
-                        for (o, &v) in phase.iter_mut().zip(src.iter().skip(q).step_by(sw)) {
-                            *o = v;
-                        }
-                    }
-                }
-                for kx in 0..kw {
-                    let t = taps.get(ky * kw + kx).copied().unwrap_or(0.0);
-                    // Output ox reads input column ox·sw + kx·dw - pl: valid for lo..hi.
-                    let off = kx * dw;
-                    let lo = pl.saturating_sub(off).div_ceil(sw);
-                    let hi = (w + pl).saturating_sub(off).div_ceil(sw).min(ow);
-                    if lo >= hi {
-                        continue;
-                    }
-                    let start = lo * sw + off - pl;
-                    let outs = row.get_mut(lo..hi).unwrap_or_default();
-                    if sw == 1 {
-                        let run = src.get(start..start + outs.len()).unwrap_or_default();
-                        for (o, &v) in outs.iter_mut().zip(run) {
-                            *o = madd::<FMA>(t, v, *o);
-                        }
-                    } else if phased {
-                        let at = start % sw * len + start / sw;
-                        let run = phases.get(at..at + outs.len()).unwrap_or_default();
-                        for (o, &v) in outs.iter_mut().zip(run) {
-                            *o = madd::<FMA>(t, v, *o);
-                        }
-                    } else {
-                        for (o, &v) in outs.iter_mut().zip(src.iter().skip(start).step_by(sw)) {
-                            *o = madd::<FMA>(t, v, *o);
-                        }
-                    }
+                if let (Some(slot), Some(r), Some(t)) = (
+                    live.get_mut(n),
+                    rows.get(iy * row_len..(iy + 1) * row_len),
+                    taps.get(ky * kw..(ky + 1) * kw),
+                ) {
+                    *slot = (r, t);
+                    n += 1;
                 }
             }
+            let live = live.get(..n).unwrap_or_default();
+            row_chunks::<CH, FMA>(out_row, live, offs, bias, activation);
         }
     }
 }
