@@ -196,6 +196,36 @@ impl ThreadPool {
         Ok(())
     }
 
+    /// Runs `f(i, chunk_i, part)` for every chunk of `chunk` elements of `data` (the
+    /// last may be shorter), a few chunks per task, `part` the running thread's
+    /// `per_thread` elements of `scratch` (see [`Self::parallel_for_scratch`]).
+    pub fn parallel_chunks<T: Send, S: Send, F: Fn(usize, &mut [T], &mut [S]) + Sync>(
+        &self,
+        data: &mut [T],
+        chunk: usize,
+        scratch: &mut [S],
+        per_thread: usize,
+        f: F,
+    ) -> Result {
+        if data.is_empty() || chunk == 0 {
+            return Ok(());
+        }
+        let chunks = data.len().div_ceil(chunk);
+        // A few tasks per thread, so that uneven chunks balance.
+        let per_task = chunks.div_ceil(self.threads() * 4).max(1);
+        let tasks = chunks.div_ceil(per_task);
+        let queue = Mutex::new(data.chunks_mut(per_task * chunk).enumerate());
+        self.parallel_for_scratch(tasks, scratch, per_thread, |_, part| {
+            // Tasks take the next group of chunks (each task runs exactly once).
+            let Some((t, group)) = queue.lock().ok().and_then(|mut q| q.next()) else {
+                return;
+            };
+            for (i, c) in group.chunks_mut(chunk).enumerate() {
+                f(t * per_task + i, c, part);
+            }
+        })
+    }
+
     fn try_acquire(&self) -> bool {
         self.shared
             .busy
@@ -436,6 +466,19 @@ mod tests {
             total.fetch_add(1, Ordering::Relaxed);
         });
         assert_eq!(total.load(Ordering::Relaxed), 8);
+    }
+
+    #[test]
+    fn chunks_are_visited_once() {
+        let pool = ThreadPool::new(2).unwrap();
+        let mut data = vec![0usize; 103];
+        let mut scratch = [0u8; 2];
+        pool.parallel_chunks(&mut data, 10, &mut scratch, 1, |i, c, part| {
+            assert_eq!(part.len(), 1);
+            c.iter_mut().for_each(|v| *v += i + 1);
+        })
+        .unwrap();
+        assert!(data.iter().enumerate().all(|(j, &v)| v == j / 10 + 1));
     }
 
     #[test]

@@ -52,24 +52,18 @@ pub(crate) fn run(
     let p = l.p;
     let ([h, w], [oh, ow]) = (p.input, l.out);
     let (plane_in, plane_out) = (h * w, oh * ow);
-    let planes = y.len() / plane_out.max(1);
     let mult = p.out_channels / p.groups;
     let taps = p.kernel[0] * p.kernel[1];
     if plane_out == 0 {
         return Ok(());
     }
-    // Tasks of whole planes, a few per thread for balance.
-    let per_task = planes.div_ceil(pool.threads() * 4).max(1);
-    let tasks = planes.div_ceil(per_task);
-    // Tasks take the next chunk of planes (the pool runs each task once).
-    let outs = std::sync::Mutex::new(y.chunks_mut(per_task * plane_out).enumerate());
     let failed = std::sync::atomic::AtomicBool::new(false);
-    pool.parallel_for_scratch(tasks, scratch, per_thread(p, ow), |_, rows| {
-        let Some((t, chunk)) = outs.lock().ok().and_then(|mut it| it.next()) else {
-            return;
-        };
-        for (i, out) in chunk.chunks_exact_mut(plane_out).enumerate() {
-            let plane = t * per_task + i;
+    pool.parallel_chunks(
+        y,
+        plane_out,
+        scratch,
+        per_thread(p, ow),
+        |plane, out, rows| {
             let oc = plane % p.out_channels;
             let ic = plane / p.out_channels * p.in_channels + oc / mult;
             let (Some(src), Some(wt)) = (
@@ -81,8 +75,8 @@ pub(crate) fn run(
             };
             let bias = l.bias.get(oc).copied().unwrap_or(0.0);
             plane_fn(isa, p, l.out, src, wt, bias, l.activation, out, rows);
-        }
-    })?;
+        },
+    )?;
     if failed.load(std::sync::atomic::Ordering::Relaxed) {
         return Err(Error::InvalidParameter {
             what: "depthwise input too short".into(),

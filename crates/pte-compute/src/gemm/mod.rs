@@ -17,7 +17,10 @@
 //! each thread runs the loop nest on its range with its own packing scratch. A product
 //! with one row and a strided B skips packing (a vector-matrix product).
 
+mod batched;
 mod pack;
+
+pub use batched::{BatchMut, BatchRef};
 
 pub(crate) use pack::Lines;
 
@@ -365,6 +368,36 @@ impl Gemm {
         epilogue: &Epilogue<'_>,
         scratch: &mut [f32],
     ) -> Result {
+        if !self.prologue(&mut c, &a, &b, epilogue)? {
+            return Ok(());
+        }
+        let (m, n, k) = (a.lines(), b.lines(), a.depth());
+        let plan = self.plan(m, n, k, pool.threads());
+        let per_thread = self.per_thread_scratch(
+            &plan,
+            matches!(a, Side::Packed(_)),
+            matches!(b, Side::Packed(_)),
+        )?;
+        let needed = error::mul(per_thread, plan.threads, "matrix product scratch")?;
+        let len = scratch.len();
+        let scratch = scratch
+            .get_mut(..needed)
+            .ok_or(Error::ScratchTooSmall { len, needed })?;
+        if plan.threads == 1 {
+            return self.block_loop(c, 0, 0, &a, &b, epilogue, scratch);
+        }
+        self.split(pool, &plan, per_thread, c, &a, &b, epilogue, scratch)
+    }
+
+    /// Checks shapes and bias lengths; Ok(false) when there is nothing to multiply
+    /// (C empty, or k = 0 and the epilogue already applied).
+    fn prologue<A: Lines, B: Lines>(
+        &self,
+        c: &mut MatMut<'_>,
+        a: &Side<'_, A>,
+        b: &Side<'_, B>,
+        epilogue: &Epilogue<'_>,
+    ) -> Result<bool> {
         let (m, n, k) = (a.lines(), b.lines(), a.depth());
         if b.depth() != k || c.rows() != m || c.cols() != n {
             return Err(Error::ShapeMismatch {
@@ -382,27 +415,29 @@ impl Gemm {
             Bias::None => {}
         }
         if m == 0 || n == 0 {
-            return Ok(());
+            return Ok(false);
         }
         if k == 0 {
             // No product: C = act(beta·C + bias).
-            self.epilogue_rows(&mut c, 0, 0, m, n, epilogue, !epilogue.accumulate);
-            return Ok(());
+            self.epilogue_rows(c, 0, 0, m, n, epilogue, !epilogue.accumulate);
+            return Ok(false);
         }
-        let plan = self.plan(m, n, k, pool.threads());
-        let per_thread = self.per_thread_scratch(
-            &plan,
-            matches!(a, Side::Packed(_)),
-            matches!(b, Side::Packed(_)),
-        )?;
-        let needed = error::mul(per_thread, plan.threads, "matrix product scratch")?;
-        let len = scratch.len();
-        let scratch = scratch
-            .get_mut(..needed)
-            .ok_or(Error::ScratchTooSmall { len, needed })?;
-        if plan.threads == 1 {
-            return self.block_loop(c, 0, 0, &a, &b, epilogue, scratch);
-        }
+        Ok(true)
+    }
+
+    /// Runs the loop nest on one thread per part of C.
+    #[allow(clippy::too_many_arguments)]
+    fn split<A: Lines, B: Lines>(
+        &self,
+        pool: &ThreadPool,
+        plan: &Plan,
+        per_thread: usize,
+        c: MatMut<'_>,
+        a: &Side<'_, A>,
+        b: &Side<'_, B>,
+        epilogue: &Epilogue<'_>,
+        scratch: &mut [f32],
+    ) -> Result {
         // One output range per task, as disjoint views.
         let mut parts: [Option<(MatMut<'_>, usize, usize, Epilogue<'_>)>; MAX_SPLIT] =
             std::array::from_fn(|_| None);
@@ -435,7 +470,7 @@ impl Gemm {
                 .get(t)
                 .and_then(|p| p.lock().ok().and_then(|mut g| g.take()));
             if let Some((view, i0, j0, epi)) = part {
-                if self.block_loop(view, i0, j0, &a, &b, &epi, s).is_err() {
+                if self.block_loop(view, i0, j0, a, b, &epi, s).is_err() {
                     failed.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
             }
