@@ -12,7 +12,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use pte_compute::{
-    Activation, Conv2d, Conv2dParams, Epilogue, Gemm, Lhs, MatMut, MatRef, Rhs, ThreadPool,
+    Activation, Conv2d, Conv2dParams, Epilogue, Gemm, Isa, Lhs, MatMut, MatRef, Rhs, ThreadPool,
 };
 
 /// Median seconds per call of `f`, timed in `rounds` rounds of at least `min` each.
@@ -58,6 +58,7 @@ fn values(n: usize) -> Vec<f32> {
 struct Opts {
     rounds: usize,
     min: Duration,
+    isa: Isa,
 }
 
 fn bench_gemm(o: &Opts) {
@@ -86,7 +87,7 @@ fn bench_gemm(o: &Opts) {
         // vector-matrix
         (1, 1024, 1024),
     ];
-    let g = Gemm::new();
+    let g = Gemm::with_isa(o.isa).unwrap();
     for threads in [1, 2] {
         let pool = ThreadPool::new(threads).unwrap();
         let par = if threads == 1 {
@@ -191,6 +192,260 @@ fn bench_gemm(o: &Opts) {
         }
     }
     println!();
+}
+
+fn bench_pool(o: &Opts) {
+    println!("## Fork-join overhead: a job of `tasks` empty tasks, microseconds per call\n");
+    println!("| threads | tasks | pte ThreadPool::parallel_for | rayon install + par_iter |");
+    println!("|---:|---:|---:|---:|");
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads).unwrap();
+        let rp = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for tasks in [2, 16] {
+            let sink = std::sync::atomic::AtomicUsize::new(0);
+            let mut ours = || {
+                pool.parallel_for(tasks, |t, _| {
+                    sink.fetch_add(t, std::sync::atomic::Ordering::Relaxed);
+                })
+            };
+            let mut theirs = || {
+                use rayon::prelude::*;
+                rp.install(|| {
+                    (0..tasks).into_par_iter().for_each(|t| {
+                        sink.fetch_add(t, std::sync::atomic::Ordering::Relaxed);
+                    })
+                })
+            };
+            let t = race(&mut [&mut ours, &mut theirs], o.rounds, o.min);
+            println!(
+                "| {threads} | {tasks} | {:.2} | {:.2} |",
+                t[0] * 1e6,
+                t[1] * 1e6
+            );
+        }
+    }
+    println!();
+}
+
+fn bench_attention(o: &Opts) {
+    use pte_compute::{BatchMut, BatchRef};
+    println!(
+        "## Attention-shaped batched products, microseconds per batch (median of {} rounds)\n",
+        o.rounds
+    );
+    println!("| batch x heads | m x n x k | threads | pte run_batched | gemm crate, one call per matrix | GFLOP/s (pte) |");
+    println!("|---:|---|---:|---:|---:|---:|");
+    let g = Gemm::with_isa(o.isa).unwrap();
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads).unwrap();
+        for (count, m, n, k) in [(4, 64, 64, 64), (16, 64, 64, 64), (12, 128, 128, 64)] {
+            let a = values(count * m * k);
+            // K is [count, n, k]: its transposed view is the right operand (Q·Kᵀ).
+            let b = values(count * n * k);
+            let mut c = vec![0.0; count * m * n];
+            let mut c2 = c.clone();
+            let mut scratch = vec![0.0; g.batched_scratch_len(m, n, k, threads).unwrap()];
+            let epi = Epilogue::default();
+            let ab = BatchRef::new(&a, count, m, k, k, 1, m * k).unwrap();
+            let bb = BatchRef::new(&b, count, k, n, 1, k, n * k).unwrap();
+            let mut ours = || {
+                let cb = BatchMut::new(&mut c, count, m, n, n, 1, m * n).unwrap();
+                g.run_batched(&pool, cb, ab, bb, &epi, &mut scratch)
+                    .unwrap();
+            };
+            let rp = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let par = if threads == 1 {
+                gemm::Parallelism::None
+            } else {
+                gemm::Parallelism::Rayon(threads)
+            };
+            let mut theirs = || {
+                rp.install(|| {
+                    for i in 0..count {
+                        // SAFETY: in-bounds row-major buffers; C does not alias A or B.
+                        unsafe {
+                            gemm::gemm(
+                                m,
+                                n,
+                                k,
+                                c2[i * m * n..].as_mut_ptr(),
+                                1,
+                                n as isize,
+                                false,
+                                a[i * m * k..].as_ptr(),
+                                1,
+                                k as isize,
+                                b[i * n * k..].as_ptr(),
+                                k as isize,
+                                1,
+                                0.0,
+                                1.0,
+                                false,
+                                false,
+                                false,
+                                par,
+                            )
+                        }
+                    }
+                })
+            };
+            let t = race(&mut [&mut ours, &mut theirs], o.rounds, o.min);
+            let fl = 2.0 * (count * m * n * k) as f64 / 1e9;
+            println!(
+                "| {count} | {m}x{n}x{k} | {threads} | {:.1} | {:.1} | {:.1} |",
+                t[0] * 1e6,
+                t[1] * 1e6,
+                fl / t[0]
+            );
+        }
+    }
+    println!();
+}
+
+fn bench_ops(o: &Opts) {
+    use pte_compute::elementwise;
+    use pte_compute::pooling::{self, AvgOptions, Pool2dParams};
+    println!(
+        "## Pooling and elementwise, microseconds (median of {} rounds, 1 thread)\n",
+        o.rounds
+    );
+    println!("| operation | size | pte | scalar loop |");
+    println!("|---|---|---:|---:|");
+    let pool = ThreadPool::new(1).unwrap();
+    let p = Pool2dParams {
+        input: [112, 112],
+        kernel: [3, 3],
+        stride: [2, 2],
+        padding: [1, 1],
+        dilation: [1, 1],
+        ceil_mode: false,
+    };
+    let x = values(64 * 112 * 112);
+    let mut y = vec![0.0; 64 * 56 * 56];
+    let mut y2 = y.clone();
+    let mut ps = vec![0.0; p.scratch_len(1).unwrap()];
+    let mut ours = || pooling::max_pool2d(o.isa, &pool, &p, &x, &mut y, None, &mut ps).unwrap();
+    let mut naive = || {
+        for (plane, out) in y2.chunks_mut(56 * 56).enumerate() {
+            for (i, v) in out.iter_mut().enumerate() {
+                let (oy, ox) = (i / 56, i % 56);
+                let mut m = f32::NEG_INFINITY;
+                for ky in 0..3 {
+                    for kx in 0..3 {
+                        let (iy, ix) = ((oy * 2 + ky) as isize - 1, (ox * 2 + kx) as isize - 1);
+                        if iy >= 0 && ix >= 0 && iy < 112 && ix < 112 {
+                            m = m.max(x[plane * 12544 + iy as usize * 112 + ix as usize]);
+                        }
+                    }
+                }
+                *v = m;
+            }
+        }
+    };
+    let t = race(&mut [&mut ours, &mut naive], o.rounds, o.min);
+    println!(
+        "| max_pool2d 3x3/2 pad 1 (resnet18) | 64x112x112 | {:.1} | {:.1} |",
+        t[0] * 1e6,
+        t[1] * 1e6
+    );
+    let xa = values(1280 * 49);
+    let mut ya = vec![0.0; 1280];
+    let mut ya2 = ya.clone();
+    let mut ours = || pooling::global_avg_pool(o.isa, &xa, 49, &mut ya).unwrap();
+    let mut naive = || {
+        for (v, p) in ya2.iter_mut().zip(xa.chunks(49)) {
+            *v = p.iter().sum::<f32>() / 49.0;
+        }
+    };
+    let t = race(&mut [&mut ours, &mut naive], o.rounds, o.min);
+    println!(
+        "| global average pool | 1280x7x7 | {:.1} | {:.1} |",
+        t[0] * 1e6,
+        t[1] * 1e6
+    );
+    let pa = Pool2dParams {
+        input: [14, 14],
+        kernel: [2, 2],
+        stride: [2, 2],
+        padding: [0, 0],
+        dilation: [1, 1],
+        ceil_mode: false,
+    };
+    let xp = values(256 * 196);
+    let mut yp = vec![0.0; 256 * 49];
+    let opts = AvgOptions {
+        count_include_pad: true,
+        divisor_override: None,
+    };
+    let mut ours = || pooling::avg_pool2d(&pool, &pa, opts, &xp, &mut yp).unwrap();
+    let t = race(&mut [&mut ours], o.rounds, o.min);
+    println!("| avg_pool2d 2x2/2 | 256x14x14 | {:.1} | - |", t[0] * 1e6);
+    let n = 64 * 1024;
+    let xe = values(n);
+    let mut ye = vec![0.0; n];
+    for (name, act, scalar) in [
+        (
+            "gelu",
+            Activation::Gelu,
+            (|v: f32| 0.5 * v * (1.0 + libm_erf(v / std::f32::consts::SQRT_2))) as fn(f32) -> f32,
+        ),
+        ("sigmoid", Activation::Sigmoid, |v: f32| {
+            1.0 / (1.0 + (-v).exp())
+        }),
+        ("tanh", Activation::Tanh, f32::tanh),
+    ] {
+        let mut y2 = ye.clone();
+        let mut ours = || {
+            ye.copy_from_slice(&xe);
+            elementwise::activate(o.isa, &mut ye, act);
+        };
+        let mut naive = || {
+            for (d, &s) in y2.iter_mut().zip(&xe) {
+                *d = scalar(s);
+            }
+            black_box(&y2);
+        };
+        let t = race(&mut [&mut ours, &mut naive], o.rounds, o.min);
+        println!(
+            "| {name} | {n} | {:.1} | {:.1} (std) |",
+            t[0] * 1e6,
+            t[1] * 1e6
+        );
+    }
+    let mut ys = vec![0.0; n];
+    let mut ours = || elementwise::softmax_rows(o.isa, &mut ys, &xe, 64).unwrap();
+    let t = race(&mut [&mut ours], o.rounds, o.min);
+    println!(
+        "| softmax rows of 64 (attention scores) | 1024 rows | {:.1} | - |",
+        t[0] * 1e6
+    );
+    let g: Vec<f32> = values(256);
+    let mut ours = || {
+        elementwise::layer_norm_rows(o.isa, &mut ys, &xe, 256, Some(&g), Some(&g), 1e-5, None)
+            .unwrap()
+    };
+    let t = race(&mut [&mut ours], o.rounds, o.min);
+    println!(
+        "| layer_norm rows of 256 | 256 rows | {:.1} | - |\n",
+        t[0] * 1e6
+    );
+}
+
+/// erf by its Taylor series (the scalar baseline only; std has no erf).
+fn libm_erf(x: f32) -> f32 {
+    let x = f64::from(x.clamp(-4.0, 4.0));
+    let (mut term, mut sum) = (x, x);
+    for n in 1..60 {
+        term *= -x * x / f64::from(n);
+        sum += term / f64::from(2 * n + 1);
+    }
+    (sum * 2.0 / std::f64::consts::PI.sqrt()) as f32
 }
 
 /// A convolution layer of a network and how many times it occurs.
@@ -351,7 +606,7 @@ fn bench_conv(o: &Opts, name: &str, layers: &[Layer]) {
     );
     println!("| layer (c_in→c_out, groups, input, kernel/stride/pad) | count | algorithm | GFLOP | pte 1T | pte 2T | im2col+gemm crate 1T | 2T |");
     println!("|---|---:|---|---:|---:|---:|---:|---:|");
-    let g = Gemm::new();
+    let g = Gemm::with_isa(o.isa).unwrap();
     let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
     let mut totals = [0.0f64; 4];
     let mut flops = 0.0;
@@ -447,23 +702,54 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
     let what = args
-        .iter()
-        .find(|a| !a.starts_with("--"))
+        .first()
+        .filter(|a| !a.starts_with("--"))
         .map_or("all", String::as_str);
+    let isa = match args
+        .iter()
+        .position(|a| a == "--isa")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+    {
+        Some("avx2") => Isa::Avx2,
+        Some("generic") => Isa::Generic,
+        Some("avx512") => Isa::Avx512,
+        _ => Isa::best(),
+    };
     let o = if quick {
         Opts {
             rounds: 3,
             min: Duration::from_millis(20),
+            isa,
         }
     } else {
         Opts {
             rounds: 7,
             min: Duration::from_millis(50),
+            isa,
         }
     };
-    println!("isa: {}\n", pte_compute::Isa::best().name());
+    println!(
+        "isa: {} (best on this CPU: {})\n",
+        o.isa.name(),
+        Isa::best().name()
+    );
+    if what == "pool" || what == "all" {
+        bench_pool(&o);
+    }
     if what == "gemm" || what == "all" {
         bench_gemm(&o);
+    }
+    if what == "conv" || what == "all" {
+        bench_conv(&o, "resnet18", &resnet18());
+        bench_conv(&o, "mobilenet_v2", &mobilenet_v2());
+        println!("\\* without the depthwise layers, which the baseline column skips.\n");
+    }
+    if what == "attention" || what == "all" {
+        bench_attention(&o);
+    }
+    if what == "ops" || what == "all" {
+        bench_ops(&o);
     }
     if what == "layer" {
         // One layer in a loop, for a profiler: layer C_IN C_OUT GROUPS SIZE K STRIDE PAD THREADS
@@ -471,7 +757,14 @@ fn main() {
         if let [ci, co, g, size, k, s, pad, threads] = n[..] {
             let p = layer(ci, co, g, size, k, s, pad);
             let w = values(co * ci / g * k * k);
-            let conv = Conv2d::new(Gemm::new(), p, &w, None, Activation::RELU).unwrap();
+            let conv = Conv2d::new(
+                Gemm::with_isa(o.isa).unwrap(),
+                p,
+                &w,
+                None,
+                Activation::RELU,
+            )
+            .unwrap();
             let pool = ThreadPool::new(threads).unwrap();
             let (xl, yl) = conv.io_len(1).unwrap();
             let (x, mut y) = (values(xl), vec![0.0; yl]);
@@ -488,10 +781,5 @@ fn main() {
                 t.elapsed().as_secs_f64() * 1e3 / f64::from(runs)
             );
         }
-    }
-    if what == "conv" || what == "all" {
-        bench_conv(&o, "resnet18", &resnet18());
-        bench_conv(&o, "mobilenet_v2", &mobilenet_v2());
-        println!("\\* without the depthwise layers, which the baseline column skips.\n");
     }
 }

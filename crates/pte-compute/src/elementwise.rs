@@ -73,27 +73,68 @@ fn clamp(x: f32, min: f32, max: f32) -> f32 {
     }
 }
 
-/// `x = act(x + bias)`, one loop per activation so that each vectorizes.
+/// Runs `$body` (an expression of `$v`) for each of `$items` in a plain `for` loop
+/// (closures passed to iterator adapters may stay out of line, compiled without the
+/// caller's target features), one loop per activation so that each vectorizes.
+macro_rules! per_activation {
+    ($a:expr, $fma:ident, for $pat:pat in $items:expr => ($v:ident, $out:expr) $body:block) => {
+        match $a {
+            Activation::Identity => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = $v;
+                }
+            }
+            Activation::Clamp { min, max } => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = clamp($v, min, max);
+                }
+            }
+            Activation::Sigmoid => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = math::sigmoid::<$fma>($v);
+                }
+            }
+            Activation::Tanh => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = math::tanh::<$fma>($v);
+                }
+            }
+            Activation::Gelu => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = math::gelu::<$fma>($v);
+                }
+            }
+            Activation::GeluTanh => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = math::gelu_tanh::<$fma>($v);
+                }
+            }
+            Activation::Silu => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = math::silu::<$fma>($v);
+                }
+            }
+            Activation::HardSwish => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = $v * clamp($v + 3.0, 0.0, 6.0) * (1.0 / 6.0);
+                }
+            }
+        }
+    };
+}
+
+/// `x = act(x + bias)`.
 #[inline(always)]
 pub(crate) fn bias_act<const FMA: bool>(x: &mut [f32], bias: f32, a: Activation) {
-    match a {
-        Activation::Identity => x.iter_mut().for_each(|v| *v += bias),
-        Activation::Clamp { min, max } => {
-            x.iter_mut().for_each(|v| *v = clamp(*v + bias, min, max))
-        }
-        Activation::Sigmoid => x
-            .iter_mut()
-            .for_each(|v| *v = math::sigmoid::<FMA>(*v + bias)),
-        Activation::Tanh => x.iter_mut().for_each(|v| *v = math::tanh::<FMA>(*v + bias)),
-        Activation::Gelu => x.iter_mut().for_each(|v| *v = math::gelu::<FMA>(*v + bias)),
-        Activation::GeluTanh => x
-            .iter_mut()
-            .for_each(|v| *v = math::gelu_tanh::<FMA>(*v + bias)),
-        Activation::Silu => x.iter_mut().for_each(|v| *v = math::silu::<FMA>(*v + bias)),
-        Activation::HardSwish => x
-            .iter_mut()
-            .for_each(|v| *v = act::<FMA>(Activation::HardSwish, *v + bias)),
-    }
+    per_activation!(a, FMA, for o in x.iter_mut() => (v, o) { *o + bias });
 }
 
 multiversion! {
@@ -103,22 +144,10 @@ multiversion! {
     }
 }
 
-/// `x[i] = act(x[i] + bias[i])`, one loop per activation.
+/// `x[i] = act(x[i] + bias[i])`.
 #[inline(always)]
 fn bias_vec_act<const FMA: bool>(x: &mut [f32], bias: &[f32], a: Activation) {
-    let z = x.iter_mut().zip(bias);
-    match a {
-        Activation::Identity => z.for_each(|(v, b)| *v += b),
-        Activation::Clamp { min, max } => z.for_each(|(v, b)| *v = clamp(*v + b, min, max)),
-        Activation::Sigmoid => z.for_each(|(v, b)| *v = math::sigmoid::<FMA>(*v + b)),
-        Activation::Tanh => z.for_each(|(v, b)| *v = math::tanh::<FMA>(*v + b)),
-        Activation::Gelu => z.for_each(|(v, b)| *v = math::gelu::<FMA>(*v + b)),
-        Activation::GeluTanh => z.for_each(|(v, b)| *v = math::gelu_tanh::<FMA>(*v + b)),
-        Activation::Silu => z.for_each(|(v, b)| *v = math::silu::<FMA>(*v + b)),
-        Activation::HardSwish => {
-            z.for_each(|(v, b)| *v = act::<FMA>(Activation::HardSwish, *v + b))
-        }
-    }
+    per_activation!(a, FMA, for (o, b) in x.iter_mut().zip(bias) => (v, o) { *o + b });
 }
 
 multiversion! {
@@ -194,17 +223,13 @@ fn bin(op: BinaryOp, x: f32, y: f32) -> f32 {
 
 multiversion! {
     fn binary_slices<const FMA: bool>(out: &mut [f32], x: &[f32], y: &[f32], op: BinaryOp, a: Activation) {
-        for ((o, &p), &q) in out.iter_mut().zip(x).zip(y) {
-            *o = act::<FMA>(a, bin(op, p, q));
-        }
+        per_activation!(a, FMA, for ((o, &p), &q) in out.iter_mut().zip(x).zip(y) => (v, o) { bin(op, p, q) });
     }
 }
 
 multiversion! {
     fn binary_scalar<const FMA: bool>(out: &mut [f32], x: &[f32], y: f32, op: BinaryOp, a: Activation) {
-        for (o, &p) in out.iter_mut().zip(x) {
-            *o = act::<FMA>(a, bin(op, p, y));
-        }
+        per_activation!(a, FMA, for (o, &p) in out.iter_mut().zip(x) => (v, o) { bin(op, p, y) });
     }
 }
 
@@ -265,46 +290,59 @@ pub fn binary_channels(
     Ok(())
 }
 
-multiversion! {
-    /// Max of a row.
-    fn row_max<const FMA: bool>(x: &[f32]) -> f32 {
-        // Eight lanes so that the reduction vectorizes without reassociation rules.
-        let mut m = [f32::NEG_INFINITY; 8];
-        let chunks = x.chunks_exact(8);
-        let tail = chunks.remainder();
-        for c in chunks {
-            for (l, &v) in m.iter_mut().zip(c) {
-                *l = if v > *l { v } else { *l };
-            }
+/// Max of a row, in lanes so that the reduction vectorizes.
+#[inline(always)]
+fn row_max(x: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 16];
+    let chunks = x.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (l, &v) in m.iter_mut().zip(c) {
+            *l = if v > *l { v } else { *l };
         }
-        tail.iter().chain(m.iter()).fold(f32::NEG_INFINITY, |a, &v| if v > a { v } else { a })
     }
+    let mut best = f32::NEG_INFINITY;
+    for &v in tail.iter().chain(m.iter()) {
+        best = if v > best { v } else { best };
+    }
+    best
+}
+
+/// Sum of a row, in lanes.
+#[inline(always)]
+fn row_sum(x: &[f32]) -> f32 {
+    let mut s = [0f32; 16];
+    let chunks = x.chunks_exact(16);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (l, &v) in s.iter_mut().zip(c) {
+            *l += v;
+        }
+    }
+    s.iter().sum::<f32>() + tail
 }
 
 multiversion! {
-    /// `out = exp(x - shift)`, returning the sum.
-    fn exp_shift_sum<const FMA: bool>(out: &mut [f32], x: &[f32], shift: f32) -> f32 {
-        let mut s = [0f32; 8];
-        let mut oc = out.chunks_exact_mut(8);
-        let mut xc = x.chunks_exact(8);
-        for (o, v) in (&mut oc).zip(&mut xc) {
-            for ((o, &v), l) in o.iter_mut().zip(v).zip(s.iter_mut()) {
-                *o = math::exp::<FMA>(v - shift);
-                *l += *o;
+    /// Softmax (or log-softmax) of every row.
+    fn softmax_all<const FMA: bool>(out: &mut [f32], x: &[f32], row_len: usize, log: bool) {
+        for (o, r) in out.chunks_exact_mut(row_len).zip(x.chunks_exact(row_len)) {
+            let m = row_max(r);
+            for (d, &v) in o.iter_mut().zip(r) {
+                *d = math::exp::<FMA>(v - m);
+            }
+            let sum = row_sum(o);
+            if log {
+                let shift = m + sum.ln();
+                for (d, &v) in o.iter_mut().zip(r) {
+                    *d = v - shift;
+                }
+            } else {
+                let inv = 1.0 / sum;
+                for d in o.iter_mut() {
+                    *d *= inv;
+                }
             }
         }
-        let mut total = 0.0;
-        for (o, &v) in oc.into_remainder().iter_mut().zip(xc.remainder()) {
-            *o = math::exp::<FMA>(v - shift);
-            total += *o;
-        }
-        total + s.iter().sum::<f32>()
-    }
-}
-
-multiversion! {
-    fn scale<const FMA: bool>(x: &mut [f32], s: f32) {
-        x.iter_mut().for_each(|v| *v *= s);
     }
 }
 
@@ -312,13 +350,8 @@ multiversion! {
 /// `exp(x - max) / Σ exp(x - max)`. A row of -inf only gives NaN, as PyTorch.
 pub fn softmax_rows(isa: Isa, out: &mut [f32], x: &[f32], row_len: usize) -> Result {
     check_rows(out.len(), x.len(), row_len)?;
-    if row_len == 0 {
-        return Ok(());
-    }
-    for (o, r) in out.chunks_exact_mut(row_len).zip(x.chunks_exact(row_len)) {
-        let m = row_max(isa, r);
-        let sum = exp_shift_sum(isa, o, r, m);
-        scale(isa, o, 1.0 / sum);
+    if row_len > 0 {
+        softmax_all(isa, out, x, row_len, false);
     }
     Ok(())
 }
@@ -326,14 +359,8 @@ pub fn softmax_rows(isa: Isa, out: &mut [f32], x: &[f32], row_len: usize) -> Res
 /// Log-softmax of each row: `x - max - ln Σ exp(x - max)`.
 pub fn log_softmax_rows(isa: Isa, out: &mut [f32], x: &[f32], row_len: usize) -> Result {
     check_rows(out.len(), x.len(), row_len)?;
-    if row_len == 0 {
-        return Ok(());
-    }
-    for (o, r) in out.chunks_exact_mut(row_len).zip(x.chunks_exact(row_len)) {
-        let m = row_max(isa, r);
-        let sum = exp_shift_sum(isa, o, r, m);
-        let shift = m + sum.ln();
-        binary_scalar(isa, o, r, shift, BinaryOp::Sub, Activation::Identity);
+    if row_len > 0 {
+        softmax_all(isa, out, x, row_len, true);
     }
     Ok(())
 }

@@ -17,3 +17,4 @@ pub use pool::ThreadPool;
 pub mod conv;
 pub use conv::{Conv2d, Conv2dParams};
 pub mod pooling;
+mod window;

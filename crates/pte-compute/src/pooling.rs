@@ -1,14 +1,17 @@
 //! 2-D max and average pooling over NCHW planes, and global average pooling.
 //!
 //! Output sizes follow PyTorch (`ceil_mode` included: a last window must start inside
-//! the input or its left padding). Max pooling without indices runs per output row:
-//! each kernel tap takes the maximum with a run of an input row (vectorized over the
-//! output width; NaN propagates as in PyTorch). With indices, or for averages, each
-//! output scans its window. Planes are split over the pool's threads.
+//! the input or its left padding). Max pooling without indices runs on padded,
+//! stride-phase-split rows in chunks of outputs held in registers, as depthwise
+//! convolution does ([`crate::window`]; NaN propagates as in PyTorch). With indices, or
+//! for averages, each output scans its window. Planes are split over the pool's
+//! threads.
 
 use crate::arch::{multiversion, Isa};
+use crate::elementwise::Activation;
 use crate::error::{self, Error, Result};
 use crate::pool::ThreadPool;
+use crate::window::{self, Max, Window, MAX_TAPS};
 
 /// The geometry of a pooling window; index 0 of each pair is the height, 1 the width.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,10 +74,32 @@ impl Pool2dParams {
         Ok(out)
     }
 
+    fn window(&self, out: [usize; 2]) -> Window {
+        Window {
+            input: self.input,
+            kernel: self.kernel,
+            stride: self.stride,
+            dilation: self.dilation,
+            pad: self.padding,
+            out,
+        }
+    }
+
+    /// Scratch (f32 elements) [`max_pool2d`] needs on `threads` threads.
+    pub fn scratch_len(&self, threads: usize) -> Result<usize> {
+        let per = self
+            .window(self.output()?)
+            .scratch()
+            .ok_or(Error::SizeOverflow {
+                what: "pooling scratch",
+            })?;
+        error::mul(per, threads, "pooling scratch")
+    }
+
     /// The input range a window of output `o` covers on `axis` (clipped to the input),
     /// its first tap (possibly in the padding) and the window end clipped to the
     /// padded input (for PyTorch's average divisor).
-    fn window(&self, axis: usize, o: usize) -> (isize, usize, usize, isize) {
+    fn span(&self, axis: usize, o: usize) -> (isize, usize, usize, isize) {
         let start = (o * self.stride[axis]) as isize - self.padding[axis] as isize;
         let extent = ((self.kernel[axis] - 1) * self.dilation[axis] + 1) as isize;
         let end = (start + extent).min(self.input[axis] as isize);
@@ -109,7 +134,8 @@ fn planes_of(p: &Pool2dParams, out: [usize; 2], x: &[f32], y: &[f32]) -> Result<
 
 /// Max pooling of every `h × w` plane of `x` into `y` (`oh × ow` planes); with
 /// `indices`, also the flat index (within its plane) of each maximum, as PyTorch's
-/// `max_pool2d_with_indices`.
+/// `max_pool2d_with_indices`. `scratch` holds at least [`Pool2dParams::scratch_len`]
+/// elements.
 pub fn max_pool2d(
     isa: Isa,
     pool: &ThreadPool,
@@ -117,6 +143,7 @@ pub fn max_pool2d(
     x: &[f32],
     y: &mut [f32],
     indices: Option<&mut [i64]>,
+    scratch: &mut [f32],
 ) -> Result {
     let out = p.output()?;
     planes_of(p, out, x, y)?;
@@ -141,9 +168,21 @@ pub fn max_pool2d(
             });
             Ok(())
         }
+        None if p.window(out).supported() => {
+            let g = p.window(out);
+            let per_thread = g.scratch().ok_or(Error::SizeOverflow {
+                what: "pooling scratch",
+            })?;
+            pool.parallel_chunks(y, po, scratch, per_thread, |plane, outs, rows| {
+                let src = x.get(plane * pi..(plane + 1) * pi).unwrap_or_default();
+                max_plane(isa, &g, src, outs, rows);
+            })
+        }
         None => pool.parallel_chunks(y, po, &mut [0u8; 0], 0, |plane, outs, _| {
             let src = x.get(plane * pi..(plane + 1) * pi).unwrap_or_default();
-            max_plane(isa, p, out, src, outs);
+            for (o, v) in outs.iter_mut().enumerate() {
+                *v = window_max(p, src, o / ow, o % ow).0;
+            }
         }),
     }
 }
@@ -155,8 +194,8 @@ fn y_planes(len: usize, plane: usize) -> usize {
 /// The maximum of a window and its flat index (NaN wins, the first maximum wins ties).
 fn window_max(p: &Pool2dParams, src: &[f32], oy: usize, ox: usize) -> (f32, usize) {
     let w = p.input[1];
-    let (sy, _, _, _) = p.window(0, oy);
-    let (sx, _, _, _) = p.window(1, ox);
+    let (sy, _, _, _) = p.span(0, oy);
+    let (sx, _, _, _) = p.span(1, ox);
     let (mut best, mut at) = (f32::NEG_INFINITY, 0);
     let mut first = true;
     for ky in 0..p.kernel[0] {
@@ -182,42 +221,14 @@ fn window_max(p: &Pool2dParams, src: &[f32], oy: usize, ox: usize) -> (f32, usiz
 }
 
 multiversion! {
-    /// One max-pooled plane, row by row, tap by tap.
-    fn max_plane<const FMA: bool>(p: &Pool2dParams, out: [usize; 2], src: &[f32], y: &mut [f32]) {
-        let ([h, w], [kh, kw], [_, ow]) = (p.input, p.kernel, out);
-        let ([sh, sw], [dh, dw], [ph, pw]) = (p.stride, p.dilation, p.padding);
-        for (oy, row) in y.chunks_exact_mut(ow).enumerate() {
-            row.fill(f32::NEG_INFINITY);
-            for ky in 0..kh {
-                let Some(iy) = (oy * sh + ky * dh).checked_sub(ph).filter(|&iy| iy < h) else {
-                    continue;
-                };
-                let line = src.get(iy * w..(iy + 1) * w).unwrap_or_default();
-                for kx in 0..kw {
-                    // Output ox reads column ox·sw + kx·dw - pw: valid for lo..hi.
-                    let off = kx * dw;
-                    let lo = pw.saturating_sub(off).div_ceil(sw);
-                    let hi = (w + pw).saturating_sub(off).div_ceil(sw).min(ow);
-                    if lo >= hi {
-                        continue;
-                    }
-                    let outs = row.get_mut(lo..hi).unwrap_or_default();
-                    let run = line.get(lo * sw + off - pw..).unwrap_or_default();
-                    let upd = |o: &mut f32, v: f32| {
-                        *o = if v > *o || v.is_nan() { v } else { *o };
-                    };
-                    if sw == 1 {
-                        outs.iter_mut().zip(run).for_each(|(o, &v)| upd(o, v));
-                    } else if sw == 2 {
-                        outs.iter_mut().zip(run.chunks(2)).for_each(|(o, v)| upd(o, v.first().copied().unwrap_or(f32::NEG_INFINITY)));
-                    } else {
-                        outs.iter_mut().zip(run.iter().step_by(sw)).for_each(|(o, &v)| upd(o, v));
-                    }
-                }
-            }
-        }
+    /// One max-pooled plane (see [`crate::window`]).
+    fn max_plane<const FMA: bool>(g: &Window, src: &[f32], y: &mut [f32], rows: &mut [f32]) {
+        window::plane::<Max, FMA>(g, src, &ONES, f32::NEG_INFINITY, Activation::Identity, y, rows);
     }
 }
+
+/// Unused weights of the max-pooling window (the reduction ignores them).
+const ONES: [f32; MAX_TAPS] = [1.0; MAX_TAPS];
 
 /// Average pooling of every `h × w` plane of `x` into `y` (dilation must be 1).
 pub fn avg_pool2d(
@@ -243,8 +254,8 @@ pub fn avg_pool2d(
             .get(plane * h * w..(plane + 1) * h * w)
             .unwrap_or_default();
         for (o, v) in outs.iter_mut().enumerate() {
-            let (sy, y0, y1, py) = p.window(0, o / ow);
-            let (sx, x0, x1, px) = p.window(1, o % ow);
+            let (sy, y0, y1, py) = p.span(0, o / ow);
+            let (sx, x0, x1, px) = p.span(1, o % ow);
             let mut sum = 0.0f32;
             for iy in y0..y1 {
                 sum += src
@@ -326,6 +337,8 @@ mod tests {
             params([9, 9], [3, 3], [2, 2], [1, 0], [2, 1], true),
             params([5, 6], [5, 6], [1, 1], [2, 3], [1, 1], false),
             params([8, 13], [4, 4], [3, 3], [2, 2], [1, 1], true),
+            // a window too large for the row-chunk path
+            params([20, 20], [9, 9], [1, 1], [4, 4], [1, 1], false),
         ]
     }
 
@@ -362,8 +375,9 @@ mod tests {
                     let mut y = vec![0.0; len];
                     let mut yi = vec![0.0; len];
                     let mut idx = vec![0i64; len];
-                    max_pool2d(isa, pool, p, &x, &mut y, None).unwrap();
-                    max_pool2d(isa, pool, p, &x, &mut yi, Some(&mut idx)).unwrap();
+                    let mut s = vec![f32::NAN; p.scratch_len(pool.threads()).unwrap()];
+                    max_pool2d(isa, pool, p, &x, &mut y, None, &mut s).unwrap();
+                    max_pool2d(isa, pool, p, &x, &mut yi, Some(&mut idx), &mut s).unwrap();
                     for o in 0..len {
                         let plane = o / (out[0] * out[1]);
                         let r = o % (out[0] * out[1]);
@@ -376,10 +390,7 @@ mod tests {
                         assert_eq!(y[o].to_bits(), want.to_bits(), "case {n} at {o}");
                         assert_eq!(yi[o].to_bits(), want.to_bits());
                         assert_eq!(idx[o], at as i64);
-                        assert!(
-                            want.is_nan()
-                                || x[plane * p.input[0] * p.input[1] + at] == want
-                        );
+                        assert!(want.is_nan() || x[plane * p.input[0] * p.input[1] + at] == want);
                     }
                     if p.dilation == [1, 1] {
                         for include in [false, true] {

@@ -159,7 +159,7 @@ impl Conv2d {
             }
             None => vec![0.0; p.out_channels],
         };
-        let algo = if cig == 1 && p.groups > 1 && taps <= depthwise::MAX_TAPS {
+        let algo = if cig == 1 && p.groups > 1 && depthwise::window(&p, out).supported() {
             Algo::Depthwise {
                 weights: weights.to_vec(),
             }
