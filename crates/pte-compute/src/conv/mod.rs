@@ -278,7 +278,7 @@ impl Conv2d {
                         .zip(y_b.chunks_exact_mut(cog * ohw))
                         .enumerate()
                     {
-                        let a = weights.get(g).ok_or(Error::InvalidParameter {
+                        let a = weights.get(g).ok_or_else(|| Error::InvalidParameter {
                             what: "missing group weights".into(),
                         })?;
                         let epi = Epilogue {
@@ -343,7 +343,17 @@ impl Lines for Im2col<'_> {
         self.p.channels_per_group().0 * self.p.kernel[0] * self.p.kernel[1]
     }
 
-    fn pack(&self, l0: usize, len: usize, k0: usize, kc: usize, w: usize, dst: &mut [f32]) {
+    #[allow(clippy::too_many_arguments)] // the block's coordinates and the panel width
+    fn pack(
+        &self,
+        _isa: Isa,
+        l0: usize,
+        len: usize,
+        k0: usize,
+        kc: usize,
+        w: usize,
+        dst: &mut [f32],
+    ) {
         let p = self.p;
         let ([h, wd], [kh, kw], [_, ow]) = (p.input, p.kernel, self.out);
         let ([sh, sw], [dh, dw]) = (p.stride, p.dilation);

@@ -82,7 +82,7 @@ impl Panels {
         let mut buf = vec![0.0; error::add(len, ALIGN, "packed operand")?];
         let offset = buf.as_ptr().align_offset(ALIGN * 4).min(ALIGN - 1);
         if let Some(dst) = buf.get_mut(offset..offset + len) {
-            src.pack(0, lines, 0, depth, w, dst);
+            src.pack(isa, 0, lines, 0, depth, w, dst);
         }
         Ok(Self {
             isa,
@@ -197,8 +197,10 @@ impl<L: Lines> Side<'_, L> {
     }
 
     /// Panels of lines `l0..l0 + len` over depths `k0..k0 + kc`, and the panel stride.
+    #[allow(clippy::too_many_arguments)]
     fn block<'s>(
         &'s self,
+        isa: Isa,
         l0: usize,
         len: usize,
         k0: usize,
@@ -209,7 +211,7 @@ impl<L: Lines> Side<'_, L> {
         match self {
             Side::Packed(p) => p.block(l0, k0),
             Side::Lines(l) => {
-                l.pack(l0, len, k0, kc, w, scratch);
+                l.pack(isa, l0, len, k0, kc, w, scratch);
                 (scratch, kc * w)
             }
         }
@@ -615,12 +617,12 @@ impl Gemm {
             let nb = self.nc.min(n - jc);
             for pc in (0..k).step_by(KC) {
                 let kb = KC.min(k - pc);
-                let (bp, b_stride) = b.block(j0 + jc, nb, pc, kb, nr, b_buf);
+                let (bp, b_stride) = b.block(self.isa, j0 + jc, nb, pc, kb, nr, b_buf);
                 let last = pc + kb == k;
                 let accumulate = pc > 0 || epi.accumulate;
                 for ic in (0..m).step_by(self.mc) {
                     let mb = self.mc.min(m - ic);
-                    let (ap, a_stride) = a.block(i0 + ic, mb, pc, kb, mr, a_buf);
+                    let (ap, a_stride) = a.block(self.isa, i0 + ic, mb, pc, kb, mr, a_buf);
                     for jr in (0..nb).step_by(nr) {
                         let bpanel = bp.get(jr / nr * b_stride..).unwrap_or(&[]);
                         let cols = nr.min(nb - jr);

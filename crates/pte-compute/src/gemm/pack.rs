@@ -6,6 +6,7 @@
 //! the micro-kernel's mr for A, nr for B): element (line l, depth p) of panel q sits at
 //! `q * kc * w + p * w + (l - q * w)`, and lines past the end are zero.
 
+use crate::arch::{multiversion, Isa};
 use crate::mat::MatRef;
 
 /// Something that can be packed in panels: a strided matrix, or a convolution's
@@ -17,7 +18,17 @@ pub(crate) trait Lines: Sync {
     fn depth(&self) -> usize;
     /// Packs lines `l0..l0 + len` × depths `k0..k0 + kc` in panels of `w` lines into
     /// `dst` (at least `ceil(len / w) * w * kc` long).
-    fn pack(&self, l0: usize, len: usize, k0: usize, kc: usize, w: usize, dst: &mut [f32]);
+    #[allow(clippy::too_many_arguments)] // the block's coordinates and the panel width
+    fn pack(
+        &self,
+        isa: Isa,
+        l0: usize,
+        len: usize,
+        k0: usize,
+        kc: usize,
+        w: usize,
+        dst: &mut [f32],
+    );
 }
 
 /// A strided matrix whose rows are the lines (pass `b.t()` for B).
@@ -30,7 +41,17 @@ impl Lines for MatRef<'_> {
         self.cols()
     }
 
-    fn pack(&self, l0: usize, len: usize, k0: usize, kc: usize, w: usize, dst: &mut [f32]) {
+    #[allow(clippy::too_many_arguments)] // the block's coordinates and the panel width
+    fn pack(
+        &self,
+        isa: Isa,
+        l0: usize,
+        len: usize,
+        k0: usize,
+        kc: usize,
+        w: usize,
+        dst: &mut [f32],
+    ) {
         if kc == 0 || w == 0 {
             return;
         }
@@ -55,52 +76,94 @@ impl Lines for MatRef<'_> {
             }
             return;
         }
-        // Lines along the depth (A row-major, B column-major): transpose blocks of
-        // `D` depths of every line of a panel through registers.
-        const D: usize = 8;
+        // Lines along the depth (A row-major, B column-major): a transposition.
+        transpose_panels(isa, self, l0, len, k0, kc, w, dst);
+    }
+}
+
+/// Depths transposed at once.
+const D: usize = 8;
+
+/// One panel of `W` lines (`valid` of them real) transposed from rows contiguous along
+/// the depth, `D` depths at a time through a register-sized block.
+#[inline(always)]
+fn transpose_panel<const W: usize>(
+    src: &MatRef<'_>,
+    first: usize,
+    valid: usize,
+    k0: usize,
+    kc: usize,
+    panel: &mut [f32],
+) {
+    let rows: [Option<&[f32]>; W] = std::array::from_fn(|l| {
+        if l < valid {
+            src.row_run(first + l, k0, kc).filter(|r| r.len() == kc)
+        } else {
+            Some(&[][..])
+        }
+    });
+    if rows.iter().any(Option::is_none) {
+        // Not contiguous after all: element by element.
+        for (p, out) in panel.chunks_exact_mut(W).enumerate() {
+            for (l, o) in out.iter_mut().enumerate() {
+                *o = if l < valid {
+                    src.at(first + l, k0 + p)
+                } else {
+                    0.0
+                };
+            }
+        }
+        return;
+    }
+    let rows: [&[f32]; W] = rows.map(Option::unwrap_or_default);
+    let whole = kc / D * D;
+    for (p0, block) in (0..whole).step_by(D).zip(panel.chunks_exact_mut(D * W)) {
+        let mut t = [[0f32; W]; D];
+        for (l, row) in rows.iter().enumerate() {
+            if let Some(r) = row
+                .get(p0..p0 + D)
+                .and_then(|r| <&[f32; D]>::try_from(r).ok())
+            {
+                for d in 0..D {
+                    t[d][l] = r[d];
+                }
+            }
+        }
+        for (out, t) in block.chunks_exact_mut(W).zip(&t) {
+            out.copy_from_slice(t);
+        }
+    }
+    for (p, out) in panel.chunks_exact_mut(W).enumerate().skip(whole) {
+        for (o, row) in out.iter_mut().zip(&rows) {
+            *o = row.get(p).copied().unwrap_or(0.0);
+        }
+    }
+}
+
+multiversion! {
+    /// Packs lines contiguous along the depth (see [`Lines::pack`]).
+    fn transpose_panels<const FMA: bool>(src: &MatRef<'_>, l0: usize, len: usize, k0: usize, kc: usize, w: usize, dst: &mut [f32]) {
         for (q, panel) in dst.chunks_exact_mut(kc * w).enumerate() {
             let first = l0 + q * w;
             let valid = w.min((l0 + len).saturating_sub(first));
-            let rows: [Option<&[f32]>; MAX_W] = std::array::from_fn(|l| {
-                (l < valid)
-                    .then(|| self.row_run(first + l, k0, kc))
-                    .flatten()
-                    .filter(|r| r.len() == kc)
-            });
-            let (whole, tail) = (kc / D * D, kc % D);
-            for (p0, block) in (0..whole).step_by(D).zip(panel.chunks_exact_mut(D * w)) {
-                for (l, row) in rows.iter().take(w).enumerate() {
-                    let vals: [f32; D] = match row {
-                        Some(r) => std::array::from_fn(|d| r.get(p0 + d).copied().unwrap_or(0.0)),
-                        None if l < valid => {
-                            std::array::from_fn(|d| self.at(first + l, k0 + p0 + d))
+            match w {
+                4 => transpose_panel::<4>(src, first, valid, k0, kc, panel),
+                6 => transpose_panel::<6>(src, first, valid, k0, kc, panel),
+                8 => transpose_panel::<8>(src, first, valid, k0, kc, panel),
+                12 => transpose_panel::<12>(src, first, valid, k0, kc, panel),
+                16 => transpose_panel::<16>(src, first, valid, k0, kc, panel),
+                32 => transpose_panel::<32>(src, first, valid, k0, kc, panel),
+                _ => {
+                    for (p, out) in panel.chunks_exact_mut(w).enumerate() {
+                        for (l, o) in out.iter_mut().enumerate() {
+                            *o = if l < valid { src.at(first + l, k0 + p) } else { 0.0 };
                         }
-                        None => [0.0; D],
-                    };
-                    for (d, v) in vals.into_iter().enumerate() {
-                        if let Some(o) = block.get_mut(d * w + l) {
-                            *o = v;
-                        }
-                    }
-                }
-            }
-            for p in whole..whole + tail {
-                for l in 0..w {
-                    if let Some(o) = panel.get_mut(p * w + l) {
-                        *o = if l < valid {
-                            self.at(first + l, k0 + p)
-                        } else {
-                            0.0
-                        };
                     }
                 }
             }
         }
     }
 }
-
-/// Widest panel of any micro-kernel.
-const MAX_W: usize = 32;
 
 /// Elements of `len` lines packed in panels of `w` over `kc` depths.
 pub(crate) fn packed_len(len: usize, kc: usize, w: usize) -> Option<usize> {
