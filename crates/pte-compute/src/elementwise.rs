@@ -1,9 +1,9 @@
 //! Vectorized f32 loops: activations, binary operations with a broadcast per-channel
 //! vector, softmax and layer normalization of rows.
 //!
-//! Every loop is compiled once per instruction set ([`crate::arch::multiversion`]) and
+//! Every loop is compiled once per instruction set (`arch::multiversion!`) and
 //! chosen at run time from the [`Isa`] argument; the math functions are those of
-//! [`crate::math`] (accuracy stated there).
+//! `math` (accuracy stated there).
 
 use crate::arch::{madd, multiversion, Isa};
 use crate::error::{need, Error, Result};

@@ -3,7 +3,7 @@
 //! Output sizes follow PyTorch (`ceil_mode` included: a last window must start inside
 //! the input or its left padding). Max pooling without indices runs on padded,
 //! stride-phase-split rows in chunks of outputs held in registers, as depthwise
-//! convolution does ([`crate::window`]; NaN propagates as in PyTorch). With indices, or
+//! convolution does (the `window` module; NaN propagates as in PyTorch). With indices, or
 //! for averages, each output scans its window. Planes are split over the pool's
 //! threads.
 

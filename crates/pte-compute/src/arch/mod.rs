@@ -7,9 +7,9 @@
 //! code.
 //!
 //! Two kinds of fast code live here:
-//! - hand-written micro-kernels ([`microkernel`]): a register tile of `mr × nr` outputs
+//! - hand-written micro-kernels (`microkernel`): a register tile of `mr × nr` outputs
 //!   accumulated over `kc` steps from packed panels of A and B;
-//! - [`multiversion!`]: plain Rust loop bodies compiled once per instruction set (with
+//! - `multiversion!`: plain Rust loop bodies compiled once per instruction set (with
 //!   `#[target_feature]`), so that LLVM vectorizes them with 256- or 512-bit registers
 //!   and fused multiply-adds, and called through a run-time dispatch on [`Isa`].
 

@@ -6,11 +6,11 @@
 //!   W (c_out × c_in) · x (c_in × hw)` with W packed once; the input is read as the
 //!   right operand directly, no im2col.
 //! - **implicit im2col**: the same product with K = c_in·kh·kw, the receptive fields
-//!   gathered straight into the GEMM's packed panels block by block ([`Im2col`]), so
+//!   gathered straight into the GEMM's packed panels block by block (`Im2col`), so
 //!   no column matrix is ever materialized; W packed once.
 //! - **depthwise** (one input channel per group): a direct loop per output row that
 //!   accumulates each tap over a run of outputs, vectorized over the output width
-//!   ([`depthwise`]).
+//!   (`depthwise`).
 //!
 //! Bias and an [`Activation`] are fused into the product's epilogue (or the depthwise
 //! row loop). A 1-D convolution is a 2-D one of height 1. Scratch comes from the

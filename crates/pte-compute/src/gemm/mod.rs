@@ -716,6 +716,9 @@ impl Gemm {
         zero: bool,
     ) {
         let act = epi.activation;
+        if !zero && act == Activation::Identity && matches!(epi.bias, Bias::None) {
+            return;
+        }
         for r in i..i + rows {
             let row_bias = match epi.bias {
                 Bias::Row(v) => v.get(r).copied().unwrap_or(0.0),
