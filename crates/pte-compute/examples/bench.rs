@@ -751,6 +751,32 @@ fn main() {
     if what == "ops" || what == "all" {
         bench_ops(&o);
     }
+    if what == "batched" {
+        // A batch in a loop, for a profiler: batched COUNT M N K THREADS
+        use pte_compute::{BatchMut, BatchRef};
+        let v: Vec<usize> = args.iter().skip(1).filter_map(|a| a.parse().ok()).collect();
+        if let [count, m, n, k, threads] = v[..] {
+            let g = Gemm::with_isa(o.isa).unwrap();
+            let pool = ThreadPool::new(threads).unwrap();
+            let (a, b) = (values(count * m * k), values(count * n * k));
+            let mut c = vec![0.0; count * m * n];
+            let mut scratch = vec![0.0; g.batched_scratch_len(m, n, k, threads).unwrap()];
+            let ab = BatchRef::new(&a, count, m, k, k, 1, m * k).unwrap();
+            let bb = BatchRef::new(&b, count, k, n, 1, k, n * k).unwrap();
+            let t = Instant::now();
+            let mut runs = 0;
+            while t.elapsed() < Duration::from_secs(3) {
+                let cb = BatchMut::new(&mut c, count, m, n, n, 1, m * n).unwrap();
+                g.run_batched(&pool, cb, ab, bb, &Epilogue::default(), &mut scratch)
+                    .unwrap();
+                runs += 1;
+            }
+            println!(
+                "{:.1} us",
+                t.elapsed().as_secs_f64() * 1e6 / f64::from(runs)
+            );
+        }
+    }
     if what == "layer" {
         // One layer in a loop, for a profiler: layer C_IN C_OUT GROUPS SIZE K STRIDE PAD THREADS
         let n: Vec<usize> = args.iter().skip(1).filter_map(|a| a.parse().ok()).collect();

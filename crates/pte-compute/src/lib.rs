@@ -67,7 +67,9 @@
 //!   packed panels (implicit im2col, no column matrix); depthwise convolutions run on
 //!   padded, stride-phase-split rows with 16 outputs accumulated in registers per tap
 //!   (a sliding-window engine shared with max pooling). Bias and activation
-//!   are fused. Weights are packed once by [`Conv2d::new`].
+//!   are fused. Weights are packed once by [`Conv2d::new`]. [`ConvTranspose2d`]: one
+//!   product per image and group with the transposed weights packed once, then
+//!   col2im (output padding, groups, dilation).
 //! - [`pooling`]: max pooling on the same window engine (NaN propagating), with
 //!   indices, average pooling (PyTorch's divisors, `ceil_mode`), global average.
 //! - [`elementwise`]: activations, binary operations with a per-channel vector,
@@ -96,7 +98,7 @@
 //! # Not done
 //!
 //! Winograd convolution, a blocked channel layout (NCHWc/NHWC) kept across layers,
-//! transposed convolution, f16/bf16 and quantized types. NEON is compiled and
+//! f16/bf16 and quantized types. NEON is compiled and
 //! type-checked only (no aarch64 machine to run it).
 
 pub mod arch;
@@ -111,7 +113,7 @@ pub mod pooling;
 mod window;
 
 pub use arch::Isa;
-pub use conv::{Conv2d, Conv2dParams};
+pub use conv::{Conv2d, Conv2dParams, ConvTranspose2d, ConvTranspose2dParams};
 pub use elementwise::Activation;
 pub use error::{Error, Result};
 pub use gemm::{BatchMut, BatchRef, Bias, Epilogue, Gemm, Lhs, PackedA, PackedB, Rhs};

@@ -17,6 +17,9 @@
 //! caller ([`Conv2d::scratch_len`]); a run allocates nothing.
 
 mod depthwise;
+mod transposed;
+
+pub use transposed::{ConvTranspose2d, ConvTranspose2dParams};
 
 use crate::arch::Isa;
 use crate::elementwise::Activation;
