@@ -64,7 +64,7 @@ pub(crate) fn act<const FMA: bool>(a: Activation, x: f32) -> f32 {
 
 /// Clamp that lets NaN through (as PyTorch's clamp) and vectorizes to min/max.
 #[inline(always)]
-fn clamp(x: f32, min: f32, max: f32) -> f32 {
+pub(crate) fn clamp(x: f32, min: f32, max: f32) -> f32 {
     let y = if x < min { min } else { x };
     if y > max {
         max

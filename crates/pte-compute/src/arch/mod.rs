@@ -118,9 +118,40 @@ impl Isa {
     }
 }
 
+/// Bias and clamp a micro-kernel applies to a tile as it stores it (after the last
+/// depth block): `C = clamp(C + bias, min, max)`, NaN passing through the clamp.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Post<'a> {
+    pub bias: TileBias<'a>,
+    pub min: f32,
+    pub max: f32,
+}
+
+/// The bias of a tile: one value per row (at least `rows`) or per column (at least
+/// `nr`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum TileBias<'a> {
+    None,
+    Rows(&'a [f32]),
+    Cols(&'a [f32]),
+}
+
+/// [`Post`] as the kernels read it.
+#[derive(Clone, Copy)]
+pub(crate) struct RawPost {
+    /// Whether to apply it at all.
+    pub on: bool,
+    /// Bias per row, or null.
+    pub rows: *const f32,
+    /// Bias per column, or null.
+    pub cols: *const f32,
+    pub min: f32,
+    pub max: f32,
+}
+
 /// One call of a GEMM micro-kernel on the tile of `c` at `(i, j)` of `rows × nr`
 /// elements (`rows <= mr`): `C (+)= Σ_p a[p * mr + r] · b[p * nr + s]` over `p < kc`
-/// (`+=` when `accumulate`).
+/// (`+=` when `accumulate`), then `post` if given.
 ///
 /// Checks every length first: `a` must hold `kc * mr` values, `b` `kc * nr`, the tile
 /// must lie inside `c` with contiguous columns. The instruction set must be available
@@ -135,10 +166,41 @@ pub(crate) fn microkernel(
     c: &mut MatMut<'_>,
     (i, j): (usize, usize),
     accumulate: bool,
+    post: Option<&Post<'_>>,
 ) -> Result {
     let (mr, nr) = isa.gemm_tile();
     let tile = c.tile_ptr(i, j, rows, nr);
+    let raw = match post {
+        None => Some(RawPost {
+            on: false,
+            rows: std::ptr::null(),
+            cols: std::ptr::null(),
+            min: 0.0,
+            max: 0.0,
+        }),
+        Some(p) => {
+            let (r, cl) = match p.bias {
+                TileBias::None => (Some(std::ptr::null()), Some(std::ptr::null())),
+                TileBias::Rows(v) => (
+                    (v.len() >= rows).then_some(v.as_ptr()),
+                    Some(std::ptr::null()),
+                ),
+                TileBias::Cols(v) => (
+                    Some(std::ptr::null()),
+                    (v.len() >= nr).then_some(v.as_ptr()),
+                ),
+            };
+            r.zip(cl).map(|(rows, cols)| RawPost {
+                on: true,
+                rows,
+                cols,
+                min: p.min,
+                max: p.max,
+            })
+        }
+    };
     let ok = rows <= mr
+        && raw.is_some()
         && kc.checked_mul(mr).is_some_and(|l| a.len() >= l)
         && kc.checked_mul(nr).is_some_and(|l| b.len() >= l);
     let Some((c, rs)) = tile.filter(|_| ok && isa.is_available()) else {
@@ -153,18 +215,21 @@ pub(crate) fn microkernel(
         });
     };
     let (a, b) = (a.as_ptr(), b.as_ptr());
+    let Some(post) = raw else {
+        return Ok(());
+    };
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: lengths and the tile checked above; the instruction set is available.
-        Isa::Avx2 => unsafe { x86::avx2_kernel(rows, kc, a, b, c, rs, accumulate) },
+        Isa::Avx2 => unsafe { x86::avx2_kernel(rows, kc, a, b, c, rs, accumulate, post) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx512 => unsafe { x86::avx512_kernel(rows, kc, a, b, c, rs, accumulate) },
+        Isa::Avx512 => unsafe { x86::avx512_kernel(rows, kc, a, b, c, rs, accumulate, post) },
         #[cfg(target_arch = "aarch64")]
         // SAFETY: as above.
-        Isa::Neon => unsafe { aarch64::kernel(rows, kc, a, b, c, rs, accumulate) },
+        Isa::Neon => unsafe { aarch64::kernel(rows, kc, a, b, c, rs, accumulate, post) },
         // SAFETY: as above.
-        _ => unsafe { generic::kernel(rows, kc, a, b, c, rs, accumulate) },
+        _ => unsafe { generic::kernel(rows, kc, a, b, c, rs, accumulate, post) },
     }
     Ok(())
 }
@@ -236,7 +301,8 @@ mod tests {
                     let rs = nr + 3;
                     let mut c = vec![1.0f32; (rows + 1) * rs];
                     let mut view = MatMut::new(&mut c, rows + 1, nr + 1, rs, 1).unwrap();
-                    microkernel(isa, rows, kc, &a, &b, &mut view, (1, 1), accumulate).unwrap();
+                    microkernel(isa, rows, kc, &a, &b, &mut view, (1, 1), accumulate, None)
+                        .unwrap();
                     let c = &c[rs + 1..];
                     for i in 0..rows {
                         for j in 0..nr {
@@ -247,12 +313,44 @@ mod tests {
                         assert!(c[i * rs + nr..(i + 1) * rs - 1].iter().all(|&v| v == 1.0));
                     }
                 }
+                // Bias per row or column, then a clamp.
+                let bias: Vec<f32> = (0..nr.max(mr)).map(|x| x as f32 - 3.0).collect();
+                for by_row in [false, true] {
+                    let post = Post {
+                        bias: if by_row {
+                            TileBias::Rows(&bias)
+                        } else {
+                            TileBias::Cols(&bias)
+                        },
+                        min: -20.0,
+                        max: 20.0,
+                    };
+                    let mut c = vec![f32::NAN; rows * nr];
+                    let mut view = MatMut::row_major(&mut c, rows, nr).unwrap();
+                    microkernel(isa, rows, kc, &a, &b, &mut view, (0, 0), false, Some(&post))
+                        .unwrap();
+                    for i in 0..rows {
+                        for j in 0..nr {
+                            let dot: f32 = (0..kc).map(|p| a[p * mr + i] * b[p * nr + j]).sum();
+                            let want = (dot + bias[if by_row { i } else { j }]).clamp(-20.0, 20.0);
+                            assert_eq!(c[i * nr + j], want, "{isa:?} rows {rows} by_row {by_row}");
+                        }
+                    }
+                }
             }
             let mut c = vec![0.0; 2 * nr];
             let mut view = MatMut::row_major(&mut c, 2, nr).unwrap();
-            assert!(microkernel(isa, 3, kc, &a, &b, &mut view, (0, 0), false).is_err());
-            assert!(microkernel(isa, 2, kc, &a, &b, &mut view, (0, 1), false).is_err());
-            assert!(microkernel(isa, 1, kc, &a[1..], &b, &mut view, (0, 0), false).is_err());
+            assert!(microkernel(isa, 3, kc, &a, &b, &mut view, (0, 0), false, None).is_err());
+            assert!(microkernel(isa, 2, kc, &a, &b, &mut view, (0, 1), false, None).is_err());
+            assert!(microkernel(isa, 1, kc, &a[1..], &b, &mut view, (0, 0), false, None).is_err());
+            let short = Post {
+                bias: TileBias::Cols(&b[..nr - 1]),
+                min: 0.0,
+                max: 1.0,
+            };
+            assert!(
+                microkernel(isa, 1, kc, &a, &b, &mut view, (0, 0), false, Some(&short)).is_err()
+            );
         }
     }
 }

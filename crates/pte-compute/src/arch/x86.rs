@@ -8,6 +8,8 @@
 
 use std::arch::x86_64::*;
 
+use super::RawPost;
+
 pub(crate) const AVX2_MR: usize = 6;
 pub(crate) const AVX2_NR: usize = 16;
 pub(crate) const AVX512_MR: usize = 12;
@@ -16,12 +18,14 @@ pub(crate) const AVX512_NR: usize = 32;
 /// Generates a kernel over `$v` vectors: `$name::<R>` plus a dispatcher on `rows`.
 macro_rules! kernel {
     ($feat:literal, $name:ident, $dispatch:ident, $v:ty, $mr:expr, $nr:expr, $lanes:expr,
-     $zero:ident, $load:ident, $store:ident, $set1:ident, $fmadd:ident, $add:ident,
+     $zero:ident, $load:ident, $store:ident, $set1:ident, $fmadd:ident, $add:ident, $max:ident, $min:ident,
      [$($r:literal)*]) => {
         /// # Safety
         /// The CPU has the features; `a` holds `kc * MR` values, `b` `kc * NR`, and
-        /// `c` the tile `(i, j) -> c[i * rs + j]`, `i < R`, `j < NR`.
+        /// `c` the tile `(i, j) -> c[i * rs + j]`, `i < R`, `j < NR`; a non-null
+        /// `post.rows` holds R values, `post.cols` NR.
         #[target_feature(enable = $feat)]
+        #[allow(clippy::too_many_arguments)]
         unsafe fn $name<const R: usize>(
             kc: usize,
             a: *const f32,
@@ -29,6 +33,7 @@ macro_rules! kernel {
             c: *mut f32,
             rs: usize,
             accumulate: bool,
+            post: RawPost,
         ) {
             const V: usize = $nr / $lanes;
             let mut acc = [[$zero(); V]; R];
@@ -46,12 +51,26 @@ macro_rules! kernel {
                     }
                 }
             }
+            let (lo, hi) = ($set1(post.min), $set1(post.max));
             for (i, row) in acc.iter().enumerate() {
+                // SAFETY: a row bias holds at least R values (checked by the caller).
+                let rb = (post.on && !post.rows.is_null()).then(|| unsafe { $set1(*post.rows.add(i)) });
                 for (v, &x) in row.iter().enumerate() {
-                    // SAFETY: i < R, v * lanes < NR: inside the tile.
+                    // SAFETY: i < R, v * lanes < NR: inside the tile; a column bias
+                    // holds NR values.
                     unsafe {
                         let cp = c.add(i * rs + v * $lanes);
-                        let x = if accumulate { $add(x, $load(cp)) } else { x };
+                        let mut x = if accumulate { $add(x, $load(cp)) } else { x };
+                        if post.on {
+                            if let Some(rb) = rb {
+                                x = $add(x, rb);
+                            }
+                            if !post.cols.is_null() {
+                                x = $add(x, $load(post.cols.add(v * $lanes)));
+                            }
+                            // max(lo, x) and min(hi, x) return x when it is NaN.
+                            x = $min(hi, $max(lo, x));
+                        }
                         $store(cp, x);
                     }
                 }
@@ -60,6 +79,7 @@ macro_rules! kernel {
 
         /// # Safety
         /// As the kernel, with `1 <= rows <= MR`.
+        #[allow(clippy::too_many_arguments)]
         pub(crate) unsafe fn $dispatch(
             rows: usize,
             kc: usize,
@@ -68,12 +88,13 @@ macro_rules! kernel {
             c: *mut f32,
             rs: usize,
             accumulate: bool,
+            post: RawPost,
         ) {
             // SAFETY: forwarded contract.
             unsafe {
                 match rows {
-                    $($r => $name::<$r>(kc, a, b, c, rs, accumulate),)*
-                    _ => $name::<$mr>(kc, a, b, c, rs, accumulate),
+                    $($r => $name::<$r>(kc, a, b, c, rs, accumulate, post),)*
+                    _ => $name::<$mr>(kc, a, b, c, rs, accumulate, post),
                 }
             }
         }
@@ -94,6 +115,8 @@ kernel!(
     _mm256_set1_ps,
     _mm256_fmadd_ps,
     _mm256_add_ps,
+    _mm256_max_ps,
+    _mm256_min_ps,
     [1 2 3 4 5]
 );
 
@@ -111,5 +134,7 @@ kernel!(
     _mm512_set1_ps,
     _mm512_fmadd_ps,
     _mm512_add_ps,
+    _mm512_max_ps,
+    _mm512_min_ps,
     [1 2 3 4 5 6 7 8 9 10 11]
 );

@@ -24,7 +24,7 @@ pub use batched::{BatchMut, BatchRef};
 
 pub(crate) use pack::Lines;
 
-use crate::arch::{self, multiversion, Isa};
+use crate::arch::{self, multiversion, Isa, Post, TileBias};
 use crate::elementwise::{self, Activation};
 use crate::error::{self, Error, Result};
 use crate::mat::{MatMut, MatRef};
@@ -421,7 +421,16 @@ impl Gemm {
         }
         if k == 0 {
             // No product: C = act(beta·C + bias).
-            self.epilogue_rows(c, 0, 0, m, n, epilogue, !epilogue.accumulate);
+            self.epilogue_rows(
+                c,
+                0,
+                0,
+                m,
+                n,
+                epilogue.bias,
+                epilogue.activation,
+                !epilogue.accumulate,
+            );
             return Ok(false);
         }
         Ok(true)
@@ -530,11 +539,7 @@ impl Gemm {
             for (s, &v) in acc.iter().enumerate() {
                 c.set(0, j + s, v);
             }
-            let part = Epilogue {
-                accumulate: true,
-                ..*epi
-            };
-            self.epilogue_rows(&mut c, 0, j, 1, w, &part, false);
+            self.epilogue_rows(&mut c, 0, j, 1, w, epi.bias, epi.activation, false);
             j += w;
         }
         Ok(())
@@ -610,6 +615,11 @@ impl Gemm {
         } else {
             pack::packed_len(self.mc.min(m), kc_max, mr).unwrap_or(0)
         };
+        // Clamps are fused into the micro-kernel; other activations run after it.
+        let ((min, max), extra) = match epi.activation {
+            Activation::Clamp { min, max } => ((min, max), Activation::Identity),
+            a => ((f32::NEG_INFINITY, f32::INFINITY), a),
+        };
         let scratch = aligned(scratch);
         let (a_buf, b_buf) = scratch.split_at_mut(a_len.min(scratch.len()));
         let b_buf = aligned(b_buf);
@@ -630,6 +640,26 @@ impl Gemm {
                             let apanel = ap.get(ir / mr * a_stride..).unwrap_or(&[]);
                             let rows = mr.min(mb - ir);
                             let (i, j) = (ic + ir, jc + jr);
+                            // The last depth block stores through the fused bias and
+                            // clamp; other activations follow on the tile.
+                            let mut padded = [0f32; MAX_NR];
+                            let post = last.then(|| Post {
+                                bias: match epi.bias {
+                                    Bias::None => TileBias::None,
+                                    Bias::Row(v) => TileBias::Rows(v.get(i..).unwrap_or_default()),
+                                    Bias::Col(v) => {
+                                        let v = v.get(j..).unwrap_or_default();
+                                        if v.len() >= nr {
+                                            TileBias::Cols(v)
+                                        } else {
+                                            padded.iter_mut().zip(v).for_each(|(p, &b)| *p = b);
+                                            TileBias::Cols(&padded)
+                                        }
+                                    }
+                                },
+                                min,
+                                max,
+                            });
                             if cols == nr && (c.col_stride() == 1 || nr == 1) {
                                 arch::microkernel(
                                     self.isa,
@@ -640,21 +670,31 @@ impl Gemm {
                                     &mut c,
                                     (i, j),
                                     accumulate,
+                                    post.as_ref(),
                                 )?;
                             } else {
                                 self.edge_tile(
                                     &mut c,
                                     (i, j),
-                                    rows,
-                                    cols,
+                                    (rows, cols),
                                     kb,
                                     apanel,
                                     bpanel,
                                     accumulate,
+                                    post.as_ref(),
                                 )?;
                             }
-                            if last {
-                                self.epilogue_rows(&mut c, i, j, rows, cols, epi, false);
+                            if last && extra != Activation::Identity {
+                                self.epilogue_rows(
+                                    &mut c,
+                                    i,
+                                    j,
+                                    rows,
+                                    cols,
+                                    Bias::None,
+                                    extra,
+                                    false,
+                                );
                             }
                         }
                     }
@@ -670,12 +710,12 @@ impl Gemm {
         &self,
         c: &mut MatMut<'_>,
         (i, j): (usize, usize),
-        rows: usize,
-        cols: usize,
+        (rows, cols): (usize, usize),
         kb: usize,
         ap: &[f32],
         bp: &[f32],
         accumulate: bool,
+        post: Option<&Post<'_>>,
     ) -> Result {
         let mut tile = [0f32; MAX_TILE];
         let nr = self.nr;
@@ -690,7 +730,7 @@ impl Gemm {
                 }
             }
         }
-        arch::microkernel(self.isa, rows, kb, ap, bp, &mut t, (0, 0), accumulate)?;
+        arch::microkernel(self.isa, rows, kb, ap, bp, &mut t, (0, 0), accumulate, post)?;
         for r in 0..rows {
             match (c.row_run(i + r, j, cols), t.row_run(r, 0, cols)) {
                 (Some(dst), Some(src)) => dst.copy_from_slice(src),
@@ -702,8 +742,8 @@ impl Gemm {
         Ok(())
     }
 
-    /// Applies the bias and activation of `epi` to `rows × cols` of C at (i, j) (bias
-    /// indices relative to this view); with `zero`, C is cleared first.
+    /// Applies `bias` and `act` to `rows × cols` of C at (i, j) (bias indices relative
+    /// to this view); with `zero`, C is cleared first.
     #[allow(clippy::too_many_arguments)]
     fn epilogue_rows(
         &self,
@@ -712,19 +752,19 @@ impl Gemm {
         j: usize,
         rows: usize,
         cols: usize,
-        epi: &Epilogue<'_>,
+        bias: Bias<'_>,
+        act: Activation,
         zero: bool,
     ) {
-        let act = epi.activation;
-        if !zero && act == Activation::Identity && matches!(epi.bias, Bias::None) {
+        if !zero && act == Activation::Identity && matches!(bias, Bias::None) {
             return;
         }
         for r in i..i + rows {
-            let row_bias = match epi.bias {
+            let row_bias = match bias {
                 Bias::Row(v) => v.get(r).copied().unwrap_or(0.0),
                 _ => 0.0,
             };
-            let col_bias = match epi.bias {
+            let col_bias = match bias {
                 Bias::Col(v) => v.get(j..j + cols),
                 _ => None,
             };
@@ -764,6 +804,8 @@ impl Gemm {
 const MAX_SPLIT: usize = 64;
 /// Largest mr × nr of any micro-kernel.
 const MAX_TILE: usize = 12 * 32;
+/// Largest nr of any micro-kernel.
+const MAX_NR: usize = 32;
 
 struct Plan {
     threads: usize,
