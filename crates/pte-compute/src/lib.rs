@@ -101,6 +101,10 @@
 //! f16/bf16 and quantized types. NEON is compiled and
 //! type-checked only (no aarch64 machine to run it).
 
+#![deny(clippy::indexing_slicing)]
+// Tests index their reference data directly; a panic there is a test failure.
+#![cfg_attr(test, allow(clippy::indexing_slicing))]
+
 pub mod arch;
 pub mod conv;
 pub mod elementwise;

@@ -42,15 +42,7 @@ pub struct AvgOptions {
 impl Pool2dParams {
     /// Output height and width, PyTorch's `pooling_output_shape`.
     pub fn output(&self) -> Result<[usize; 2]> {
-        let mut out = [0; 2];
-        for (axis, o) in out.iter_mut().enumerate() {
-            let (i, k, s, p, d) = (
-                self.input[axis],
-                self.kernel[axis],
-                self.stride[axis],
-                self.padding[axis],
-                self.dilation[axis],
-            );
+        let axis = |i: usize, k: usize, s: usize, p: usize, d: usize| {
             if k == 0 || s == 0 || d == 0 || p > k / 2 {
                 return Err(Error::InvalidParameter {
                     what: format!("pooling window {k}, stride {s}, dilation {d}, padding {p} (at most half the window)"),
@@ -62,15 +54,21 @@ impl Pool2dParams {
             if self.ceil_mode && (n - 1) * s >= i + p {
                 n -= 1;
             }
-            *o = usize::try_from(n).ok().filter(|&n| n > 0).ok_or_else(|| {
-                Error::InvalidParameter {
-                    what: format!(
-                        "pooling leaves no output of an input of {}",
-                        self.input[axis]
-                    ),
-                }
-            })?;
-        }
+            usize::try_from(n)
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| Error::InvalidParameter {
+                    what: format!("pooling leaves no output of an input of {i}"),
+                })
+        };
+        let ([h, w], [kh, kw], [sh, sw], [ph, pw], [dh, dw]) = (
+            self.input,
+            self.kernel,
+            self.stride,
+            self.padding,
+            self.dilation,
+        );
+        let out = [axis(h, kh, sh, ph, dh)?, axis(w, kw, sw, pw, dw)?];
         Ok(out)
     }
 
@@ -100,10 +98,18 @@ impl Pool2dParams {
     /// its first tap (possibly in the padding) and the window end clipped to the
     /// padded input (for PyTorch's average divisor).
     fn span(&self, axis: usize, o: usize) -> (isize, usize, usize, isize) {
-        let start = (o * self.stride[axis]) as isize - self.padding[axis] as isize;
-        let extent = ((self.kernel[axis] - 1) * self.dilation[axis] + 1) as isize;
-        let end = (start + extent).min(self.input[axis] as isize);
-        let padded_end = (start + extent).min((self.input[axis] + self.padding[axis]) as isize);
+        let pick = |v: [usize; 2]| if axis == 0 { v[0] } else { v[1] };
+        let (input, kernel, stride, pad, dilation) = (
+            pick(self.input),
+            pick(self.kernel),
+            pick(self.stride),
+            pick(self.padding),
+            pick(self.dilation),
+        );
+        let start = (o * stride) as isize - pad as isize;
+        let extent = ((kernel - 1) * dilation + 1) as isize;
+        let end = (start + extent).min(input as isize);
+        let padded_end = (start + extent).min((input + pad) as isize);
         (
             start,
             start.max(0) as usize,

@@ -112,8 +112,10 @@ fn pad_plane(x: &[f32], w: usize, pl: usize, sw: usize, len: usize, fill: f32, r
                 continue;
             };
             for ((a, b), pair) in a.iter_mut().zip(b.iter_mut()).zip(pairs) {
-                *a = pair[0];
-                *b = pair[1];
+                if let &[p0, p1] = pair {
+                    *a = p0;
+                    *b = p1;
+                }
             }
             if let (Some(v), Some(o)) = (last, first.get_mut(f0 + n)) {
                 *o = v;
@@ -133,6 +135,7 @@ fn pad_plane(x: &[f32], w: usize, pl: usize, sw: usize, len: usize, fill: f32, r
 /// `C` values of a padded input row. `rows` holds the padded input rows the kernel
 /// reaches with their taps; `offs` the start of each kernel column's run.
 #[inline(always)]
+#[allow(clippy::indexing_slicing)] // i < C indexes two arrays of length C
 fn row_chunks<R: Reduce, const C: usize, const FMA: bool>(
     out_row: &mut [f32],
     rows: &[(&[f32], &[f32])],

@@ -53,7 +53,7 @@ impl Conv2dParams {
     /// Output height and width, or an error for an invalid geometry.
     pub fn output(&self) -> Result<[usize; 2]> {
         let g = self;
-        let bad = |what: String| Err(Error::InvalidParameter { what });
+        let bad = |what: String| Error::InvalidParameter { what };
         if g.groups == 0
             || !g.in_channels.is_multiple_of(g.groups)
             || !g.out_channels.is_multiple_of(g.groups)
@@ -61,29 +61,33 @@ impl Conv2dParams {
             || g.dilation.contains(&0)
             || g.kernel.contains(&0)
         {
-            return bad(format!(
+            return Err(bad(format!(
                 "convolution of {} to {} channels in {} groups, kernel {:?}, stride {:?}, dilation {:?}",
                 g.in_channels, g.out_channels, g.groups, g.kernel, g.stride, g.dilation
-            ));
+            )));
         }
-        let mut out = [0; 2];
-        for (axis, o) in out.iter_mut().enumerate() {
-            let extent = (g.kernel[axis] - 1)
-                .checked_mul(g.dilation[axis])
+        let [pt, pl, pb, pr] = g.padding;
+        let axis = |input: usize, kernel: usize, stride: usize, dilation: usize, pads: usize| {
+            let extent = (kernel - 1)
+                .checked_mul(dilation)
                 .and_then(|v| v.checked_add(1));
-            let padded = g.input[axis]
-                .checked_add(g.padding[axis])
-                .and_then(|v| v.checked_add(g.padding[axis + 2]));
-            match (extent, padded) {
-                (Some(e), Some(p)) if p >= e => *o = (p - e) / g.stride[axis] + 1,
-                _ => {
-                    return bad(format!(
-                        "kernel {:?} with dilation {:?} is larger than the padded input {:?}",
-                        g.kernel, g.dilation, g.input
-                    ))
-                }
+            match (extent, input.checked_add(pads)) {
+                (Some(e), Some(p)) if p >= e => Ok((p - e) / stride + 1),
+                _ => Err(bad(format!(
+                    "kernel {:?} with dilation {:?} is larger than the padded input {:?}",
+                    g.kernel, g.dilation, g.input
+                ))),
             }
-        }
+        };
+        let ([h, w], [kh, kw], [sh, sw], [dh, dw]) = (g.input, g.kernel, g.stride, g.dilation);
+        let pads = |a: usize, b: usize| {
+            a.checked_add(b)
+                .ok_or(Error::SizeOverflow { what: "padding" })
+        };
+        let out = [
+            axis(h, kh, sh, dh, pads(pt, pb)?)?,
+            axis(w, kw, sw, dw, pads(pl, pr)?)?,
+        ];
         Ok(out)
     }
 

@@ -46,24 +46,33 @@ impl ConvTranspose2dParams {
             || g.dilation.contains(&0)
             || g.kernel.contains(&0)
             || g.input.contains(&0)
-            || (0..2).any(|a| g.output_padding[a] >= g.stride[a].max(g.dilation[a]))
+            || g.output_padding
+                .iter()
+                .zip(g.stride.iter().zip(&g.dilation))
+                .any(|(&o, (&s, &d))| o >= s.max(d))
         {
             return Err(bad(format!("transposed convolution {g:?}")));
         }
-        let mut out = [0; 2];
-        for (a, o) in out.iter_mut().enumerate() {
-            let full = (g.input[a] - 1)
-                .checked_mul(g.stride[a])
-                .and_then(|v| v.checked_add((g.kernel[a] - 1).checked_mul(g.dilation[a])?))
-                .and_then(|v| v.checked_add(g.output_padding[a] + 1))
+        let axis = |input: usize,
+                    kernel: usize,
+                    stride: usize,
+                    dilation: usize,
+                    pad: usize,
+                    extra: usize| {
+            let full = (input - 1)
+                .checked_mul(stride)
+                .and_then(|v| v.checked_add((kernel - 1).checked_mul(dilation)?))
+                .and_then(|v| v.checked_add(extra + 1))
                 .ok_or(Error::SizeOverflow {
                     what: "transposed convolution output",
                 })?;
-            *o = full
-                .checked_sub(2 * g.padding[a])
+            full.checked_sub(2 * pad)
                 .filter(|&v| v > 0)
-                .ok_or_else(|| bad(format!("padding {:?} leaves no output", g.padding)))?;
-        }
+                .ok_or_else(|| bad(format!("padding {:?} leaves no output", g.padding)))
+        };
+        let ([h, w], [kh, kw], [sh, sw], [dh, dw]) = (g.input, g.kernel, g.stride, g.dilation);
+        let ([ph, pw], [eh, ew]) = (g.padding, g.output_padding);
+        let out = [axis(h, kh, sh, dh, ph, eh)?, axis(w, kw, sw, dw, pw, ew)?];
         Ok(out)
     }
 }

@@ -87,6 +87,7 @@ const D: usize = 8;
 /// One panel of `W` lines (`valid` of them real) transposed from rows contiguous along
 /// the depth, `D` depths at a time through a register-sized block.
 #[inline(always)]
+#[allow(clippy::indexing_slicing)] // d < D and l < W index arrays of those lengths
 fn transpose_panel<const W: usize>(
     src: &MatRef<'_>,
     first: usize,
