@@ -188,6 +188,15 @@ impl Conv2d {
         })
     }
 
+    /// Heap bytes held by the prepared weights and bias (for memory budgets).
+    pub fn bytes(&self) -> usize {
+        let weights = match &self.algo {
+            Algo::Gemm { weights, .. } => weights.iter().map(PackedA::bytes).sum(),
+            Algo::Depthwise { weights } => weights.len() * std::mem::size_of::<f32>(),
+        };
+        weights + self.bias.len() * std::mem::size_of::<f32>()
+    }
+
     /// The geometry.
     pub fn params(&self) -> &Conv2dParams {
         &self.p

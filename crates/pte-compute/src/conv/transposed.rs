@@ -143,6 +143,12 @@ impl ConvTranspose2d {
         })
     }
 
+    /// Heap bytes held by the prepared weights and bias (for memory budgets).
+    pub fn bytes(&self) -> usize {
+        self.weights.iter().map(PackedA::bytes).sum::<usize>()
+            + self.bias.len() * std::mem::size_of::<f32>()
+    }
+
     /// Output height and width.
     pub fn output_size(&self) -> [usize; 2] {
         self.out

@@ -4,9 +4,10 @@
 //! (or read pre-packed) in panels of `nr` columns; for each block of `mc` rows, A is
 //! packed (or read pre-packed) in panels of `mr` rows; a micro-kernel then computes
 //! each `mr × nr` tile in registers. The B panel of `kc × nr` stays in L1 while the A
-//! block streams from L2. After the last depth block the epilogue (bias, activation)
-//! runs on the tile while it is still in L1. Edge tiles run a micro-kernel of exactly
-//! the remaining rows; edge columns go through a small tile buffer.
+//! block streams from L2. After the last depth block the micro-kernel stores the tile
+//! through the bias and clamp of the epilogue; any other activation then runs on the
+//! tile while it is still in L1. Edge tiles run a micro-kernel of exactly the
+//! remaining rows; edge columns go through a small tile buffer.
 //!
 //! Operands packed once ([`PackedA`], [`PackedB`]: constant weights, at load time)
 //! keep their panels over the whole depth, so any depth block is a contiguous run of
@@ -135,6 +136,10 @@ impl PackedA {
     pub(crate) fn panels(&self) -> &Panels {
         &self.0
     }
+    /// Heap bytes held (for memory budgets).
+    pub fn bytes(&self) -> usize {
+        self.0.buf.len() * std::mem::size_of::<f32>()
+    }
     /// Rows (m).
     pub fn rows(&self) -> usize {
         self.0.lines
@@ -146,6 +151,10 @@ impl PackedA {
 }
 
 impl PackedB {
+    /// Heap bytes held (for memory budgets).
+    pub fn bytes(&self) -> usize {
+        self.0.buf.len() * std::mem::size_of::<f32>()
+    }
     /// Rows (k).
     pub fn rows(&self) -> usize {
         self.0.depth
