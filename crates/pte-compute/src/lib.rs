@@ -82,10 +82,14 @@
 //! `gemm` 0.19 (used by the kernels before this crate) allocates its packing buffers on
 //! every call, cannot take an operand packed once at load time nor caller memory, has
 //! no fused bias or activation, and without its `x86-v4` feature does not use AVX-512.
-//! Measured in the same run on this machine (BENCHMARKS.md): 1024³ on one thread, 146
-//! GFLOP/s with a pre-packed operand (AVX-512 kernel; 84 with the AVX2 kernel) against
-//! 89 for `gemm`; the 64-token linear layers of a transformer encoder at 138-154 against
-//! 54-86; resnet18's convolutions in 36 ms against 63 ms for im2col + `gemm`.
+//! Measured in the same runs on the development machine (BENCHMARKS.md, 1 thread): on
+//! 1024³, 144-148 GFLOP/s with the AVX-512 kernel against 91 for `gemm`, and 90-93 with
+//! the AVX2 kernel (parity: both at the AVX2 peak); on the 64-token linear layers of a
+//! transformer encoder with the weight packed at load, 143-163 against 47-84 (AVX2
+//! kernel: 62-97 against 57-89); resnet18's convolutions in 31.9 ms on 1 thread and
+//! 18.0 ms on 2, against 60.2 and 45.3 ms for im2col + `gemm`. On an AVX2-only machine
+//! the large-product throughput alone would not justify the replacement; the
+//! allocation-free calls, load-time packing and fused epilogues do.
 //!
 //! # Safety
 //!
