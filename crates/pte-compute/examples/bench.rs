@@ -802,7 +802,7 @@ fn main() {
                 runs += 1;
             }
             println!(
-                "{} {:.3} ms",
+                "{} {:.3} ms ({runs} runs)",
                 conv.algorithm(),
                 t.elapsed().as_secs_f64() * 1e3 / f64::from(runs)
             );
