@@ -63,13 +63,11 @@ pub(crate) fn mul(a: usize, b: usize, what: &'static str) -> Result<usize> {
 }
 
 /// `a + b`, or [`Error::SizeOverflow`] naming `what`.
-#[allow(dead_code)]
 pub(crate) fn add(a: usize, b: usize, what: &'static str) -> Result<usize> {
     a.checked_add(b).ok_or(Error::SizeOverflow { what })
 }
 
 /// Checks that a buffer holds at least `needed` elements.
-#[allow(dead_code)]
 pub(crate) fn need(what: &'static str, len: usize, needed: usize) -> Result {
     if len < needed {
         Err(Error::BufferTooSmall { what, len, needed })
