@@ -1,0 +1,811 @@
+//! Benchmarks of pte-compute against the `gemm` crate and rayon, printed as tables.
+//!
+//! `cargo run --release -p pte-compute --example bench [gemm|conv|pool|all] [--quick]`
+//!
+//! Each figure is the median of several rounds; the rounds of the compared
+//! implementations are interleaved so that machine noise hits them alike.
+
+// A benchmark program: a setup failure should stop it loudly.
+#![allow(clippy::unwrap_used)]
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use pte_compute::{
+    Activation, Conv2d, Conv2dParams, Epilogue, Gemm, Isa, Lhs, MatMut, MatRef, Rhs, ThreadPool,
+};
+
+/// Median seconds per call of `f`, timed in `rounds` rounds of at least `min` each.
+fn time<F: FnMut()>(f: &mut F, min: Duration) -> f64 {
+    f();
+    let mut iters = 1u32;
+    loop {
+        let t = Instant::now();
+        for _ in 0..iters {
+            f();
+        }
+        let e = t.elapsed();
+        if e >= min {
+            return e.as_secs_f64() / f64::from(iters);
+        }
+        iters = iters.saturating_mul(2);
+    }
+}
+
+/// Interleaved rounds of every closure; medians in seconds.
+fn race(fs: &mut [&mut dyn FnMut()], rounds: usize, min: Duration) -> Vec<f64> {
+    let mut samples = vec![Vec::new(); fs.len()];
+    for _ in 0..rounds {
+        for (f, s) in fs.iter_mut().zip(samples.iter_mut()) {
+            s.push(time(f, min));
+        }
+    }
+    samples
+        .into_iter()
+        .map(|mut s| {
+            s.sort_by(f64::total_cmp);
+            s[s.len() / 2]
+        })
+        .collect()
+}
+
+fn values(n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 7919) % 2001) as f32 / 1000.0 - 1.0)
+        .collect()
+}
+
+struct Opts {
+    rounds: usize,
+    min: Duration,
+    isa: Isa,
+}
+
+fn bench_gemm(o: &Opts) {
+    println!(
+        "## GEMM, f32, C = A·B (row-major), GFLOP/s (median of {} rounds)\n",
+        o.rounds
+    );
+    println!("| m | n | k | threads | pte strided | pte packed B | pte packed A | gemm crate |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let shapes = [
+        (1024, 1024, 1024),
+        (512, 512, 512),
+        (256, 256, 256),
+        (128, 128, 128),
+        (64, 64, 64),
+        // transformer encoder d=256, 64 tokens: QKV, out-proj, FFN up and down
+        (64, 768, 256),
+        (64, 256, 256),
+        (64, 1024, 256),
+        (64, 256, 1024),
+        // resnet18 as NCHW im2col products (c_out x k x pixels)
+        (64, 3136, 576),
+        (128, 784, 1152),
+        (256, 196, 2304),
+        (512, 49, 4608),
+        // vector-matrix
+        (1, 1024, 1024),
+    ];
+    let g = Gemm::with_isa(o.isa).unwrap();
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads).unwrap();
+        let par = if threads == 1 {
+            gemm::Parallelism::None
+        } else {
+            gemm::Parallelism::Rayon(threads)
+        };
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global()
+            .ok();
+        let rayon_pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for &(m, n, k) in &shapes {
+            let a = values(m * k);
+            let b = values(k * n);
+            let mut c = vec![0.0f32; m * n];
+            let am = MatRef::row_major(&a, m, k).unwrap();
+            let bm = MatRef::row_major(&b, k, n).unwrap();
+            let pb = g.pack_b(bm).unwrap();
+            let mut scratch = vec![0.0; g.scratch_len(m, n, k, false, false, threads).unwrap()];
+            let mut scratch2 = scratch.clone();
+            let epi = Epilogue::default();
+            let pa = g.pack_a(am).unwrap();
+            let mut c4 = vec![0.0f32; m * n];
+            let mut scratch4 = scratch.clone();
+            let mut packed_a = || {
+                let cm = MatMut::row_major(&mut c4, m, n).unwrap();
+                g.run(
+                    &pool,
+                    cm,
+                    Lhs::Packed(&pa),
+                    Rhs::Mat(bm),
+                    &epi,
+                    &mut scratch4,
+                )
+                .unwrap();
+            };
+            let mut strided = || {
+                let cm = MatMut::row_major(&mut c, m, n).unwrap();
+                g.run(&pool, cm, Lhs::Mat(am), Rhs::Mat(bm), &epi, &mut scratch)
+                    .unwrap();
+            };
+            let mut c2 = vec![0.0f32; m * n];
+            let mut packed = || {
+                let cm = MatMut::row_major(&mut c2, m, n).unwrap();
+                g.run(
+                    &pool,
+                    cm,
+                    Lhs::Mat(am),
+                    Rhs::Packed(&pb),
+                    &epi,
+                    &mut scratch2,
+                )
+                .unwrap();
+            };
+            let mut c3 = vec![0.0f32; m * n];
+            let mut theirs = || {
+                rayon_pool.install(|| {
+                    // SAFETY: row-major buffers of the stated sizes; C does not alias A or B.
+                    unsafe {
+                        gemm::gemm(
+                            m,
+                            n,
+                            k,
+                            c3.as_mut_ptr(),
+                            1,
+                            n as isize,
+                            false,
+                            a.as_ptr(),
+                            1,
+                            k as isize,
+                            b.as_ptr(),
+                            1,
+                            n as isize,
+                            0.0,
+                            1.0,
+                            false,
+                            false,
+                            false,
+                            par,
+                        )
+                    }
+                });
+                black_box(&c3);
+            };
+            let t = race(
+                &mut [&mut strided, &mut packed, &mut packed_a, &mut theirs],
+                o.rounds,
+                o.min,
+            );
+            let fl = 2.0 * (m * n * k) as f64 / 1e9;
+            println!(
+                "| {m} | {n} | {k} | {threads} | {:.1} | {:.1} | {:.1} | {:.1} |",
+                fl / t[0],
+                fl / t[1],
+                fl / t[2],
+                fl / t[3]
+            );
+        }
+    }
+    println!();
+}
+
+fn bench_pool(o: &Opts) {
+    println!("## Fork-join overhead: a job of `tasks` empty tasks, microseconds per call\n");
+    println!("| threads | tasks | pte ThreadPool::parallel_for | rayon install + par_iter |");
+    println!("|---:|---:|---:|---:|");
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads).unwrap();
+        let rp = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        for tasks in [2, 16] {
+            let sink = std::sync::atomic::AtomicUsize::new(0);
+            let mut ours = || {
+                pool.parallel_for(tasks, |t, _| {
+                    sink.fetch_add(t, std::sync::atomic::Ordering::Relaxed);
+                })
+            };
+            let mut theirs = || {
+                use rayon::prelude::*;
+                rp.install(|| {
+                    (0..tasks).into_par_iter().for_each(|t| {
+                        sink.fetch_add(t, std::sync::atomic::Ordering::Relaxed);
+                    })
+                })
+            };
+            let t = race(&mut [&mut ours, &mut theirs], o.rounds, o.min);
+            println!(
+                "| {threads} | {tasks} | {:.2} | {:.2} |",
+                t[0] * 1e6,
+                t[1] * 1e6
+            );
+        }
+    }
+    println!();
+}
+
+fn bench_attention(o: &Opts) {
+    use pte_compute::{BatchMut, BatchRef};
+    println!(
+        "## Attention-shaped batched products, microseconds per batch (median of {} rounds)\n",
+        o.rounds
+    );
+    println!("| batch x heads | m x n x k | threads | pte run_batched | gemm crate, one call per matrix | GFLOP/s (pte) |");
+    println!("|---:|---|---:|---:|---:|---:|");
+    let g = Gemm::with_isa(o.isa).unwrap();
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads).unwrap();
+        for (count, m, n, k) in [(4, 64, 64, 64), (16, 64, 64, 64), (12, 128, 128, 64)] {
+            let a = values(count * m * k);
+            // K is [count, n, k]: its transposed view is the right operand (Q·Kᵀ).
+            let b = values(count * n * k);
+            let mut c = vec![0.0; count * m * n];
+            let mut c2 = c.clone();
+            let mut scratch = vec![0.0; g.batched_scratch_len(m, n, k, threads).unwrap()];
+            let epi = Epilogue::default();
+            let ab = BatchRef::new(&a, count, m, k, k, 1, m * k).unwrap();
+            let bb = BatchRef::new(&b, count, k, n, 1, k, n * k).unwrap();
+            let mut ours = || {
+                let cb = BatchMut::new(&mut c, count, m, n, n, 1, m * n).unwrap();
+                g.run_batched(&pool, cb, ab, bb, &epi, &mut scratch)
+                    .unwrap();
+            };
+            let rp = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let par = if threads == 1 {
+                gemm::Parallelism::None
+            } else {
+                gemm::Parallelism::Rayon(threads)
+            };
+            let mut theirs = || {
+                rp.install(|| {
+                    for i in 0..count {
+                        // SAFETY: in-bounds row-major buffers; C does not alias A or B.
+                        unsafe {
+                            gemm::gemm(
+                                m,
+                                n,
+                                k,
+                                c2[i * m * n..].as_mut_ptr(),
+                                1,
+                                n as isize,
+                                false,
+                                a[i * m * k..].as_ptr(),
+                                1,
+                                k as isize,
+                                b[i * n * k..].as_ptr(),
+                                k as isize,
+                                1,
+                                0.0,
+                                1.0,
+                                false,
+                                false,
+                                false,
+                                par,
+                            )
+                        }
+                    }
+                })
+            };
+            let t = race(&mut [&mut ours, &mut theirs], o.rounds, o.min);
+            let fl = 2.0 * (count * m * n * k) as f64 / 1e9;
+            println!(
+                "| {count} | {m}x{n}x{k} | {threads} | {:.1} | {:.1} | {:.1} |",
+                t[0] * 1e6,
+                t[1] * 1e6,
+                fl / t[0]
+            );
+        }
+    }
+    println!();
+}
+
+fn bench_ops(o: &Opts) {
+    use pte_compute::elementwise;
+    use pte_compute::pooling::{self, AvgOptions, Pool2dParams};
+    println!(
+        "## Pooling and elementwise, microseconds (median of {} rounds, 1 thread)\n",
+        o.rounds
+    );
+    println!("| operation | size | pte | scalar loop |");
+    println!("|---|---|---:|---:|");
+    let pool = ThreadPool::new(1).unwrap();
+    let p = Pool2dParams {
+        input: [112, 112],
+        kernel: [3, 3],
+        stride: [2, 2],
+        padding: [1, 1],
+        dilation: [1, 1],
+        ceil_mode: false,
+    };
+    let x = values(64 * 112 * 112);
+    let mut y = vec![0.0; 64 * 56 * 56];
+    let mut y2 = y.clone();
+    let mut ps = vec![0.0; p.scratch_len(1).unwrap()];
+    let mut ours = || pooling::max_pool2d(o.isa, &pool, &p, &x, &mut y, None, &mut ps).unwrap();
+    let mut naive = || {
+        for (plane, out) in y2.chunks_mut(56 * 56).enumerate() {
+            for (i, v) in out.iter_mut().enumerate() {
+                let (oy, ox) = (i / 56, i % 56);
+                let mut m = f32::NEG_INFINITY;
+                for ky in 0..3 {
+                    for kx in 0..3 {
+                        let (iy, ix) = ((oy * 2 + ky) as isize - 1, (ox * 2 + kx) as isize - 1);
+                        if iy >= 0 && ix >= 0 && iy < 112 && ix < 112 {
+                            m = m.max(x[plane * 12544 + iy as usize * 112 + ix as usize]);
+                        }
+                    }
+                }
+                *v = m;
+            }
+        }
+    };
+    let t = race(&mut [&mut ours, &mut naive], o.rounds, o.min);
+    println!(
+        "| max_pool2d 3x3/2 pad 1 (resnet18) | 64x112x112 | {:.1} | {:.1} |",
+        t[0] * 1e6,
+        t[1] * 1e6
+    );
+    let xa = values(1280 * 49);
+    let mut ya = vec![0.0; 1280];
+    let mut ya2 = ya.clone();
+    let mut ours = || pooling::global_avg_pool(o.isa, &xa, 49, &mut ya).unwrap();
+    let mut naive = || {
+        for (v, p) in ya2.iter_mut().zip(xa.chunks(49)) {
+            *v = p.iter().sum::<f32>() / 49.0;
+        }
+    };
+    let t = race(&mut [&mut ours, &mut naive], o.rounds, o.min);
+    println!(
+        "| global average pool | 1280x7x7 | {:.1} | {:.1} |",
+        t[0] * 1e6,
+        t[1] * 1e6
+    );
+    let pa = Pool2dParams {
+        input: [14, 14],
+        kernel: [2, 2],
+        stride: [2, 2],
+        padding: [0, 0],
+        dilation: [1, 1],
+        ceil_mode: false,
+    };
+    let xp = values(256 * 196);
+    let mut yp = vec![0.0; 256 * 49];
+    let opts = AvgOptions {
+        count_include_pad: true,
+        divisor_override: None,
+    };
+    let mut ours = || pooling::avg_pool2d(&pool, &pa, opts, &xp, &mut yp).unwrap();
+    let t = race(&mut [&mut ours], o.rounds, o.min);
+    println!("| avg_pool2d 2x2/2 | 256x14x14 | {:.1} | - |", t[0] * 1e6);
+    let n = 64 * 1024;
+    let xe = values(n);
+    let mut ye = vec![0.0; n];
+    for (name, act, scalar) in [
+        (
+            "gelu",
+            Activation::Gelu,
+            (|v: f32| 0.5 * v * (1.0 + libm_erf(v / std::f32::consts::SQRT_2))) as fn(f32) -> f32,
+        ),
+        ("sigmoid", Activation::Sigmoid, |v: f32| {
+            1.0 / (1.0 + (-v).exp())
+        }),
+        ("tanh", Activation::Tanh, f32::tanh),
+    ] {
+        let mut y2 = ye.clone();
+        let mut ours = || {
+            ye.copy_from_slice(&xe);
+            elementwise::activate(o.isa, &mut ye, act);
+        };
+        let mut naive = || {
+            for (d, &s) in y2.iter_mut().zip(&xe) {
+                *d = scalar(s);
+            }
+            black_box(&y2);
+        };
+        let t = race(&mut [&mut ours, &mut naive], o.rounds, o.min);
+        println!(
+            "| {name} | {n} | {:.1} | {:.1} (std) |",
+            t[0] * 1e6,
+            t[1] * 1e6
+        );
+    }
+    let mut ys = vec![0.0; n];
+    let mut ours = || elementwise::softmax_rows(o.isa, &mut ys, &xe, 64).unwrap();
+    let t = race(&mut [&mut ours], o.rounds, o.min);
+    println!(
+        "| softmax rows of 64 (attention scores) | 1024 rows | {:.1} | - |",
+        t[0] * 1e6
+    );
+    let g: Vec<f32> = values(256);
+    let mut ours = || {
+        elementwise::layer_norm_rows(o.isa, &mut ys, &xe, 256, Some(&g), Some(&g), 1e-5, None)
+            .unwrap()
+    };
+    let t = race(&mut [&mut ours], o.rounds, o.min);
+    println!(
+        "| layer_norm rows of 256 | 256 rows | {:.1} | - |\n",
+        t[0] * 1e6
+    );
+}
+
+/// erf by its Taylor series (the scalar baseline only; std has no erf).
+fn libm_erf(x: f32) -> f32 {
+    let x = f64::from(x.clamp(-4.0, 4.0));
+    let (mut term, mut sum) = (x, x);
+    for n in 1..60 {
+        term *= -x * x / f64::from(n);
+        sum += term / f64::from(2 * n + 1);
+    }
+    (sum * 2.0 / std::f64::consts::PI.sqrt()) as f32
+}
+
+/// A convolution layer of a network and how many times it occurs.
+struct Layer {
+    p: Conv2dParams,
+    count: usize,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn layer(
+    c_in: usize,
+    c_out: usize,
+    groups: usize,
+    size: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+) -> Conv2dParams {
+    Conv2dParams {
+        in_channels: c_in,
+        out_channels: c_out,
+        groups,
+        input: [size, size],
+        kernel: [k, k],
+        stride: [stride, stride],
+        padding: [pad; 4],
+        dilation: [1, 1],
+    }
+}
+
+fn push(v: &mut Vec<Layer>, p: Conv2dParams) {
+    match v.iter_mut().find(|l| l.p == p) {
+        Some(l) => l.count += 1,
+        None => v.push(Layer { p, count: 1 }),
+    }
+}
+
+/// torchvision resnet18's convolutions at 224x224.
+fn resnet18() -> Vec<Layer> {
+    let mut v = Vec::new();
+    push(&mut v, layer(3, 64, 1, 224, 7, 2, 3));
+    let mut c = 64;
+    let mut size = 56;
+    for (i, out) in [64, 128, 256, 512].into_iter().enumerate() {
+        for block in 0..2 {
+            let s = if i > 0 && block == 0 { 2 } else { 1 };
+            push(&mut v, layer(c, out, 1, size, 3, s, 1));
+            if s == 2 {
+                push(&mut v, layer(c, out, 1, size, 1, 2, 0));
+                size /= 2;
+            }
+            push(&mut v, layer(out, out, 1, size, 3, 1, 1));
+            c = out;
+        }
+    }
+    v
+}
+
+/// torchvision mobilenet_v2's convolutions at 224x224.
+fn mobilenet_v2() -> Vec<Layer> {
+    let mut v = Vec::new();
+    push(&mut v, layer(3, 32, 1, 224, 3, 2, 1));
+    let (mut c, mut size) = (32, 112);
+    for (t, out, n, s) in [
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    ] {
+        for i in 0..n {
+            let stride = if i == 0 { s } else { 1 };
+            let hidden = c * t;
+            if t != 1 {
+                push(&mut v, layer(c, hidden, 1, size, 1, 1, 0));
+            }
+            push(&mut v, layer(hidden, hidden, hidden, size, 3, stride, 1));
+            size = (size - 1) / stride + 1;
+            push(&mut v, layer(hidden, out, 1, size, 1, 1, 0));
+            c = out;
+        }
+    }
+    push(&mut v, layer(320, 1280, 1, 7, 1, 1, 0));
+    v
+}
+
+/// The pre-existing path of pte-kernels for a non-depthwise convolution: im2col into a
+/// buffer, then the `gemm` crate per group, bias pre-filled.
+fn im2col_gemm_crate(
+    p: &Conv2dParams,
+    x: &[f32],
+    w: &[f32],
+    bias: &[f32],
+    y: &mut [f32],
+    col: &mut [f32],
+    par: gemm::Parallelism,
+) {
+    let [oh, ow] = p.output().unwrap();
+    let (cig, cog) = (p.in_channels / p.groups, p.out_channels / p.groups);
+    let [h, wd] = p.input;
+    let [kh, kw] = p.kernel;
+    let kk = cig * kh * kw;
+    let n = oh * ow;
+    for g in 0..p.groups {
+        let xg = &x[g * cig * h * wd..];
+        for r in 0..kk {
+            let (c, ky, kx) = (r / (kh * kw), r / kw % kh, r % kw);
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let iy = (oy * p.stride[0] + ky) as isize - p.padding[0] as isize;
+                    let ix = (ox * p.stride[1] + kx) as isize - p.padding[1] as isize;
+                    col[r * n + oy * ow + ox] =
+                        if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
+                            0.0
+                        } else {
+                            xg[c * h * wd + iy as usize * wd + ix as usize]
+                        };
+                }
+            }
+        }
+        let yg = &mut y[g * cog * n..(g + 1) * cog * n];
+        for (row, &b) in yg.chunks_mut(n).zip(&bias[g * cog..]) {
+            row.fill(b);
+        }
+        // SAFETY: row-major buffers of the stated sizes; y does not alias w or col.
+        unsafe {
+            gemm::gemm(
+                cog,
+                n,
+                kk,
+                yg.as_mut_ptr(),
+                1,
+                n as isize,
+                true,
+                w[g * cog * kk..].as_ptr(),
+                1,
+                kk as isize,
+                col.as_ptr(),
+                1,
+                n as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                par,
+            );
+        }
+    }
+}
+
+fn bench_conv(o: &Opts, name: &str, layers: &[Layer]) {
+    println!(
+        "## {name} convolutions (1x3x224x224), milliseconds per layer (median of {} rounds)\n",
+        o.rounds
+    );
+    println!("| layer (c_in→c_out, groups, input, kernel/stride/pad) | count | algorithm | GFLOP | pte 1T | pte 2T | im2col+gemm crate 1T | 2T |");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    let g = Gemm::with_isa(o.isa).unwrap();
+    let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
+    let mut totals = [0.0f64; 4];
+    let mut flops = 0.0;
+    for l in layers {
+        let p = &l.p;
+        let (cig, _) = (p.in_channels / p.groups, 0);
+        let w = values(p.out_channels * cig * p.kernel[0] * p.kernel[1]);
+        let bias = values(p.out_channels);
+        let conv = Conv2d::new(g, *p, &w, Some(&bias), Activation::RELU).unwrap();
+        let (x_len, y_len) = conv.io_len(1).unwrap();
+        let x = values(x_len);
+        let [oh, ow] = conv.output_size();
+        let gflop = 2.0 * (p.out_channels * oh * ow * cig * p.kernel[0] * p.kernel[1]) as f64 / 1e9;
+        let mut ys = [
+            vec![0.0; y_len],
+            vec![0.0; y_len],
+            vec![0.0; y_len],
+            vec![0.0; y_len],
+        ];
+        let mut scratch = [
+            vec![0.0; conv.scratch_len(1).unwrap()],
+            vec![0.0; conv.scratch_len(2).unwrap()],
+        ];
+        let depthwise = conv.algorithm() == "depthwise";
+        let mut col = vec![
+            0.0;
+            if depthwise {
+                0
+            } else {
+                cig * p.kernel[0] * p.kernel[1] * oh * ow
+            }
+        ];
+        let rayon2 = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let [y0, y1, y2, y3] = &mut ys;
+        let [s0, s1] = &mut scratch;
+        let mut col2 = col.clone();
+        let mut f0 = || conv.run(&pools[0], &x, 1, y0, s0).unwrap();
+        let mut f1 = || conv.run(&pools[1], &x, 1, y1, s1).unwrap();
+        let mut f2 = || {
+            if !depthwise {
+                im2col_gemm_crate(p, &x, &w, &bias, y2, &mut col, gemm::Parallelism::None)
+            }
+        };
+        let mut f3 = || {
+            if !depthwise {
+                rayon2.install(|| {
+                    im2col_gemm_crate(p, &x, &w, &bias, y3, &mut col2, gemm::Parallelism::Rayon(2))
+                })
+            }
+        };
+        let t = race(&mut [&mut f0, &mut f1, &mut f2, &mut f3], o.rounds, o.min);
+        let c = l.count as f64;
+        for (tot, v) in totals.iter_mut().zip(&t) {
+            *tot += v * c;
+        }
+        flops += gflop * c;
+        let base = |v: f64| {
+            if depthwise {
+                "-".to_string()
+            } else {
+                format!("{:.3}", v * 1e3)
+            }
+        };
+        println!(
+            "| {}→{}, g{}, {}x{}, {}/{}/{} | {} | {} | {:.3} | {:.3} | {:.3} | {} | {} |",
+            p.in_channels,
+            p.out_channels,
+            p.groups,
+            p.input[0],
+            p.input[1],
+            p.kernel[0],
+            p.stride[0],
+            p.padding[0],
+            l.count,
+            conv.algorithm(),
+            gflop,
+            t[0] * 1e3,
+            t[1] * 1e3,
+            base(t[2]),
+            base(t[3])
+        );
+    }
+    println!(
+        "| **all convolutions** | | | {:.2} | {:.2} ({:.0} GFLOP/s) | {:.2} ({:.0} GFLOP/s) | {:.2}* | {:.2}* |\n",
+        flops, totals[0] * 1e3, flops / totals[0], totals[1] * 1e3, flops / totals[1], totals[2] * 1e3, totals[3] * 1e3
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let what = args
+        .first()
+        .filter(|a| !a.starts_with("--"))
+        .map_or("all", String::as_str);
+    let isa = match args
+        .iter()
+        .position(|a| a == "--isa")
+        .and_then(|i| args.get(i + 1))
+        .map(String::as_str)
+    {
+        Some("avx2") => Isa::Avx2,
+        Some("generic") => Isa::Generic,
+        Some("avx512") => Isa::Avx512,
+        _ => Isa::best(),
+    };
+    let o = if quick {
+        Opts {
+            rounds: 3,
+            min: Duration::from_millis(20),
+            isa,
+        }
+    } else {
+        Opts {
+            rounds: 7,
+            min: Duration::from_millis(50),
+            isa,
+        }
+    };
+    println!(
+        "isa: {} (best on this CPU: {})\n",
+        o.isa.name(),
+        Isa::best().name()
+    );
+    if what == "pool" || what == "all" {
+        bench_pool(&o);
+    }
+    if what == "gemm" || what == "all" {
+        bench_gemm(&o);
+    }
+    if what == "conv" || what == "all" {
+        bench_conv(&o, "resnet18", &resnet18());
+        bench_conv(&o, "mobilenet_v2", &mobilenet_v2());
+        println!("\\* without the depthwise layers, which the baseline column skips.\n");
+    }
+    if what == "attention" || what == "all" {
+        bench_attention(&o);
+    }
+    if what == "ops" || what == "all" {
+        bench_ops(&o);
+    }
+    if what == "batched" {
+        // A batch in a loop, for a profiler: batched COUNT M N K THREADS
+        use pte_compute::{BatchMut, BatchRef};
+        let v: Vec<usize> = args.iter().skip(1).filter_map(|a| a.parse().ok()).collect();
+        if let [count, m, n, k, threads] = v[..] {
+            let g = Gemm::with_isa(o.isa).unwrap();
+            let pool = ThreadPool::new(threads).unwrap();
+            let (a, b) = (values(count * m * k), values(count * n * k));
+            let mut c = vec![0.0; count * m * n];
+            let mut scratch = vec![0.0; g.batched_scratch_len(m, n, k, threads).unwrap()];
+            let ab = BatchRef::new(&a, count, m, k, k, 1, m * k).unwrap();
+            let bb = BatchRef::new(&b, count, k, n, 1, k, n * k).unwrap();
+            let t = Instant::now();
+            let mut runs = 0;
+            while t.elapsed() < Duration::from_secs(3) {
+                let cb = BatchMut::new(&mut c, count, m, n, n, 1, m * n).unwrap();
+                g.run_batched(&pool, cb, ab, bb, &Epilogue::default(), &mut scratch)
+                    .unwrap();
+                runs += 1;
+            }
+            println!(
+                "{:.1} us",
+                t.elapsed().as_secs_f64() * 1e6 / f64::from(runs)
+            );
+        }
+    }
+    if what == "layer" {
+        // One layer in a loop, for a profiler: layer C_IN C_OUT GROUPS SIZE K STRIDE PAD THREADS
+        let n: Vec<usize> = args.iter().skip(1).filter_map(|a| a.parse().ok()).collect();
+        if let [ci, co, g, size, k, s, pad, threads] = n[..] {
+            let p = layer(ci, co, g, size, k, s, pad);
+            let w = values(co * ci / g * k * k);
+            let conv = Conv2d::new(
+                Gemm::with_isa(o.isa).unwrap(),
+                p,
+                &w,
+                None,
+                Activation::RELU,
+            )
+            .unwrap();
+            let pool = ThreadPool::new(threads).unwrap();
+            let (xl, yl) = conv.io_len(1).unwrap();
+            let (x, mut y) = (values(xl), vec![0.0; yl]);
+            let mut scratch = vec![0.0; conv.scratch_len(threads).unwrap()];
+            let t = Instant::now();
+            let mut runs = 0;
+            while t.elapsed() < Duration::from_secs(3) {
+                conv.run(&pool, &x, 1, &mut y, &mut scratch).unwrap();
+                runs += 1;
+            }
+            println!(
+                "{} {:.3} ms ({runs} runs)",
+                conv.algorithm(),
+                t.elapsed().as_secs_f64() * 1e3 / f64::from(runs)
+            );
+        }
+    }
+}

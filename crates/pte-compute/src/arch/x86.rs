@@ -1,0 +1,140 @@
+//! x86-64 GEMM micro-kernels: AVX2+FMA 6×16 and AVX-512F 12×32.
+//!
+//! Each keeps `rows × (nr / lanes)` accumulators in vector registers; a step of `p` loads
+//! `nr / lanes` vectors of the B panel and broadcasts each of the `rows` values of the A
+//! panel once. The number of rows is a const parameter, so an edge tile of fewer rows
+//! runs a kernel of exactly that many rows (no wasted multiply-adds) with the same
+//! packed A panel.
+
+use std::arch::x86_64::*;
+
+use super::RawPost;
+
+pub(crate) const AVX2_MR: usize = 6;
+pub(crate) const AVX2_NR: usize = 16;
+pub(crate) const AVX512_MR: usize = 12;
+pub(crate) const AVX512_NR: usize = 32;
+
+/// Generates a kernel over `$v` vectors: `$name::<R>` plus a dispatcher on `rows`.
+macro_rules! kernel {
+    ($feat:literal, $name:ident, $dispatch:ident, $v:ty, $mr:expr, $nr:expr, $lanes:expr,
+     $zero:ident, $load:ident, $store:ident, $set1:ident, $fmadd:ident, $add:ident, $max:ident, $min:ident,
+     [$($r:literal)*]) => {
+        /// # Safety
+        /// The CPU has the features; `a` holds `kc * MR` values, `b` `kc * NR`, and
+        /// `c` the tile `(i, j) -> c[i * rs + j]`, `i < R`, `j < NR`; a non-null
+        /// `post.rows` holds R values, `post.cols` NR.
+        #[target_feature(enable = $feat)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $name<const R: usize>(
+            kc: usize,
+            a: *const f32,
+            b: *const f32,
+            c: *mut f32,
+            rs: usize,
+            accumulate: bool,
+            post: RawPost,
+        ) {
+            const V: usize = $nr / $lanes;
+            let mut acc = [[$zero(); V]; R];
+            for p in 0..kc {
+                // SAFETY: p < kc, so the panel reads stay inside `a` and `b`.
+                unsafe {
+                    let bp = b.add(p * $nr);
+                    let bv: [$v; V] = std::array::from_fn(|v| $load(bp.add(v * $lanes)));
+                    let ap = a.add(p * $mr);
+                    for (i, row) in acc.iter_mut().enumerate() {
+                        let av = $set1(*ap.add(i));
+                        for (x, &y) in row.iter_mut().zip(&bv) {
+                            *x = $fmadd(av, y, *x);
+                        }
+                    }
+                }
+            }
+            let (lo, hi) = ($set1(post.min), $set1(post.max));
+            for (i, row) in acc.iter().enumerate() {
+                // SAFETY: a row bias holds at least R values (checked by the caller).
+                let rb = (post.on && !post.rows.is_null()).then(|| unsafe { $set1(*post.rows.add(i)) });
+                for (v, &x) in row.iter().enumerate() {
+                    // SAFETY: i < R, v * lanes < NR: inside the tile; a column bias
+                    // holds NR values.
+                    unsafe {
+                        let cp = c.add(i * rs + v * $lanes);
+                        let mut x = if accumulate { $add(x, $load(cp)) } else { x };
+                        if post.on {
+                            if let Some(rb) = rb {
+                                x = $add(x, rb);
+                            }
+                            if !post.cols.is_null() {
+                                x = $add(x, $load(post.cols.add(v * $lanes)));
+                            }
+                            // max(lo, x) and min(hi, x) return x when it is NaN.
+                            x = $min(hi, $max(lo, x));
+                        }
+                        $store(cp, x);
+                    }
+                }
+            }
+        }
+
+        /// # Safety
+        /// As the kernel, with `1 <= rows <= MR`.
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) unsafe fn $dispatch(
+            rows: usize,
+            kc: usize,
+            a: *const f32,
+            b: *const f32,
+            c: *mut f32,
+            rs: usize,
+            accumulate: bool,
+            post: RawPost,
+        ) {
+            // SAFETY: forwarded contract.
+            unsafe {
+                match rows {
+                    $($r => $name::<$r>(kc, a, b, c, rs, accumulate, post),)*
+                    _ => $name::<$mr>(kc, a, b, c, rs, accumulate, post),
+                }
+            }
+        }
+    };
+}
+
+kernel!(
+    "avx2,fma",
+    avx2_tile,
+    avx2_kernel,
+    __m256,
+    AVX2_MR,
+    AVX2_NR,
+    8,
+    _mm256_setzero_ps,
+    _mm256_loadu_ps,
+    _mm256_storeu_ps,
+    _mm256_set1_ps,
+    _mm256_fmadd_ps,
+    _mm256_add_ps,
+    _mm256_max_ps,
+    _mm256_min_ps,
+    [1 2 3 4 5]
+);
+
+kernel!(
+    "avx512f,avx2,fma",
+    avx512_tile,
+    avx512_kernel,
+    __m512,
+    AVX512_MR,
+    AVX512_NR,
+    16,
+    _mm512_setzero_ps,
+    _mm512_loadu_ps,
+    _mm512_storeu_ps,
+    _mm512_set1_ps,
+    _mm512_fmadd_ps,
+    _mm512_add_ps,
+    _mm512_max_ps,
+    _mm512_min_ps,
+    [1 2 3 4 5 6 7 8 9 10 11]
+);

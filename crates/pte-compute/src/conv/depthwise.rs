@@ -1,0 +1,90 @@
+//! Depthwise convolution in NCHW: each output plane filters one input plane.
+//!
+//! Per output row, the row starts at the bias; each kernel tap then adds a scaled run of
+//! an input row to the run of outputs it reaches (a vectorized multiply-add over the
+//! output width). With a horizontal stride the input row is first split into its
+//! phases (`x[p], x[p + s], ...`) so that every tap reads a contiguous run. The
+//! activation runs on the finished row. Planes are split over the pool's threads.
+
+use super::Conv2dParams;
+use crate::arch::{multiversion, Isa};
+use crate::elementwise::Activation;
+use crate::error::{Error, Result};
+use crate::pool::ThreadPool;
+use crate::window::{self, MulAdd, Window};
+
+pub(crate) struct Layer<'a> {
+    pub p: &'a Conv2dParams,
+    pub out: [usize; 2],
+    pub weights: &'a [f32],
+    pub bias: &'a [f32],
+    pub activation: Activation,
+}
+
+/// The window of a depthwise layer.
+pub(crate) fn window(p: &Conv2dParams, out: [usize; 2]) -> Window {
+    Window {
+        input: p.input,
+        kernel: p.kernel,
+        stride: p.stride,
+        dilation: p.dilation,
+        pad: [p.padding[0], p.padding[1]],
+        out,
+    }
+}
+
+pub(crate) fn scratch_len(p: &Conv2dParams, out: [usize; 2], threads: usize) -> Result<usize> {
+    let per = window(p, out).scratch().ok_or(Error::SizeOverflow {
+        what: "depthwise scratch",
+    })?;
+    crate::error::mul(per, threads, "depthwise scratch")
+}
+
+pub(crate) fn run(
+    isa: Isa,
+    pool: &ThreadPool,
+    l: &Layer<'_>,
+    x: &[f32],
+    y: &mut [f32],
+    scratch: &mut [f32],
+) -> Result {
+    let p = l.p;
+    let ([h, w], [oh, ow]) = (p.input, l.out);
+    let (plane_in, plane_out) = (h * w, oh * ow);
+    let mult = p.out_channels / p.groups;
+    let taps = p.kernel[0] * p.kernel[1];
+    if plane_out == 0 {
+        return Ok(());
+    }
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let g = window(p, l.out);
+    let per_thread = g.scratch().ok_or(Error::SizeOverflow {
+        what: "depthwise scratch",
+    })?;
+    pool.parallel_chunks(y, plane_out, scratch, per_thread, |plane, out, rows| {
+        let oc = plane % p.out_channels;
+        let ic = plane / p.out_channels * p.in_channels + oc / mult;
+        let (Some(src), Some(wt)) = (
+            x.get(ic * plane_in..(ic + 1) * plane_in),
+            l.weights.get(oc * taps..(oc + 1) * taps),
+        ) else {
+            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            return;
+        };
+        let bias = l.bias.get(oc).copied().unwrap_or(0.0);
+        plane_fn(isa, &g, src, wt, bias, l.activation, out, rows);
+    })?;
+    if failed.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(Error::InvalidParameter {
+            what: "depthwise input too short".into(),
+        });
+    }
+    Ok(())
+}
+
+multiversion! {
+    /// One output plane from one input plane.
+    fn plane_fn<const FMA: bool>(g: &Window, x: &[f32], taps: &[f32], bias: f32, activation: Activation, y: &mut [f32], rows: &mut [f32]) {
+        window::plane::<MulAdd, FMA>(g, x, taps, bias, activation, y, rows);
+    }
+}

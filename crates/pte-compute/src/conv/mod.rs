@@ -1,0 +1,445 @@
+//! 2-D convolution (f32, NCHW), prepared once per layer and run many times.
+//!
+//! [`Conv2d::new`] validates the geometry, chooses an algorithm and arranges the
+//! weights for it:
+//! - **pointwise** (1×1, stride 1, no padding): per group, `out (c_out × hw) =
+//!   W (c_out × c_in) · x (c_in × hw)` with W packed once; the input is read as the
+//!   right operand directly, no im2col.
+//! - **implicit im2col**: the same product with K = c_in·kh·kw, the receptive fields
+//!   gathered straight into the GEMM's packed panels block by block (`Im2col`), so
+//!   no column matrix is ever materialized; W packed once.
+//! - **depthwise** (one input channel per group): a direct loop per output row that
+//!   accumulates each tap over a run of outputs, vectorized over the output width
+//!   (`depthwise`).
+//!
+//! Bias and an [`Activation`] are fused into the product's epilogue (or the depthwise
+//! row loop). A 1-D convolution is a 2-D one of height 1. Scratch comes from the
+//! caller ([`Conv2d::scratch_len`]); a run allocates nothing.
+
+mod depthwise;
+mod transposed;
+
+pub use transposed::{ConvTranspose2d, ConvTranspose2dParams};
+
+use crate::arch::Isa;
+use crate::elementwise::Activation;
+use crate::error::{self, Error, Result};
+use crate::gemm::{Bias, Epilogue, Gemm, Lines, PackedA, Side};
+use crate::mat::{MatMut, MatRef};
+use crate::pool::ThreadPool;
+
+/// The geometry of a 2-D convolution; index 0 of each pair is the height, 1 the width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dParams {
+    /// Input channels (all groups).
+    pub in_channels: usize,
+    /// Output channels (all groups).
+    pub out_channels: usize,
+    /// Groups: input and output channels are split in this many independent parts.
+    pub groups: usize,
+    /// Input height and width.
+    pub input: [usize; 2],
+    /// Kernel height and width.
+    pub kernel: [usize; 2],
+    /// Stride.
+    pub stride: [usize; 2],
+    /// Zero padding: top, left, bottom, right.
+    pub padding: [usize; 4],
+    /// Dilation.
+    pub dilation: [usize; 2],
+}
+
+impl Conv2dParams {
+    /// Output height and width, or an error for an invalid geometry.
+    pub fn output(&self) -> Result<[usize; 2]> {
+        let g = self;
+        let bad = |what: String| Error::InvalidParameter { what };
+        if g.groups == 0
+            || !g.in_channels.is_multiple_of(g.groups)
+            || !g.out_channels.is_multiple_of(g.groups)
+            || g.stride.contains(&0)
+            || g.dilation.contains(&0)
+            || g.kernel.contains(&0)
+        {
+            return Err(bad(format!(
+                "convolution of {} to {} channels in {} groups, kernel {:?}, stride {:?}, dilation {:?}",
+                g.in_channels, g.out_channels, g.groups, g.kernel, g.stride, g.dilation
+            )));
+        }
+        let [pt, pl, pb, pr] = g.padding;
+        let axis = |input: usize, kernel: usize, stride: usize, dilation: usize, pads: usize| {
+            let extent = (kernel - 1)
+                .checked_mul(dilation)
+                .and_then(|v| v.checked_add(1));
+            match (extent, input.checked_add(pads)) {
+                (Some(e), Some(p)) if p >= e => Ok((p - e) / stride + 1),
+                _ => Err(bad(format!(
+                    "kernel {:?} with dilation {:?} is larger than the padded input {:?}",
+                    g.kernel, g.dilation, g.input
+                ))),
+            }
+        };
+        let ([h, w], [kh, kw], [sh, sw], [dh, dw]) = (g.input, g.kernel, g.stride, g.dilation);
+        let pads = |a: usize, b: usize| {
+            a.checked_add(b)
+                .ok_or(Error::SizeOverflow { what: "padding" })
+        };
+        let out = [
+            axis(h, kh, sh, dh, pads(pt, pb)?)?,
+            axis(w, kw, sw, dw, pads(pl, pr)?)?,
+        ];
+        Ok(out)
+    }
+
+    fn channels_per_group(&self) -> (usize, usize) {
+        (
+            self.in_channels / self.groups,
+            self.out_channels / self.groups,
+        )
+    }
+}
+
+enum Algo {
+    /// Products per group with packed weights; `implicit` builds the right operand from
+    /// receptive fields, else the input is the right operand.
+    Gemm {
+        weights: Vec<PackedA>,
+        implicit: bool,
+    },
+    /// Direct depthwise loop; weights as given (c_out × kh × kw).
+    Depthwise { weights: Vec<f32> },
+}
+
+/// A convolution layer prepared for repeated runs: weights arranged, algorithm chosen.
+pub struct Conv2d {
+    p: Conv2dParams,
+    out: [usize; 2],
+    gemm: Gemm,
+    algo: Algo,
+    bias: Vec<f32>,
+    activation: Activation,
+}
+
+impl std::fmt::Debug for Conv2d {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conv2d")
+            .field("params", &self.p)
+            .field("algorithm", &self.algorithm())
+            .finish()
+    }
+}
+
+impl Conv2d {
+    /// Prepares a convolution with `weights` of shape `[out_channels, in_channels /
+    /// groups, kh, kw]` (PyTorch's layout), an optional bias per output channel and an
+    /// activation applied after the bias, for the product engine `gemm`.
+    pub fn new(
+        gemm: Gemm,
+        p: Conv2dParams,
+        weights: &[f32],
+        bias: Option<&[f32]>,
+        activation: Activation,
+    ) -> Result<Self> {
+        let out = p.output()?;
+        let (cig, cog) = p.channels_per_group();
+        let taps = error::mul(p.kernel[0], p.kernel[1], "convolution kernel")?;
+        let k = error::mul(cig, taps, "convolution depth")?;
+        let w_len = error::mul(p.out_channels, k, "convolution weights")?;
+        if weights.len() != w_len {
+            return Err(Error::ShapeMismatch {
+                what: format!(
+                    "convolution weights of {} elements, {w_len} expected",
+                    weights.len()
+                ),
+            });
+        }
+        let bias = match bias {
+            Some(b) if b.len() == p.out_channels => b.to_vec(),
+            Some(b) => {
+                return Err(Error::ShapeMismatch {
+                    what: format!(
+                        "bias of {} values for {} output channels",
+                        b.len(),
+                        p.out_channels
+                    ),
+                })
+            }
+            None => vec![0.0; p.out_channels],
+        };
+        let algo = if cig == 1 && p.groups > 1 && depthwise::window(&p, out).supported() {
+            Algo::Depthwise {
+                weights: weights.to_vec(),
+            }
+        } else {
+            let implicit = !(p.kernel == [1, 1] && p.stride == [1, 1] && p.padding == [0; 4]);
+            let weights = weights
+                .chunks_exact(cog * k)
+                .map(|w| gemm.pack_a(MatRef::row_major(w, cog, k)?))
+                .collect::<Result<Vec<_>>>()?;
+            Algo::Gemm { weights, implicit }
+        };
+        Ok(Self {
+            p,
+            out,
+            gemm,
+            algo,
+            bias,
+            activation,
+        })
+    }
+
+    /// Heap bytes held by the prepared weights and bias (for memory budgets).
+    pub fn bytes(&self) -> usize {
+        let weights = match &self.algo {
+            Algo::Gemm { weights, .. } => weights.iter().map(PackedA::bytes).sum(),
+            Algo::Depthwise { weights } => weights.len() * std::mem::size_of::<f32>(),
+        };
+        weights + self.bias.len() * std::mem::size_of::<f32>()
+    }
+
+    /// The geometry.
+    pub fn params(&self) -> &Conv2dParams {
+        &self.p
+    }
+
+    /// Output height and width.
+    pub fn output_size(&self) -> [usize; 2] {
+        self.out
+    }
+
+    /// The algorithm chosen: "pointwise", "im2col" or "depthwise".
+    pub fn algorithm(&self) -> &'static str {
+        match self.algo {
+            Algo::Gemm {
+                implicit: false, ..
+            } => "pointwise",
+            Algo::Gemm { implicit: true, .. } => "im2col",
+            Algo::Depthwise { .. } => "depthwise",
+        }
+    }
+
+    /// Elements of the input and output of a batch of `batch`.
+    pub fn io_len(&self, batch: usize) -> Result<(usize, usize)> {
+        let p = &self.p;
+        let x = error::mul(
+            error::mul(p.input[0], p.input[1], "input")?,
+            p.in_channels,
+            "input",
+        )?;
+        let y = error::mul(
+            error::mul(self.out[0], self.out[1], "output")?,
+            p.out_channels,
+            "output",
+        )?;
+        Ok((
+            error::mul(x, batch, "input")?,
+            error::mul(y, batch, "output")?,
+        ))
+    }
+
+    /// Scratch (f32 elements) a run needs on `threads` threads.
+    pub fn scratch_len(&self, threads: usize) -> Result<usize> {
+        let (cig, cog) = self.p.channels_per_group();
+        let k = cig * self.p.kernel[0] * self.p.kernel[1];
+        let n = self.out[0] * self.out[1];
+        match self.algo {
+            Algo::Gemm { .. } => self.gemm.scratch_len(cog, n, k, true, false, threads),
+            Algo::Depthwise { .. } => depthwise::scratch_len(&self.p, self.out, threads),
+        }
+    }
+
+    /// Runs the convolution on `batch` images: `input` is `[batch, in_channels, h, w]`,
+    /// `output` `[batch, out_channels, oh, ow]`, both contiguous.
+    pub fn run(
+        &self,
+        pool: &ThreadPool,
+        input: &[f32],
+        batch: usize,
+        output: &mut [f32],
+        scratch: &mut [f32],
+    ) -> Result {
+        let (x_len, y_len) = self.io_len(batch)?;
+        error::need("convolution input", input.len(), x_len)?;
+        error::need("convolution output", output.len(), y_len)?;
+        if y_len == 0 {
+            return Ok(());
+        }
+        let p = &self.p;
+        let (cig, cog) = p.channels_per_group();
+        let hw = p.input[0] * p.input[1];
+        let ohw = self.out[0] * self.out[1];
+        match &self.algo {
+            Algo::Depthwise { weights } => depthwise::run(
+                self.gemm.isa(),
+                pool,
+                &depthwise::Layer {
+                    p,
+                    out: self.out,
+                    weights,
+                    bias: &self.bias,
+                    activation: self.activation,
+                },
+                input.get(..x_len).unwrap_or_default(),
+                output.get_mut(..y_len).unwrap_or_default(),
+                scratch,
+            ),
+            Algo::Gemm { weights, implicit } => {
+                for (x_b, y_b) in input
+                    .chunks_exact(p.in_channels * hw)
+                    .zip(output.chunks_exact_mut(p.out_channels * ohw))
+                    .take(batch)
+                {
+                    for (g, (x_g, y_g)) in x_b
+                        .chunks_exact(cig * hw)
+                        .zip(y_b.chunks_exact_mut(cog * ohw))
+                        .enumerate()
+                    {
+                        let a = weights.get(g).ok_or_else(|| Error::InvalidParameter {
+                            what: "missing group weights".into(),
+                        })?;
+                        let epi = Epilogue {
+                            accumulate: false,
+                            bias: Bias::Row(self.bias.get(g * cog..).unwrap_or_default()),
+                            activation: self.activation,
+                        };
+                        let c = MatMut::row_major(y_g, cog, ohw)?;
+                        if *implicit {
+                            let cols = Im2col {
+                                p,
+                                out: self.out,
+                                x: x_g,
+                            };
+                            self.gemm.run_sides(
+                                pool,
+                                c,
+                                Side::<MatRef<'_>>::Packed(a.panels()),
+                                Side::Lines(&cols),
+                                &epi,
+                                scratch,
+                            )?;
+                        } else {
+                            let b = MatRef::row_major(x_g, cig, hw)?.t();
+                            self.gemm.run_sides(
+                                pool,
+                                c,
+                                Side::<MatRef<'_>>::Packed(a.panels()),
+                                Side::Lines(&b),
+                                &epi,
+                                scratch,
+                            )?;
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The instruction set the layer runs with.
+    pub fn isa(&self) -> Isa {
+        self.gemm.isa()
+    }
+}
+
+/// The implicit im2col matrix of one image and group, seen as lines (output pixels) ×
+/// depth (input channel, kernel row, kernel column).
+struct Im2col<'a> {
+    p: &'a Conv2dParams,
+    out: [usize; 2],
+    /// The group's input channels, `cig × h × w`.
+    x: &'a [f32],
+}
+
+impl Lines for Im2col<'_> {
+    fn lines(&self) -> usize {
+        self.out[0] * self.out[1]
+    }
+
+    fn depth(&self) -> usize {
+        self.p.channels_per_group().0 * self.p.kernel[0] * self.p.kernel[1]
+    }
+
+    #[allow(clippy::too_many_arguments)] // the block's coordinates and the panel width
+    fn pack(
+        &self,
+        _isa: Isa,
+        l0: usize,
+        len: usize,
+        k0: usize,
+        kc: usize,
+        w: usize,
+        dst: &mut [f32],
+    ) {
+        let p = self.p;
+        let ([h, wd], [kh, kw], [_, ow]) = (p.input, p.kernel, self.out);
+        let ([sh, sw], [dh, dw]) = (p.stride, p.dilation);
+        let (pt, pl) = (p.padding[0], p.padding[1]);
+        let mut row = [0f32; ROW];
+        for (d, depth) in (k0..k0 + kc).enumerate() {
+            let (c, ky, kx) = (depth / (kh * kw), depth / kw % kh, depth % kw);
+            let plane = self.x.get(c * h * wd..(c + 1) * h * wd).unwrap_or_default();
+            // The input column of output column ox is ox·sw + kx·dw - pl: valid for
+            // ox in lo..hi.
+            let off = kx * dw;
+            let lo = pl.saturating_sub(off).div_ceil(sw);
+            let hi = (wd + pl).saturating_sub(off).div_ceil(sw).min(ow);
+            // Pixels l0..l0 + len, in chunks of at most ROW.
+            let mut done = 0;
+            while done < len {
+                let n = ROW.min(len - done);
+                let buf = row.get_mut(..n).unwrap_or_default();
+                let mut pixel = l0 + done;
+                let mut rest = &mut buf[..];
+                while !rest.is_empty() {
+                    let (oy, ox0) = (pixel / ow, pixel % ow);
+                    let seg_len = (ow - ox0).min(rest.len());
+                    let (seg, tail) = rest.split_at_mut(seg_len);
+                    let iy = (oy * sh + ky * dh).checked_sub(pt).filter(|&iy| iy < h);
+                    let (a, b) = (
+                        lo.clamp(ox0, ox0 + seg_len) - ox0,
+                        hi.clamp(ox0, ox0 + seg_len) - ox0,
+                    );
+                    match iy {
+                        Some(iy) if a < b => {
+                            let (head, body) = seg.split_at_mut(a);
+                            head.fill(0.0);
+                            let (body, after) = body.split_at_mut(b - a);
+                            after.fill(0.0);
+                            let start = iy * wd + (ox0 + a) * sw + off - pl;
+                            let src = plane.get(start..).unwrap_or_default();
+                            if sw == 1 {
+                                body.copy_from_slice(src.get(..body.len()).unwrap_or_default());
+                            } else {
+                                body.iter_mut()
+                                    .zip(src.iter().step_by(sw))
+                                    .for_each(|(o, &v)| *o = v);
+                            }
+                        }
+                        _ => seg.fill(0.0),
+                    }
+                    pixel += seg_len;
+                    rest = tail;
+                }
+                // Scatter the run into the panels at depth d.
+                for (i, chunk) in buf.chunks(w).enumerate() {
+                    let q = (done / w) + i;
+                    if let Some(out) = dst.get_mut(q * kc * w + d * w..q * kc * w + (d + 1) * w) {
+                        if chunk.len() == w {
+                            out.copy_from_slice(chunk);
+                        } else {
+                            out.fill(0.0);
+                            out.iter_mut().zip(chunk).for_each(|(o, &v)| *o = v);
+                        }
+                    }
+                }
+                done += n;
+            }
+        }
+    }
+}
+
+/// Pixels gathered at once per depth (a multiple of every panel width).
+const ROW: usize = 1024;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,205 @@
+//! Convolutions against a direct f64 reference on many geometries (odd sizes, groups,
+//! depthwise with multipliers, strides, asymmetric padding, dilation, 1-D, batch 2),
+//! every available instruction set, 1 and 2 threads.
+//! Tolerance: |got - want| <= 1e-5 · (Σ|w·x| + |bias| + 1).
+
+use super::*;
+use crate::gemm::tests::values;
+
+fn reference(
+    p: &Conv2dParams,
+    x: &[f32],
+    w: &[f32],
+    bias: &[f32],
+    act: Activation,
+    batch: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let [oh, ow] = p.output().unwrap();
+    let (cig, cog) = p.channels_per_group();
+    let [h, wd] = p.input;
+    let [kh, kw] = p.kernel;
+    let mut out = Vec::new();
+    let mut mag = Vec::new();
+    for b in 0..batch {
+        for oc in 0..p.out_channels {
+            let g = oc / cog;
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut s = f64::from(bias[oc]);
+                    let mut m = 1.0 + s.abs();
+                    for ci in 0..cig {
+                        let c = g * cig + ci;
+                        for ky in 0..kh {
+                            for kx in 0..kw {
+                                let iy = (oy * p.stride[0] + ky * p.dilation[0]) as isize
+                                    - p.padding[0] as isize;
+                                let ix = (ox * p.stride[1] + kx * p.dilation[1]) as isize
+                                    - p.padding[1] as isize;
+                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= wd as isize {
+                                    continue;
+                                }
+                                let xv = x[((b * p.in_channels + c) * h + iy as usize) * wd
+                                    + ix as usize];
+                                let wv = w[((oc * cig + ci) * kh + ky) * kw + kx];
+                                let v = f64::from(xv) * f64::from(wv);
+                                s += v;
+                                m += v.abs();
+                            }
+                        }
+                    }
+                    out.push(f64::from(act.apply_scalar(s as f32)));
+                    mag.push(m);
+                }
+            }
+        }
+    }
+    (out, mag)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn case(
+    c_in: usize,
+    c_out: usize,
+    groups: usize,
+    input: [usize; 2],
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 4],
+    dilation: [usize; 2],
+) -> Conv2dParams {
+    Conv2dParams {
+        in_channels: c_in,
+        out_channels: c_out,
+        groups,
+        input,
+        kernel,
+        stride,
+        padding,
+        dilation,
+    }
+}
+
+fn cases() -> Vec<Conv2dParams> {
+    vec![
+        // pointwise
+        case(5, 7, 1, [6, 9], [1, 1], [1, 1], [0; 4], [1, 1]),
+        case(16, 33, 1, [7, 7], [1, 1], [1, 1], [0; 4], [1, 1]),
+        // 1x1 with stride (downsample) and with padding
+        case(8, 12, 1, [9, 9], [1, 1], [2, 2], [0; 4], [1, 1]),
+        case(3, 4, 1, [5, 5], [1, 1], [1, 1], [1, 1, 1, 1], [1, 1]),
+        // 3x3 same, stride 2, dilation 2, asymmetric padding
+        case(3, 16, 1, [11, 13], [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        case(6, 14, 1, [12, 15], [3, 3], [2, 2], [1, 1, 1, 1], [1, 1]),
+        case(4, 5, 1, [10, 10], [3, 3], [1, 1], [2, 2, 2, 2], [2, 2]),
+        case(3, 6, 1, [8, 9], [3, 2], [2, 1], [0, 1, 2, 0], [1, 2]),
+        // stem-like 7x7 stride 2
+        case(3, 8, 1, [23, 21], [7, 7], [2, 2], [3, 3, 3, 3], [1, 1]),
+        // grouped
+        case(8, 12, 4, [7, 8], [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        case(6, 6, 2, [5, 5], [1, 1], [1, 1], [0; 4], [1, 1]),
+        // depthwise: stride 1 and 2, multiplier 2, 5x5, dilation, asymmetric pads
+        case(8, 8, 8, [14, 15], [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        case(5, 5, 5, [15, 16], [3, 3], [2, 2], [1, 1, 1, 1], [1, 1]),
+        case(4, 8, 4, [9, 10], [5, 5], [1, 2], [2, 2, 2, 2], [1, 1]),
+        case(3, 3, 3, [10, 11], [3, 3], [3, 3], [0, 2, 1, 0], [2, 2]),
+        case(2, 2, 2, [6, 40], [1, 7], [1, 3], [0, 3, 0, 3], [1, 1]),
+        // depthwise kernel too large for the direct loop (runs as products)
+        case(2, 2, 2, [12, 12], [9, 9], [1, 1], [4, 4, 4, 4], [1, 1]),
+        // 1-D as height 1
+        case(4, 6, 1, [1, 30], [1, 5], [1, 2], [0, 2, 0, 2], [1, 1]),
+        case(4, 4, 4, [1, 30], [1, 3], [1, 1], [0, 1, 0, 1], [1, 3]),
+        // kernel as large as the input; output 1x1
+        case(3, 5, 1, [4, 4], [4, 4], [1, 1], [0; 4], [1, 1]),
+        // more pixels than a GEMM column block and depth above one k block
+        case(32, 10, 1, [48, 50], [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+    ]
+}
+
+#[test]
+fn convolutions_match_the_reference() {
+    let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
+    for isa in Isa::available() {
+        let gemm = Gemm::with_isa(isa).unwrap();
+        for (i, p) in cases().iter().enumerate() {
+            let batch = 1 + i % 2;
+            let (cig, _) = p.channels_per_group();
+            let w = values(p.out_channels * cig * p.kernel[0] * p.kernel[1], i as u32);
+            let bias = values(p.out_channels, 100 + i as u32);
+            let act = [Activation::Identity, Activation::RELU6, Activation::Silu][i % 3];
+            let conv = Conv2d::new(gemm, *p, &w, Some(&bias), act).unwrap();
+            let (x_len, y_len) = conv.io_len(batch).unwrap();
+            let x = values(x_len, 200 + i as u32);
+            let (want, mag) = reference(p, &x, &w, &bias, act, batch);
+            for pool in &pools {
+                let mut y = vec![f32::NAN; y_len + 3];
+                let mut scratch = vec![f32::NAN; conv.scratch_len(pool.threads()).unwrap()];
+                conv.run(pool, &x, batch, &mut y, &mut scratch).unwrap();
+                for (j, (&got, (&w, &m))) in y.iter().zip(want.iter().zip(&mag)).enumerate() {
+                    assert!(
+                        (f64::from(got) - w).abs() <= 1e-5 * m,
+                        "{isa:?} case {i} {} threads {} at {j}: {got} vs {w}",
+                        conv.algorithm(),
+                        pool.threads()
+                    );
+                }
+                assert!(y[y_len..].iter().all(|v| v.is_nan()));
+            }
+        }
+    }
+}
+
+#[test]
+fn algorithms_are_chosen_by_shape() {
+    let g = Gemm::new();
+    let algo = |p: Conv2dParams| {
+        let (cig, _) = p.channels_per_group();
+        let w = vec![0.0; p.out_channels * cig * p.kernel[0] * p.kernel[1]];
+        Conv2d::new(g, p, &w, None, Activation::Identity)
+            .unwrap()
+            .algorithm()
+    };
+    assert_eq!(algo(cases()[0]), "pointwise");
+    assert_eq!(algo(cases()[2]), "im2col");
+    assert_eq!(algo(cases()[4]), "im2col");
+    assert_eq!(algo(cases()[11]), "depthwise");
+}
+
+#[test]
+fn invalid_layers_are_refused() {
+    let g = Gemm::new();
+    let good = cases()[4];
+    let w = vec![0.0; good.out_channels * good.in_channels * 9];
+    assert!(Conv2d::new(g, good, &w[1..], None, Activation::Identity).is_err());
+    assert!(Conv2d::new(g, good, &w, Some(&[1.0]), Activation::Identity).is_err());
+    for bad in [
+        Conv2dParams { groups: 2, ..good },
+        Conv2dParams {
+            stride: [0, 1],
+            ..good
+        },
+        Conv2dParams {
+            kernel: [20, 3],
+            ..good
+        },
+        Conv2dParams {
+            dilation: [usize::MAX, 1],
+            ..good
+        },
+    ] {
+        assert!(
+            Conv2d::new(g, bad, &w, None, Activation::Identity).is_err(),
+            "{bad:?}"
+        );
+    }
+    let conv = Conv2d::new(g, good, &w, None, Activation::Identity).unwrap();
+    let pool = ThreadPool::new(1).unwrap();
+    let (x_len, y_len) = conv.io_len(1).unwrap();
+    let mut y = vec![0.0; y_len];
+    assert!(conv
+        .run(&pool, &vec![0.0; x_len - 1], 1, &mut y, &mut [])
+        .is_err());
+    assert!(matches!(
+        conv.run(&pool, &vec![0.0; x_len], 1, &mut y, &mut []),
+        Err(Error::ScratchTooSmall { .. })
+    ));
+}

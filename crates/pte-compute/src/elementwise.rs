@@ -1,0 +1,621 @@
+//! Vectorized f32 loops: activations, binary operations with a broadcast per-channel
+//! vector, softmax and layer normalization of rows.
+//!
+//! Every loop is compiled once per instruction set (`arch::multiversion!`) and
+//! chosen at run time from the [`Isa`] argument; the math functions are those of
+//! `math` (accuracy stated there).
+
+use crate::arch::{madd, multiversion, Isa};
+use crate::error::{need, Error, Result};
+use crate::math;
+
+/// An activation applied elementwise, fused into the producing kernel's epilogue.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Activation {
+    /// No activation.
+    #[default]
+    Identity,
+    /// `min(max(x, min), max)`: ReLU is `Clamp { min: 0, max: inf }`, ReLU6 and
+    /// hardtanh are clamps too. NaN passes through.
+    Clamp { min: f32, max: f32 },
+    /// `1 / (1 + e^-x)`.
+    Sigmoid,
+    /// `tanh(x)`.
+    Tanh,
+    /// `x · Φ(x)` (erf form, PyTorch's default `gelu`).
+    Gelu,
+    /// GELU with the tanh approximation (PyTorch's `approximate="tanh"`).
+    GeluTanh,
+    /// `x · sigmoid(x)` (SiLU, swish).
+    Silu,
+    /// `x · relu6(x + 3) / 6`.
+    HardSwish,
+}
+
+impl Activation {
+    /// ReLU.
+    pub const RELU: Activation = Activation::Clamp {
+        min: 0.0,
+        max: f32::INFINITY,
+    };
+    /// ReLU6.
+    pub const RELU6: Activation = Activation::Clamp { min: 0.0, max: 6.0 };
+
+    /// The activation of one value (the portable path; the reference for tests).
+    pub fn apply_scalar(self, x: f32) -> f32 {
+        act::<false>(self, x)
+    }
+}
+
+/// The activation of one value, vectorizable inside a loop.
+#[inline(always)]
+pub(crate) fn act<const FMA: bool>(a: Activation, x: f32) -> f32 {
+    match a {
+        Activation::Identity => x,
+        Activation::Clamp { min, max } => clamp(x, min, max),
+        Activation::Sigmoid => math::sigmoid::<FMA>(x),
+        Activation::Tanh => math::tanh::<FMA>(x),
+        Activation::Gelu => math::gelu::<FMA>(x),
+        Activation::GeluTanh => math::gelu_tanh::<FMA>(x),
+        Activation::Silu => math::silu::<FMA>(x),
+        Activation::HardSwish => x * clamp(x + 3.0, 0.0, 6.0) * (1.0 / 6.0),
+    }
+}
+
+/// Clamp that lets NaN through (as PyTorch's clamp) and vectorizes to min/max.
+#[inline(always)]
+pub(crate) fn clamp(x: f32, min: f32, max: f32) -> f32 {
+    let y = if x < min { min } else { x };
+    if y > max {
+        max
+    } else {
+        y
+    }
+}
+
+/// Runs `$body` (an expression of `$v`) for each of `$items` in a plain `for` loop
+/// (closures passed to iterator adapters may stay out of line, compiled without the
+/// caller's target features), one loop per activation so that each vectorizes.
+macro_rules! per_activation {
+    ($a:expr, $fma:ident, for $pat:pat in $items:expr => ($v:ident, $out:expr) $body:block) => {
+        match $a {
+            Activation::Identity => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = $v;
+                }
+            }
+            Activation::Clamp { min, max } => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = clamp($v, min, max);
+                }
+            }
+            Activation::Sigmoid => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = math::sigmoid::<$fma>($v);
+                }
+            }
+            Activation::Tanh => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = math::tanh::<$fma>($v);
+                }
+            }
+            Activation::Gelu => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = math::gelu::<$fma>($v);
+                }
+            }
+            Activation::GeluTanh => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = math::gelu_tanh::<$fma>($v);
+                }
+            }
+            Activation::Silu => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = math::silu::<$fma>($v);
+                }
+            }
+            Activation::HardSwish => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = $v * clamp($v + 3.0, 0.0, 6.0) * (1.0 / 6.0);
+                }
+            }
+        }
+    };
+}
+
+/// `x = act(x + bias)`.
+#[inline(always)]
+pub(crate) fn bias_act<const FMA: bool>(x: &mut [f32], bias: f32, a: Activation) {
+    per_activation!(a, FMA, for o in x.iter_mut() => (v, o) { *o + bias });
+}
+
+multiversion! {
+    /// `x = act(x + bias)` over a slice (`bias` added to every element).
+    fn bias_act_scalar<const FMA: bool>(x: &mut [f32], bias: f32, a: Activation) {
+        bias_act::<FMA>(x, bias, a);
+    }
+}
+
+/// `x[i] = act(x[i] + bias[i])`.
+#[inline(always)]
+fn bias_vec_act<const FMA: bool>(x: &mut [f32], bias: &[f32], a: Activation) {
+    per_activation!(a, FMA, for (o, b) in x.iter_mut().zip(bias) => (v, o) { *o + b });
+}
+
+multiversion! {
+    /// `x[i] = act(x[i] + bias[i])`.
+    fn bias_act_vector<const FMA: bool>(x: &mut [f32], bias: &[f32], a: Activation) {
+        bias_vec_act::<FMA>(x, bias, a);
+    }
+}
+
+/// `x = act(x + bias)` for every element, the same `bias` for all (0 for none).
+pub fn add_scalar_activate(isa: Isa, x: &mut [f32], bias: f32, a: Activation) {
+    if bias != 0.0 || a != Activation::Identity {
+        bias_act_scalar(isa, x, bias, a);
+    }
+}
+
+/// `x[i] = act(x[i] + bias[i])`; `bias` must be as long as `x`.
+pub fn add_vector_activate(isa: Isa, x: &mut [f32], bias: &[f32], a: Activation) -> Result {
+    need("bias", bias.len(), x.len())?;
+    bias_act_vector(isa, x, bias, a);
+    Ok(())
+}
+
+/// Applies an activation in place.
+pub fn activate(isa: Isa, x: &mut [f32], a: Activation) {
+    add_scalar_activate(isa, x, 0.0, a);
+}
+
+/// A binary operation of [`binary`] and [`binary_channels`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BinaryOp {
+    /// `x + y`.
+    Add,
+    /// `x - y`.
+    Sub,
+    /// `x * y`.
+    Mul,
+    /// `x / y`.
+    Div,
+    /// `max(x, y)` (NaN if either is NaN).
+    Max,
+    /// `min(x, y)` (NaN if either is NaN).
+    Min,
+}
+
+#[inline(always)]
+fn bin(op: BinaryOp, x: f32, y: f32) -> f32 {
+    match op {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div => x / y,
+        BinaryOp::Max => {
+            if x.is_nan() || y.is_nan() {
+                f32::NAN
+            } else if x > y {
+                x
+            } else {
+                y
+            }
+        }
+        BinaryOp::Min => {
+            if x.is_nan() || y.is_nan() {
+                f32::NAN
+            } else if x < y {
+                x
+            } else {
+                y
+            }
+        }
+    }
+}
+
+multiversion! {
+    fn binary_slices<const FMA: bool>(out: &mut [f32], x: &[f32], y: &[f32], op: BinaryOp, a: Activation) {
+        per_activation!(a, FMA, for ((o, &p), &q) in out.iter_mut().zip(x).zip(y) => (v, o) { bin(op, p, q) });
+    }
+}
+
+multiversion! {
+    fn binary_scalar<const FMA: bool>(out: &mut [f32], x: &[f32], y: f32, op: BinaryOp, a: Activation) {
+        per_activation!(a, FMA, for (o, &p) in out.iter_mut().zip(x) => (v, o) { bin(op, p, y) });
+    }
+}
+
+/// `out[i] = act(op(x[i], y[i]))`; all three of the same length.
+pub fn binary(
+    isa: Isa,
+    out: &mut [f32],
+    x: &[f32],
+    y: &[f32],
+    op: BinaryOp,
+    a: Activation,
+) -> Result {
+    if x.len() != out.len() || y.len() != out.len() {
+        return Err(Error::ShapeMismatch {
+            what: format!(
+                "binary operands of {} and {} elements into {}",
+                x.len(),
+                y.len(),
+                out.len()
+            ),
+        });
+    }
+    binary_slices(isa, out, x, y, op, a);
+    Ok(())
+}
+
+/// `out = act(op(x, y[c]))` for `x` of shape `[outer, channels, inner]` and a vector
+/// `y` of `channels` values (a per-channel bias or scale in NCHW); `out` and `x` have
+/// `outer * channels * inner` elements.
+pub fn binary_channels(
+    isa: Isa,
+    out: &mut [f32],
+    x: &[f32],
+    y: &[f32],
+    inner: usize,
+    op: BinaryOp,
+    a: Activation,
+) -> Result {
+    let plane = inner.max(1) * y.len().max(1);
+    if x.len() != out.len() || !out.len().is_multiple_of(plane) || (y.is_empty() && !out.is_empty())
+    {
+        return Err(Error::ShapeMismatch {
+            what: format!(
+                "{} elements of x into {} cannot be split into [outer, {}, {inner}]",
+                x.len(),
+                out.len(),
+                y.len()
+            ),
+        });
+    }
+    if inner == 0 {
+        return Ok(());
+    }
+    for (i, (o_row, x_row)) in out.chunks_mut(inner).zip(x.chunks(inner)).enumerate() {
+        let c = y.get(i % y.len()).copied().unwrap_or(0.0);
+        binary_scalar(isa, o_row, x_row, c, op, a);
+    }
+    Ok(())
+}
+
+/// Max of a row, in lanes so that the reduction vectorizes.
+#[inline(always)]
+fn row_max(x: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 16];
+    let chunks = x.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (l, &v) in m.iter_mut().zip(c) {
+            *l = if v > *l { v } else { *l };
+        }
+    }
+    let mut best = f32::NEG_INFINITY;
+    for &v in tail.iter().chain(m.iter()) {
+        best = if v > best { v } else { best };
+    }
+    best
+}
+
+/// Sum of a row, in lanes.
+#[inline(always)]
+fn row_sum(x: &[f32]) -> f32 {
+    let mut s = [0f32; 16];
+    let chunks = x.chunks_exact(16);
+    let tail: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (l, &v) in s.iter_mut().zip(c) {
+            *l += v;
+        }
+    }
+    s.iter().sum::<f32>() + tail
+}
+
+multiversion! {
+    /// Softmax (or log-softmax) of every row.
+    fn softmax_all<const FMA: bool>(out: &mut [f32], x: &[f32], row_len: usize, log: bool) {
+        for (o, r) in out.chunks_exact_mut(row_len).zip(x.chunks_exact(row_len)) {
+            let m = row_max(r);
+            for (d, &v) in o.iter_mut().zip(r) {
+                *d = math::exp::<FMA>(v - m);
+            }
+            let sum = row_sum(o);
+            if log {
+                let shift = m + sum.ln();
+                for (d, &v) in o.iter_mut().zip(r) {
+                    *d = v - shift;
+                }
+            } else {
+                let inv = 1.0 / sum;
+                for d in o.iter_mut() {
+                    *d *= inv;
+                }
+            }
+        }
+    }
+}
+
+/// Softmax of each row of `x` (rows of `row_len` contiguous values) into `out`:
+/// `exp(x - max) / Σ exp(x - max)`. A row of -inf only gives NaN, as PyTorch.
+pub fn softmax_rows(isa: Isa, out: &mut [f32], x: &[f32], row_len: usize) -> Result {
+    check_rows(out.len(), x.len(), row_len)?;
+    if row_len > 0 {
+        softmax_all(isa, out, x, row_len, false);
+    }
+    Ok(())
+}
+
+/// Log-softmax of each row: `x - max - ln Σ exp(x - max)`.
+pub fn log_softmax_rows(isa: Isa, out: &mut [f32], x: &[f32], row_len: usize) -> Result {
+    check_rows(out.len(), x.len(), row_len)?;
+    if row_len > 0 {
+        softmax_all(isa, out, x, row_len, true);
+    }
+    Ok(())
+}
+
+fn check_rows(out: usize, x: usize, row_len: usize) -> Result {
+    if out != x || (row_len == 0 && x != 0) || (row_len != 0 && !x.is_multiple_of(row_len)) {
+        return Err(Error::ShapeMismatch {
+            what: format!("{x} values into {out} cannot be rows of {row_len}"),
+        });
+    }
+    Ok(())
+}
+
+multiversion! {
+    /// (Σx, Σx²) around `shift` in f32 lanes, folded in f64.
+    fn sums<const FMA: bool>(x: &[f32], shift: f32) -> (f64, f64) {
+        let (mut s, mut q) = ([0f32; 8], [0f32; 8]);
+        let chunks = x.chunks_exact(8);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for ((s, q), &v) in s.iter_mut().zip(q.iter_mut()).zip(c) {
+                let d = v - shift;
+                *s += d;
+                *q = madd::<FMA>(d, d, *q);
+            }
+        }
+        let mut st: f64 = s.iter().map(|&v| f64::from(v)).sum();
+        let mut qt: f64 = q.iter().map(|&v| f64::from(v)).sum();
+        for &v in tail {
+            let d = f64::from(v - shift);
+            st += d;
+            qt += d * d;
+        }
+        (st, qt)
+    }
+}
+
+multiversion! {
+    fn normalize<const FMA: bool>(out: &mut [f32], x: &[f32], mean: f32, rstd: f32, gamma: Option<&[f32]>, beta: Option<&[f32]>) {
+        match (gamma, beta) {
+            (Some(g), Some(b)) => {
+                for (((o, &v), &g), &b) in out.iter_mut().zip(x).zip(g).zip(b) {
+                    *o = madd::<FMA>((v - mean) * rstd, g, b);
+                }
+            }
+            (Some(g), None) => {
+                for ((o, &v), &g) in out.iter_mut().zip(x).zip(g) {
+                    *o = (v - mean) * rstd * g;
+                }
+            }
+            (None, Some(b)) => {
+                for ((o, &v), &b) in out.iter_mut().zip(x).zip(b) {
+                    *o = madd::<FMA>(v - mean, rstd, b);
+                }
+            }
+            (None, None) => {
+                for (o, &v) in out.iter_mut().zip(x) {
+                    *o = (v - mean) * rstd;
+                }
+            }
+        }
+    }
+}
+
+/// Layer normalization of each row of `row_len` values: `(x - mean) / sqrt(var + eps)
+/// · gamma + beta` with the biased variance (as PyTorch), `gamma`/`beta` of `row_len`
+/// values when given. Writes each row's mean and 1/std to `stats` (pairs) when given.
+#[allow(clippy::too_many_arguments)] // the operator's own parameters, all distinct
+pub fn layer_norm_rows(
+    isa: Isa,
+    out: &mut [f32],
+    x: &[f32],
+    row_len: usize,
+    gamma: Option<&[f32]>,
+    beta: Option<&[f32]>,
+    eps: f32,
+    mut stats: Option<&mut [f32]>,
+) -> Result {
+    check_rows(out.len(), x.len(), row_len)?;
+    if row_len == 0 {
+        return Ok(());
+    }
+    for p in [gamma, beta].into_iter().flatten() {
+        need("layer norm weight", p.len(), row_len)?;
+    }
+    if let Some(s) = stats.as_deref() {
+        need("layer norm statistics", s.len(), 2 * (x.len() / row_len))?;
+    }
+    for (i, (o, r)) in out
+        .chunks_exact_mut(row_len)
+        .zip(x.chunks_exact(row_len))
+        .enumerate()
+    {
+        // Shifting by the first value keeps the one-pass variance accurate.
+        let shift = r.first().copied().unwrap_or(0.0);
+        let (s, q) = sums(isa, r, shift);
+        let n = row_len as f64;
+        let mean_d = s / n;
+        let var = (q / n - mean_d * mean_d).max(0.0);
+        let mean = (f64::from(shift) + mean_d) as f32;
+        let rstd = (1.0 / (var + f64::from(eps)).sqrt()) as f32;
+        normalize(isa, o, r, mean, rstd, gamma, beta);
+        if let Some(st) = stats.as_deref_mut() {
+            if let Some(pair) = st.get_mut(2 * i..2 * i + 2) {
+                pair.copy_from_slice(&[mean, rstd]);
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0)
+            .collect()
+    }
+
+    #[test]
+    fn activations_match_the_portable_path() {
+        let x = data(1003);
+        let acts = [
+            Activation::Identity,
+            Activation::RELU,
+            Activation::RELU6,
+            Activation::Clamp {
+                min: -1.0,
+                max: 1.0,
+            },
+            Activation::Sigmoid,
+            Activation::Tanh,
+            Activation::Gelu,
+            Activation::GeluTanh,
+            Activation::Silu,
+            Activation::HardSwish,
+        ];
+        for isa in Isa::available() {
+            for a in acts {
+                let mut y = x.clone();
+                add_scalar_activate(isa, &mut y, 0.5, a);
+                for (&v, &w) in x.iter().zip(&y) {
+                    let want = a.apply_scalar(v + 0.5);
+                    assert!(
+                        (w - want).abs() <= 1e-6 * want.abs().max(1.0),
+                        "{isa:?} {a:?} {v}: {w} vs {want}"
+                    );
+                }
+            }
+        }
+        let mut nan = [f32::NAN];
+        activate(Isa::best(), &mut nan, Activation::RELU);
+        assert!(nan[0].is_nan());
+        assert_eq!(Activation::HardSwish.apply_scalar(1.0), 1.0 * 4.0 / 6.0);
+    }
+
+    #[test]
+    fn binary_with_channels() {
+        let (outer, ch, inner) = (2, 3, 5);
+        let x = data(outer * ch * inner);
+        let y = [1.0, -2.0, 0.5];
+        for isa in Isa::available() {
+            let mut out = vec![0.0; x.len()];
+            binary_channels(
+                isa,
+                &mut out,
+                &x,
+                &y,
+                inner,
+                BinaryOp::Mul,
+                Activation::RELU,
+            )
+            .unwrap();
+            for (i, (&o, &v)) in out.iter().zip(&x).enumerate() {
+                assert_eq!(o, (v * y[i / inner % ch]).max(0.0));
+            }
+            let mut out2 = vec![0.0; x.len()];
+            binary(
+                isa,
+                &mut out2,
+                &x,
+                &out,
+                BinaryOp::Max,
+                Activation::Identity,
+            )
+            .unwrap();
+            assert!(out2.iter().zip(&x).all(|(&a, &b)| a >= b));
+        }
+        let mut out = vec![0.0; 7];
+        assert!(binary_channels(
+            Isa::Generic,
+            &mut out,
+            &data(7),
+            &y,
+            2,
+            BinaryOp::Add,
+            Activation::Identity
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn softmax_and_layer_norm_rows() {
+        for isa in Isa::available() {
+            for row in [1, 7, 8, 33] {
+                let x = data(row * 3);
+                let mut out = vec![0.0; x.len()];
+                softmax_rows(isa, &mut out, &x, row).unwrap();
+                let mut logs = vec![0.0; x.len()];
+                log_softmax_rows(isa, &mut logs, &x, row).unwrap();
+                for ((r, o), l) in x.chunks(row).zip(out.chunks(row)).zip(logs.chunks(row)) {
+                    let m = r
+                        .iter()
+                        .fold(f64::NEG_INFINITY, |a, &v| a.max(f64::from(v)));
+                    let s: f64 = r.iter().map(|&v| (f64::from(v) - m).exp()).sum();
+                    for ((&v, &p), &lp) in r.iter().zip(o).zip(l) {
+                        let want = (f64::from(v) - m).exp() / s;
+                        assert!((f64::from(p) - want).abs() <= 1e-6 * want + 1e-30);
+                        assert!((f64::from(lp) - want.ln()).abs() <= 1e-5);
+                    }
+                }
+                let gamma: Vec<f32> = (0..row).map(|i| 1.0 + i as f32 * 0.1).collect();
+                let beta: Vec<f32> = (0..row).map(|i| i as f32 * -0.2).collect();
+                let mut stats = vec![0.0; 6];
+                layer_norm_rows(
+                    isa,
+                    &mut out,
+                    &x,
+                    row,
+                    Some(&gamma),
+                    Some(&beta),
+                    1e-5,
+                    Some(&mut stats),
+                )
+                .unwrap();
+                for (r, o) in x.chunks(row).zip(out.chunks(row)) {
+                    let n = row as f64;
+                    let mean = r.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+                    let var = r
+                        .iter()
+                        .map(|&v| (f64::from(v) - mean).powi(2))
+                        .sum::<f64>()
+                        / n;
+                    for (j, (&v, &y)) in r.iter().zip(o).enumerate() {
+                        let want = (f64::from(v) - mean) / (var + 1e-5).sqrt()
+                            * f64::from(gamma[j])
+                            + f64::from(beta[j]);
+                        assert!((f64::from(y) - want).abs() < 1e-4, "{y} vs {want}");
+                    }
+                }
+            }
+        }
+        let mut out = vec![0.0; 5];
+        assert!(softmax_rows(Isa::Generic, &mut out, &data(5), 2).is_err());
+    }
+}

@@ -1,0 +1,861 @@
+//! f32 matrix products: `C (+)= A · B`, then bias and activation, on packed panels.
+//!
+//! The loop nest is BLIS's: for each block of `nc` columns and `kc` depths, B is packed
+//! (or read pre-packed) in panels of `nr` columns; for each block of `mc` rows, A is
+//! packed (or read pre-packed) in panels of `mr` rows; a micro-kernel then computes
+//! each `mr × nr` tile in registers. The B panel of `kc × nr` stays in L1 while the A
+//! block streams from L2. After the last depth block the micro-kernel stores the tile
+//! through the bias and clamp of the epilogue; any other activation then runs on the
+//! tile while it is still in L1. Edge tiles run a micro-kernel of exactly the
+//! remaining rows; edge columns go through a small tile buffer.
+//!
+//! Operands packed once ([`PackedA`], [`PackedB`]: constant weights, at load time)
+//! keep their panels over the whole depth, so any depth block is a contiguous run of
+//! them. Packing scratch comes from the caller ([`Gemm::scratch_len`]); nothing is
+//! allocated per call.
+//!
+//! Threads split the larger of m and n (counted in tiles) into one range per thread;
+//! each thread runs the loop nest on its range with its own packing scratch. A product
+//! with one row and a strided B skips packing (a vector-matrix product).
+
+mod batched;
+mod pack;
+
+pub use batched::{BatchMut, BatchRef};
+
+pub(crate) use pack::Lines;
+
+use crate::arch::{self, multiversion, Isa, Post, TileBias};
+use crate::elementwise::{self, Activation};
+use crate::error::{self, Error, Result};
+use crate::mat::{MatMut, MatRef};
+use crate::pool::ThreadPool;
+
+/// Depth of a block (the k extent of packed panels held in cache).
+const KC: usize = 256;
+/// Multiply-adds below which a product runs on one thread.
+const PARALLEL_WORK: usize = 1 << 17;
+/// Alignment (in f32) of packed buffers: a cache line.
+const ALIGN: usize = 16;
+
+/// A bias added in the epilogue.
+#[derive(Clone, Copy, Debug, Default)]
+pub enum Bias<'a> {
+    /// No bias.
+    #[default]
+    None,
+    /// One value per row of C (an output channel of an NCHW convolution).
+    Row(&'a [f32]),
+    /// One value per column of C (an output feature of a linear layer).
+    Col(&'a [f32]),
+}
+
+/// What happens to the product before it is stored:
+/// `C = act(A·B + bias)` or, with `accumulate`, `C = act(C + A·B + bias)`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Epilogue<'a> {
+    /// Add to C instead of overwriting it (BLAS beta = 1; beta = 0 otherwise: C is not
+    /// read, NaN in it does not leak).
+    pub accumulate: bool,
+    /// A bias per row or per column.
+    pub bias: Bias<'a>,
+    /// An activation applied last.
+    pub activation: Activation,
+}
+
+/// Panels of `w` lines over the whole depth (see [`pack`]), 64-byte aligned.
+#[derive(Clone, Debug)]
+pub(crate) struct Panels {
+    isa: Isa,
+    lines: usize,
+    depth: usize,
+    w: usize,
+    buf: Vec<f32>,
+    offset: usize,
+}
+
+impl Panels {
+    fn new(isa: Isa, src: &MatRef<'_>, w: usize) -> Result<Self> {
+        let (lines, depth) = (src.rows(), src.cols());
+        let len = pack::packed_len(lines, depth, w).ok_or(Error::SizeOverflow {
+            what: "packed operand",
+        })?;
+        let mut buf = vec![0.0; error::add(len, ALIGN, "packed operand")?];
+        let offset = buf.as_ptr().align_offset(ALIGN * 4).min(ALIGN - 1);
+        if let Some(dst) = buf.get_mut(offset..offset + len) {
+            src.pack(isa, 0, lines, 0, depth, w, dst);
+        }
+        Ok(Self {
+            isa,
+            lines,
+            depth,
+            w,
+            buf,
+            offset,
+        })
+    }
+
+    fn data(&self) -> &[f32] {
+        self.buf.get(self.offset..).unwrap_or(&[])
+    }
+
+    /// Panels holding lines `l0..` (`l0` a multiple of `w`) from depth `k0`, and the
+    /// distance between panels.
+    fn block(&self, l0: usize, k0: usize) -> (&[f32], usize) {
+        let stride = self.depth * self.w;
+        (
+            self.data()
+                .get(l0 / self.w * stride + k0 * self.w..)
+                .unwrap_or(&[]),
+            stride,
+        )
+    }
+
+    fn check(&self, isa: Isa) -> Result {
+        if self.isa != isa {
+            return Err(Error::PackingMismatch {
+                packed: self.isa.name(),
+                used: isa.name(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A left operand (m × k) packed once in the micro-kernel's row panels, e.g. the weights
+/// of an NCHW convolution.
+#[derive(Clone, Debug)]
+pub struct PackedA(Panels);
+
+/// A right operand (k × n) packed once in the micro-kernel's column panels, e.g. the
+/// weights of a linear layer.
+#[derive(Clone, Debug)]
+pub struct PackedB(Panels);
+
+impl PackedA {
+    pub(crate) fn panels(&self) -> &Panels {
+        &self.0
+    }
+    /// Heap bytes held (for memory budgets).
+    pub fn bytes(&self) -> usize {
+        self.0.buf.len() * std::mem::size_of::<f32>()
+    }
+    /// Rows (m).
+    pub fn rows(&self) -> usize {
+        self.0.lines
+    }
+    /// Columns (k).
+    pub fn cols(&self) -> usize {
+        self.0.depth
+    }
+}
+
+impl PackedB {
+    /// Heap bytes held (for memory budgets).
+    pub fn bytes(&self) -> usize {
+        self.0.buf.len() * std::mem::size_of::<f32>()
+    }
+    /// Rows (k).
+    pub fn rows(&self) -> usize {
+        self.0.depth
+    }
+    /// Columns (n).
+    pub fn cols(&self) -> usize {
+        self.0.lines
+    }
+}
+
+/// The left operand of a product.
+#[derive(Clone, Copy, Debug)]
+pub enum Lhs<'a> {
+    /// A strided matrix, packed during the call.
+    Mat(MatRef<'a>),
+    /// Packed at load time.
+    Packed(&'a PackedA),
+}
+
+/// The right operand of a product.
+#[derive(Clone, Copy, Debug)]
+pub enum Rhs<'a> {
+    /// A strided matrix, packed during the call.
+    Mat(MatRef<'a>),
+    /// Packed at load time.
+    Packed(&'a PackedB),
+}
+
+/// One side of the driver: packed once, or packed block by block from lines.
+#[derive(Clone, Copy)]
+pub(crate) enum Side<'a, L: Lines> {
+    Packed(&'a Panels),
+    Lines(&'a L),
+}
+
+impl<L: Lines> Side<'_, L> {
+    fn lines(&self) -> usize {
+        match self {
+            Side::Packed(p) => p.lines,
+            Side::Lines(l) => l.lines(),
+        }
+    }
+
+    fn depth(&self) -> usize {
+        match self {
+            Side::Packed(p) => p.depth,
+            Side::Lines(l) => l.depth(),
+        }
+    }
+
+    /// Panels of lines `l0..l0 + len` over depths `k0..k0 + kc`, and the panel stride.
+    #[allow(clippy::too_many_arguments)]
+    fn block<'s>(
+        &'s self,
+        isa: Isa,
+        l0: usize,
+        len: usize,
+        k0: usize,
+        kc: usize,
+        w: usize,
+        scratch: &'s mut [f32],
+    ) -> (&'s [f32], usize) {
+        match self {
+            Side::Packed(p) => p.block(l0, k0),
+            Side::Lines(l) => {
+                l.pack(isa, l0, len, k0, kc, w, scratch);
+                (scratch, kc * w)
+            }
+        }
+    }
+}
+
+/// A matrix-product engine bound to one instruction set's micro-kernel and block sizes.
+/// Create it once ([`Gemm::new`] picks the best instruction set of this CPU) and use it
+/// to pack constant operands at load time and to run products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gemm {
+    isa: Isa,
+    mr: usize,
+    nr: usize,
+    mc: usize,
+    nc: usize,
+}
+
+impl Default for Gemm {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Gemm {
+    /// The engine for the best instruction set of this CPU.
+    pub fn new() -> Self {
+        Self::for_isa(Isa::best())
+    }
+
+    /// The engine for `isa`, or [`Error::IsaUnavailable`].
+    pub fn with_isa(isa: Isa) -> Result<Self> {
+        Ok(Self::for_isa(isa.check()?))
+    }
+
+    fn for_isa(isa: Isa) -> Self {
+        let (mr, nr) = isa.gemm_tile();
+        // The A block (mc × KC) fills about half of a 512 KiB L2 at most; the B block
+        // (KC × nc) is streamed from L3 once per row block.
+        let mc = (120 / mr).max(1) * mr;
+        let nc = (2048 / nr).max(1) * nr;
+        Self {
+            isa,
+            mr,
+            nr,
+            mc,
+            nc,
+        }
+    }
+
+    /// The instruction set.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Packs a left operand once (for constant weights).
+    pub fn pack_a(&self, a: MatRef<'_>) -> Result<PackedA> {
+        Panels::new(self.isa, &a, self.mr).map(PackedA)
+    }
+
+    /// Packs a right operand once (for constant weights).
+    pub fn pack_b(&self, b: MatRef<'_>) -> Result<PackedB> {
+        Panels::new(self.isa, &b.t(), self.nr).map(PackedB)
+    }
+
+    /// Scratch (in f32 elements) that [`Gemm::run`] needs for an `m × n × k` product on
+    /// `threads` threads, with the left and right operands packed beforehand or not.
+    pub fn scratch_len(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        a_packed: bool,
+        b_packed: bool,
+        threads: usize,
+    ) -> Result<usize> {
+        let plan = self.plan(m, n, k, threads);
+        let per_thread = self.per_thread_scratch(&plan, a_packed, b_packed)?;
+        error::mul(per_thread, plan.threads, "matrix product scratch")
+    }
+
+    /// `C = act(A·B + bias)` (or `C = act(C + A·B + bias)`, see [`Epilogue`]) on the
+    /// pool's threads, `scratch` at least [`Gemm::scratch_len`] long.
+    pub fn run(
+        &self,
+        pool: &ThreadPool,
+        c: MatMut<'_>,
+        a: Lhs<'_>,
+        b: Rhs<'_>,
+        epilogue: &Epilogue<'_>,
+        scratch: &mut [f32],
+    ) -> Result {
+        match (a, b) {
+            (Lhs::Mat(a), Rhs::Mat(b))
+                if a.rows() == 1
+                    && c.rows() == 1
+                    && a.cols() == b.rows()
+                    && b.cols() == c.cols()
+                    && (b.col_stride() == 1 || b.row_stride() == 1) =>
+            {
+                self.vector_matrix(c, a, b, epilogue)
+            }
+            (Lhs::Mat(a), Rhs::Mat(b)) => self.run_sides(
+                pool,
+                c,
+                Side::Lines(&a),
+                Side::Lines(&b.t()),
+                epilogue,
+                scratch,
+            ),
+            (Lhs::Mat(a), Rhs::Packed(b)) => {
+                b.0.check(self.isa)?;
+                self.run_sides(
+                    pool,
+                    c,
+                    Side::Lines(&a),
+                    Side::<MatRef<'_>>::Packed(&b.0),
+                    epilogue,
+                    scratch,
+                )
+            }
+            (Lhs::Packed(a), Rhs::Mat(b)) => {
+                a.0.check(self.isa)?;
+                self.run_sides(
+                    pool,
+                    c,
+                    Side::<MatRef<'_>>::Packed(&a.0),
+                    Side::Lines(&b.t()),
+                    epilogue,
+                    scratch,
+                )
+            }
+            (Lhs::Packed(a), Rhs::Packed(b)) => {
+                a.0.check(self.isa)?;
+                b.0.check(self.isa)?;
+                self.run_sides(
+                    pool,
+                    c,
+                    Side::<MatRef<'_>>::Packed(&a.0),
+                    Side::<MatRef<'_>>::Packed(&b.0),
+                    epilogue,
+                    scratch,
+                )
+            }
+        }
+    }
+
+    /// The product with the right operand given as lines (columns of B) of any kind:
+    /// used by the convolutions with their implicit im2col matrix.
+    pub(crate) fn run_sides<A: Lines, B: Lines>(
+        &self,
+        pool: &ThreadPool,
+        mut c: MatMut<'_>,
+        a: Side<'_, A>,
+        b: Side<'_, B>,
+        epilogue: &Epilogue<'_>,
+        scratch: &mut [f32],
+    ) -> Result {
+        if !self.prologue(&mut c, &a, &b, epilogue)? {
+            return Ok(());
+        }
+        let (m, n, k) = (a.lines(), b.lines(), a.depth());
+        let plan = self.plan(m, n, k, pool.threads());
+        let per_thread = self.per_thread_scratch(
+            &plan,
+            matches!(a, Side::Packed(_)),
+            matches!(b, Side::Packed(_)),
+        )?;
+        let needed = error::mul(per_thread, plan.threads, "matrix product scratch")?;
+        let len = scratch.len();
+        let scratch = scratch
+            .get_mut(..needed)
+            .ok_or(Error::ScratchTooSmall { len, needed })?;
+        if plan.threads == 1 {
+            return self.block_loop(c, 0, 0, &a, &b, epilogue, scratch);
+        }
+        self.split(pool, &plan, per_thread, c, &a, &b, epilogue, scratch)
+    }
+
+    /// Checks shapes and bias lengths; Ok(false) when there is nothing to multiply
+    /// (C empty, or k = 0 and the epilogue already applied).
+    fn prologue<A: Lines, B: Lines>(
+        &self,
+        c: &mut MatMut<'_>,
+        a: &Side<'_, A>,
+        b: &Side<'_, B>,
+        epilogue: &Epilogue<'_>,
+    ) -> Result<bool> {
+        let (m, n, k) = (a.lines(), b.lines(), a.depth());
+        if b.depth() != k || c.rows() != m || c.cols() != n {
+            return Err(Error::ShapeMismatch {
+                what: format!(
+                    "cannot multiply {m}x{k} by {}x{n} into {}x{}",
+                    b.depth(),
+                    c.rows(),
+                    c.cols()
+                ),
+            });
+        }
+        match epilogue.bias {
+            Bias::Row(v) => error::need("row bias", v.len(), m)?,
+            Bias::Col(v) => error::need("column bias", v.len(), n)?,
+            Bias::None => {}
+        }
+        if m == 0 || n == 0 {
+            return Ok(false);
+        }
+        if k == 0 {
+            // No product: C = act(beta·C + bias).
+            self.epilogue_rows(
+                c,
+                0,
+                0,
+                m,
+                n,
+                epilogue.bias,
+                epilogue.activation,
+                !epilogue.accumulate,
+            );
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// Runs the loop nest on one thread per part of C.
+    #[allow(clippy::too_many_arguments)]
+    fn split<A: Lines, B: Lines>(
+        &self,
+        pool: &ThreadPool,
+        plan: &Plan,
+        per_thread: usize,
+        c: MatMut<'_>,
+        a: &Side<'_, A>,
+        b: &Side<'_, B>,
+        epilogue: &Epilogue<'_>,
+        scratch: &mut [f32],
+    ) -> Result {
+        // One output range per task, as disjoint views.
+        let mut parts: [Option<(MatMut<'_>, usize, usize, Epilogue<'_>)>; MAX_SPLIT] =
+            std::array::from_fn(|_| None);
+        let mut rest = Some(c);
+        let step = plan.step;
+        for (t, slot) in parts.iter_mut().enumerate().take(plan.threads) {
+            let Some(v) = rest.take() else { break };
+            let (head, tail) = if plan.split_n {
+                v.split_at_col(step)
+            } else {
+                v.split_at_row(step)
+            };
+            let (i0, j0) = if plan.split_n {
+                (0, t * step)
+            } else {
+                (t * step, 0)
+            };
+            let bias = match epilogue.bias {
+                Bias::Row(v) => Bias::Row(v.get(i0..).unwrap_or(&[])),
+                Bias::Col(v) => Bias::Col(v.get(j0..).unwrap_or(&[])),
+                Bias::None => Bias::None,
+            };
+            *slot = Some((head, i0, j0, Epilogue { bias, ..*epilogue }));
+            rest = Some(tail);
+        }
+        let parts = parts.map(std::sync::Mutex::new);
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        pool.parallel_for_scratch(plan.threads, scratch, per_thread, |t, s| {
+            let part = parts
+                .get(t)
+                .and_then(|p| p.lock().ok().and_then(|mut g| g.take()));
+            if let Some((view, i0, j0, epi)) = part {
+                if self.block_loop(view, i0, j0, a, b, &epi, s).is_err() {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        })?;
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::InvalidParameter {
+                what: "matrix product block failed".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// `c (1 × n) = a (1 × k) · b` without packing: a sum of scaled rows of B when its
+    /// rows are contiguous, else one dot product per column.
+    fn vector_matrix(
+        &self,
+        mut c: MatMut<'_>,
+        a: MatRef<'_>,
+        b: MatRef<'_>,
+        epi: &Epilogue<'_>,
+    ) -> Result {
+        let (k, n) = (b.rows(), b.cols());
+        match epi.bias {
+            Bias::Row(v) => error::need("row bias", v.len(), 1)?,
+            Bias::Col(v) => error::need("column bias", v.len(), n)?,
+            Bias::None => {}
+        }
+        let mut j = 0;
+        // Blocks of columns accumulated on the stack, then stored with the epilogue.
+        let mut acc = [0f32; 512];
+        while j < n {
+            let w = acc.len().min(n - j);
+            let acc = acc.get_mut(..w).unwrap_or_default();
+            acc.fill(0.0);
+            if b.col_stride() == 1 {
+                for p in 0..k {
+                    if let Some(run) = b.row_run(p, j, w) {
+                        axpy(self.isa, acc, a.at(0, p), run);
+                    }
+                }
+            } else {
+                let x: Option<&[f32]> = a.row_run(0, 0, k);
+                for (s, v) in acc.iter_mut().enumerate() {
+                    *v = match (x, b.t().row_run(j + s, 0, k)) {
+                        (Some(x), Some(col)) => dot(self.isa, x, col),
+                        _ => (0..k).map(|p| a.at(0, p) * b.at(p, j + s)).sum(),
+                    };
+                }
+            }
+            if epi.accumulate {
+                for (s, v) in acc.iter_mut().enumerate() {
+                    *v += c.get(0, j + s).unwrap_or(0.0);
+                }
+            }
+            for (s, &v) in acc.iter().enumerate() {
+                c.set(0, j + s, v);
+            }
+            self.epilogue_rows(&mut c, 0, j, 1, w, epi.bias, epi.activation, false);
+            j += w;
+        }
+        Ok(())
+    }
+
+    fn plan(&self, m: usize, n: usize, k: usize, threads: usize) -> Plan {
+        let work = m.saturating_mul(n).saturating_mul(k);
+        let (m_tiles, n_tiles) = (m.div_ceil(self.mr), n.div_ceil(self.nr));
+        let split_n = n_tiles >= m_tiles;
+        let tiles = if split_n { n_tiles } else { m_tiles };
+        let threads = threads
+            .min(MAX_SPLIT)
+            .min(tiles)
+            .min((work / PARALLEL_WORK).max(1))
+            .max(1);
+        let w = if split_n { self.nr } else { self.mr };
+        let step = tiles.div_ceil(threads) * w;
+        let threads = if split_n { n } else { m }.div_ceil(step.max(1)).max(1);
+        let (rows, cols) = if split_n {
+            (m, step.min(n))
+        } else {
+            (step.min(m), n)
+        };
+        Plan {
+            threads,
+            split_n,
+            step,
+            rows,
+            cols,
+            k,
+        }
+    }
+
+    fn per_thread_scratch(&self, plan: &Plan, a_packed: bool, b_packed: bool) -> Result<usize> {
+        let kc = KC.min(plan.k.max(1));
+        let a = if a_packed {
+            Some(0)
+        } else {
+            pack::packed_len(self.mc.min(plan.rows), kc, self.mr)
+        };
+        let b = if b_packed {
+            Some(0)
+        } else {
+            pack::packed_len(self.nc.min(plan.cols), kc, self.nr)
+        };
+        let total = a
+            .zip(b)
+            .and_then(|(a, b)| a.checked_add(b)?.checked_add(2 * ALIGN))
+            .ok_or(Error::SizeOverflow {
+                what: "matrix product scratch",
+            })?;
+        // Keep each thread's part a whole number of cache lines.
+        Ok(total.div_ceil(ALIGN) * ALIGN)
+    }
+
+    /// The loop nest over one thread's part of C, whose (0, 0) is (i0, j0) of the whole.
+    #[allow(clippy::too_many_arguments)]
+    fn block_loop<A: Lines, B: Lines>(
+        &self,
+        mut c: MatMut<'_>,
+        i0: usize,
+        j0: usize,
+        a: &Side<'_, A>,
+        b: &Side<'_, B>,
+        epi: &Epilogue<'_>,
+        scratch: &mut [f32],
+    ) -> Result {
+        let (m, n, k) = (c.rows(), c.cols(), a.depth());
+        let (mr, nr) = (self.mr, self.nr);
+        let kc_max = KC.min(k);
+        let a_len = if matches!(a, Side::Packed(_)) {
+            0
+        } else {
+            pack::packed_len(self.mc.min(m), kc_max, mr).unwrap_or(0)
+        };
+        // Clamps are fused into the micro-kernel; other activations run after it.
+        let ((min, max), extra) = match epi.activation {
+            Activation::Clamp { min, max } => ((min, max), Activation::Identity),
+            a => ((f32::NEG_INFINITY, f32::INFINITY), a),
+        };
+        let scratch = aligned(scratch);
+        let (a_buf, b_buf) = scratch.split_at_mut(a_len.min(scratch.len()));
+        let b_buf = aligned(b_buf);
+        for jc in (0..n).step_by(self.nc) {
+            let nb = self.nc.min(n - jc);
+            for pc in (0..k).step_by(KC) {
+                let kb = KC.min(k - pc);
+                let (bp, b_stride) = b.block(self.isa, j0 + jc, nb, pc, kb, nr, b_buf);
+                let last = pc + kb == k;
+                let accumulate = pc > 0 || epi.accumulate;
+                for ic in (0..m).step_by(self.mc) {
+                    let mb = self.mc.min(m - ic);
+                    let (ap, a_stride) = a.block(self.isa, i0 + ic, mb, pc, kb, mr, a_buf);
+                    for jr in (0..nb).step_by(nr) {
+                        let bpanel = bp.get(jr / nr * b_stride..).unwrap_or(&[]);
+                        let cols = nr.min(nb - jr);
+                        for ir in (0..mb).step_by(mr) {
+                            let apanel = ap.get(ir / mr * a_stride..).unwrap_or(&[]);
+                            let rows = mr.min(mb - ir);
+                            let (i, j) = (ic + ir, jc + jr);
+                            // The last depth block stores through the fused bias and
+                            // clamp; other activations follow on the tile.
+                            let mut padded = [0f32; MAX_NR];
+                            let post = last.then(|| Post {
+                                bias: match epi.bias {
+                                    Bias::None => TileBias::None,
+                                    Bias::Row(v) => TileBias::Rows(v.get(i..).unwrap_or_default()),
+                                    Bias::Col(v) => {
+                                        let v = v.get(j..).unwrap_or_default();
+                                        if v.len() >= nr {
+                                            TileBias::Cols(v)
+                                        } else {
+                                            padded.iter_mut().zip(v).for_each(|(p, &b)| *p = b);
+                                            TileBias::Cols(&padded)
+                                        }
+                                    }
+                                },
+                                min,
+                                max,
+                            });
+                            if cols == nr && (c.col_stride() == 1 || nr == 1) {
+                                arch::microkernel(
+                                    self.isa,
+                                    rows,
+                                    kb,
+                                    apanel,
+                                    bpanel,
+                                    &mut c,
+                                    (i, j),
+                                    accumulate,
+                                    post.as_ref(),
+                                )?;
+                            } else {
+                                self.edge_tile(
+                                    &mut c,
+                                    (i, j),
+                                    (rows, cols),
+                                    kb,
+                                    apanel,
+                                    bpanel,
+                                    accumulate,
+                                    post.as_ref(),
+                                )?;
+                            }
+                            if last && extra != Activation::Identity {
+                                self.epilogue_rows(
+                                    &mut c,
+                                    i,
+                                    j,
+                                    rows,
+                                    cols,
+                                    Bias::None,
+                                    extra,
+                                    false,
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A tile with fewer than nr columns or strided columns, through a tile buffer.
+    #[allow(clippy::too_many_arguments)]
+    fn edge_tile(
+        &self,
+        c: &mut MatMut<'_>,
+        (i, j): (usize, usize),
+        (rows, cols): (usize, usize),
+        kb: usize,
+        ap: &[f32],
+        bp: &[f32],
+        accumulate: bool,
+        post: Option<&Post<'_>>,
+    ) -> Result {
+        let mut tile = [0f32; MAX_TILE];
+        let nr = self.nr;
+        let mut t = MatMut::row_major(&mut tile, rows, nr)?;
+        if accumulate {
+            for r in 0..rows {
+                match (c.row_run(i + r, j, cols), t.row_run(r, 0, cols)) {
+                    (Some(src), Some(dst)) => dst.copy_from_slice(src),
+                    _ => (0..cols).for_each(|s| {
+                        t.set(r, s, c.get(i + r, j + s).unwrap_or(0.0));
+                    }),
+                }
+            }
+        }
+        arch::microkernel(self.isa, rows, kb, ap, bp, &mut t, (0, 0), accumulate, post)?;
+        for r in 0..rows {
+            match (c.row_run(i + r, j, cols), t.row_run(r, 0, cols)) {
+                (Some(dst), Some(src)) => dst.copy_from_slice(src),
+                _ => (0..cols).for_each(|s| {
+                    c.set(i + r, j + s, t.get(r, s).unwrap_or(0.0));
+                }),
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `bias` and `act` to `rows × cols` of C at (i, j) (bias indices relative
+    /// to this view); with `zero`, C is cleared first.
+    #[allow(clippy::too_many_arguments)]
+    fn epilogue_rows(
+        &self,
+        c: &mut MatMut<'_>,
+        i: usize,
+        j: usize,
+        rows: usize,
+        cols: usize,
+        bias: Bias<'_>,
+        act: Activation,
+        zero: bool,
+    ) {
+        if !zero && act == Activation::Identity && matches!(bias, Bias::None) {
+            return;
+        }
+        for r in i..i + rows {
+            let row_bias = match bias {
+                Bias::Row(v) => v.get(r).copied().unwrap_or(0.0),
+                _ => 0.0,
+            };
+            let col_bias = match bias {
+                Bias::Col(v) => v.get(j..j + cols),
+                _ => None,
+            };
+            match c.row_run(r, j, cols) {
+                Some(run) => {
+                    if zero {
+                        run.fill(0.0);
+                    }
+                    match col_bias {
+                        Some(v) => {
+                            // Lengths agree: both are `cols` long.
+                            let _ = elementwise::add_vector_activate(self.isa, run, v, act);
+                        }
+                        None => elementwise::add_scalar_activate(self.isa, run, row_bias, act),
+                    }
+                }
+                None => {
+                    for s in j..j + cols {
+                        let old = if zero {
+                            0.0
+                        } else {
+                            c.get(r, s).unwrap_or(0.0)
+                        };
+                        let b = col_bias
+                            .and_then(|v| v.get(s - j))
+                            .copied()
+                            .unwrap_or(row_bias);
+                        c.set(r, s, act.apply_scalar(old + b));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Most threads a product is split over.
+const MAX_SPLIT: usize = 64;
+/// Largest mr × nr of any micro-kernel.
+const MAX_TILE: usize = 12 * 32;
+/// Largest nr of any micro-kernel.
+const MAX_NR: usize = 32;
+
+struct Plan {
+    threads: usize,
+    split_n: bool,
+    step: usize,
+    rows: usize,
+    cols: usize,
+    k: usize,
+}
+
+/// The part of `s` from its first 64-byte-aligned element.
+fn aligned(s: &mut [f32]) -> &mut [f32] {
+    let off = s
+        .as_ptr()
+        .align_offset(ALIGN * 4)
+        .min(ALIGN - 1)
+        .min(s.len());
+    s.get_mut(off..).unwrap_or_default()
+}
+
+multiversion! {
+    fn axpy<const FMA: bool>(y: &mut [f32], a: f32, x: &[f32]) {
+        for (y, &x) in y.iter_mut().zip(x) {
+            *y = arch::madd::<FMA>(a, x, *y);
+        }
+    }
+}
+
+multiversion! {
+    fn dot<const FMA: bool>(x: &[f32], y: &[f32]) -> f32 {
+        let mut lanes = [0f32; 16];
+        let (xs, ys) = (x.chunks_exact(16), y.chunks_exact(16));
+        let tail: f32 = xs.remainder().iter().zip(ys.remainder()).map(|(a, b)| a * b).sum();
+        for (a, b) in xs.zip(ys) {
+            for ((l, &p), &q) in lanes.iter_mut().zip(a).zip(b) {
+                *l = arch::madd::<FMA>(p, q, *l);
+            }
+        }
+        lanes.iter().sum::<f32>() + tail
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,327 @@
+//! Strided matrix views: [`MatRef`] (read) and [`MatMut`] (write), checked once at
+//! construction so that every element they name lies inside their buffer.
+
+use std::marker::PhantomData;
+
+use crate::error::{Error, Result};
+
+/// Offset of the last element of a `rows × cols` view, None if empty or overflowing.
+fn last_offset(rows: usize, cols: usize, rs: usize, cs: usize) -> Option<Option<usize>> {
+    if rows == 0 || cols == 0 {
+        return Some(None);
+    }
+    let a = (rows - 1).checked_mul(rs)?;
+    let b = (cols - 1).checked_mul(cs)?;
+    a.checked_add(b).map(Some)
+}
+
+fn check_view(len: usize, rows: usize, cols: usize, rs: usize, cs: usize) -> Result {
+    match last_offset(rows, cols, rs, cs) {
+        Some(None) => Ok(()),
+        Some(Some(last)) if last < len => Ok(()),
+        _ => Err(Error::ViewOutOfBounds {
+            rows,
+            cols,
+            row_stride: rs,
+            col_stride: cs,
+            len,
+        }),
+    }
+}
+
+/// A read-only strided matrix: element (i, j) is `data[i * rs + j * cs]`.
+#[derive(Clone, Copy, Debug)]
+pub struct MatRef<'a> {
+    data: &'a [f32],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a> MatRef<'a> {
+    /// A view with row stride `rs` and column stride `cs`, checked against `data`.
+    pub fn new(data: &'a [f32], rows: usize, cols: usize, rs: usize, cs: usize) -> Result<Self> {
+        check_view(data.len(), rows, cols, rs, cs)?;
+        Ok(Self {
+            data,
+            rows,
+            cols,
+            rs,
+            cs,
+        })
+    }
+
+    /// A row-major view of the first `rows * cols` elements.
+    pub fn row_major(data: &'a [f32], rows: usize, cols: usize) -> Result<Self> {
+        Self::new(data, rows, cols, cols, 1)
+    }
+
+    /// The transpose (no copy).
+    pub fn t(self) -> Self {
+        Self {
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+            data: self.data,
+        }
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Row stride.
+    pub fn row_stride(&self) -> usize {
+        self.rs
+    }
+
+    /// Column stride.
+    pub fn col_stride(&self) -> usize {
+        self.cs
+    }
+
+    /// Element (i, j); 0 outside the view.
+    #[inline]
+    pub fn at(&self, i: usize, j: usize) -> f32 {
+        if i < self.rows && j < self.cols {
+            self.data
+                .get(i * self.rs + j * self.cs)
+                .copied()
+                .unwrap_or(0.0)
+        } else {
+            0.0
+        }
+    }
+
+    /// Elements `(i, j0..j0 + len)` when columns are contiguous (`cs == 1`), clipped to
+    /// the view.
+    #[inline]
+    pub(crate) fn row_run(&self, i: usize, j0: usize, len: usize) -> Option<&'a [f32]> {
+        if self.cs != 1 && self.cols > 1 || i >= self.rows || j0 >= self.cols {
+            return None;
+        }
+        let len = len.min(self.cols - j0);
+        self.data.get(i * self.rs + j0..)?.get(..len)
+    }
+}
+
+/// A writable strided matrix whose distinct elements are distinct memory.
+///
+/// Like `ndarray`'s views it holds a raw pointer, so that it can be split into
+/// disjoint sub-views (by rows or by columns) that threads write at the same time; no
+/// slice covering another view's elements is ever formed.
+#[derive(Debug)]
+pub struct MatMut<'a> {
+    ptr: *mut f32,
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+    _borrow: PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: a `MatMut` is a unique borrow of its elements (as `&mut [f32]`, which is Send).
+unsafe impl Send for MatMut<'_> {}
+
+impl<'a> MatMut<'a> {
+    /// A view with row stride `rs` and column stride `cs`, checked against `data` and
+    /// for overlapping elements.
+    pub fn new(
+        data: &'a mut [f32],
+        rows: usize,
+        cols: usize,
+        rs: usize,
+        cs: usize,
+    ) -> Result<Self> {
+        check_view(data.len(), rows, cols, rs, cs)?;
+        // Injective when the inner stride is non-zero and the outer one steps over a
+        // whole inner line (an extent of 1 has no stride to speak of).
+        let line = |inner: usize, extent: usize, outer: usize, outer_extent: usize| {
+            (extent == 1 || inner >= 1)
+                && (outer_extent == 1
+                    || extent.checked_mul(inner.max(1)).is_some_and(|l| outer >= l))
+        };
+        let empty = rows == 0 || cols == 0;
+        if !(empty || line(cs, cols, rs, rows) || line(rs, rows, cs, cols)) {
+            return Err(Error::OverlappingOutput {
+                rows,
+                cols,
+                row_stride: rs,
+                col_stride: cs,
+            });
+        }
+        Ok(Self {
+            ptr: data.as_mut_ptr(),
+            rows,
+            cols,
+            rs,
+            cs,
+            _borrow: PhantomData,
+        })
+    }
+
+    /// A row-major view of the first `rows * cols` elements.
+    pub fn row_major(data: &'a mut [f32], rows: usize, cols: usize) -> Result<Self> {
+        Self::new(data, rows, cols, cols, 1)
+    }
+
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Row stride.
+    pub fn row_stride(&self) -> usize {
+        self.rs
+    }
+
+    /// Column stride.
+    pub fn col_stride(&self) -> usize {
+        self.cs
+    }
+
+    /// A shorter-lived view of the same elements.
+    pub fn reborrow(&mut self) -> MatMut<'_> {
+        MatMut {
+            _borrow: PhantomData,
+            ..*self
+        }
+    }
+
+    /// Splits into rows `..at` and `at..` (`at` clamped to the rows).
+    pub fn split_at_row(self, at: usize) -> (Self, Self) {
+        let at = at.min(self.rows);
+        // A dangling pointer is fine for an empty view: it is never dereferenced.
+        let ptr = self.ptr.wrapping_add(at * self.rs);
+        (
+            Self {
+                rows: at,
+                _borrow: PhantomData,
+                ..self
+            },
+            Self {
+                ptr,
+                rows: self.rows - at,
+                _borrow: PhantomData,
+                ..self
+            },
+        )
+    }
+
+    /// Splits into columns `..at` and `at..` (`at` clamped to the columns).
+    pub fn split_at_col(self, at: usize) -> (Self, Self) {
+        let at = at.min(self.cols);
+        // As in `split_at_row`.
+        let ptr = self.ptr.wrapping_add(at * self.cs);
+        (
+            Self {
+                cols: at,
+                _borrow: PhantomData,
+                ..self
+            },
+            Self {
+                ptr,
+                cols: self.cols - at,
+                _borrow: PhantomData,
+                ..self
+            },
+        )
+    }
+
+    /// Element (i, j), None outside the view.
+    pub fn get(&self, i: usize, j: usize) -> Option<f32> {
+        // SAFETY: in-view elements are inside the borrowed buffer (checked at `new`).
+        (i < self.rows && j < self.cols)
+            .then(|| unsafe { *self.ptr.add(i * self.rs + j * self.cs) })
+    }
+
+    /// Sets element (i, j); false outside the view.
+    pub fn set(&mut self, i: usize, j: usize, v: f32) -> bool {
+        let inside = i < self.rows && j < self.cols;
+        if inside {
+            // SAFETY: as `get`; `&mut self` makes the write exclusive.
+            unsafe { *self.ptr.add(i * self.rs + j * self.cs) = v };
+        }
+        inside
+    }
+
+    /// Elements `(i, j0..j0 + len)` as a slice when columns are contiguous, clipped to
+    /// the view; None if `cs != 1` (with more than one column) or out of range.
+    pub fn row_run(&mut self, i: usize, j0: usize, len: usize) -> Option<&mut [f32]> {
+        if self.cs != 1 && self.cols > 1 || i >= self.rows || j0 >= self.cols {
+            return None;
+        }
+        let len = len.min(self.cols - j0);
+        // SAFETY: the run is `len` contiguous in-view elements of row i; no other view
+        // can hold them (views only split this one's rows and columns apart).
+        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * self.rs + j0), len) })
+    }
+
+    /// The tile at (i, j) of `rows × cols` elements with contiguous columns, as a raw
+    /// pointer and row stride for a micro-kernel; None unless the tile is inside the
+    /// view and `cs == 1`.
+    pub(crate) fn tile_ptr(
+        &mut self,
+        i: usize,
+        j: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Option<(*mut f32, usize)> {
+        let inside = rows >= 1
+            && cols >= 1
+            && i.checked_add(rows).is_some_and(|e| e <= self.rows)
+            && j.checked_add(cols).is_some_and(|e| e <= self.cols)
+            && (self.cs == 1 || cols == 1);
+        // SAFETY: (i, j) is inside the view, so its offset is inside the buffer.
+        inside.then(|| (unsafe { self.ptr.add(i * self.rs + j * self.cs) }, self.rs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn views_are_checked() {
+        let v = [0f32; 6];
+        assert!(MatRef::new(&v, 2, 3, 3, 1).is_ok());
+        assert!(MatRef::new(&v, 2, 4, 3, 1).is_err());
+        assert!(MatRef::new(&v, 0, 100, 1000, 1).is_ok());
+        assert!(MatRef::new(&v, 2, 2, usize::MAX, 1).is_err());
+        let mut w = [0f32; 6];
+        assert!(MatMut::new(&mut w, 2, 3, 1, 1).is_err());
+        assert!(MatMut::new(&mut w, 2, 3, 1, 2).is_ok());
+        assert!(MatMut::new(&mut w, 1, 3, 0, 1).is_ok());
+        assert!(MatMut::new(&mut w, 4, 0, 0, 1).is_ok());
+        assert!(MatMut::new(&mut w, 3, 2, 2, 1).is_ok());
+    }
+
+    #[test]
+    fn splits_are_disjoint_views() {
+        let mut w: Vec<f32> = (0..12).map(|i| i as f32).collect();
+        let m = MatMut::row_major(&mut w, 3, 4).unwrap();
+        let (mut l, mut r) = m.split_at_col(1);
+        assert_eq!((l.cols(), r.cols()), (1, 3));
+        assert_eq!(r.get(2, 0), Some(9.0));
+        assert!(r.set(0, 2, -1.0));
+        assert!(!l.set(0, 1, 0.0));
+        assert_eq!(l.row_run(1, 0, 9).map(|s| s.len()), Some(1));
+        let (top, bottom) = r.split_at_row(2);
+        assert_eq!((top.rows(), bottom.rows()), (2, 1));
+        assert_eq!(bottom.get(0, 0), Some(9.0));
+        assert_eq!(w[3], -1.0);
+    }
+}

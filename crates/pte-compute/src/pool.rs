@@ -1,0 +1,497 @@
+//! A fork-join thread pool in which the calling thread takes part.
+//!
+//! [`ThreadPool::parallel_for`] runs tasks `0..n` and returns when all are done. The
+//! caller runs tasks too: with one thread, with one task, or when the pool is already
+//! busy (a task calling back into its own pool, or another thread using it at the same
+//! moment) everything runs inline on the caller, with no hand-off and no
+//! synchronization beyond one atomic flag. Workers spin for a short while after a job
+//! (so back-to-back calls do not pay a wake-up), then park. A call allocates nothing.
+//!
+//! Tasks are claimed one at a time from a shared counter, so uneven tasks balance. A
+//! task also learns the index of the thread running it (0 for the caller), which
+//! [`ThreadPool::parallel_for_scratch`] turns into a private scratch slice per thread.
+
+use std::any::Any;
+use std::cell::UnsafeCell;
+use std::marker::PhantomData;
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+
+/// How long an idle worker spins before it parks.
+const SPIN: Duration = Duration::from_micros(50);
+
+/// `state` packs the job epoch (high 32 bits), a "closed" bit (no worker may join the
+/// job any more) and the number of workers inside the job (low 31 bits).
+const CLOSED: u64 = 1 << 31;
+const ACTIVE: u64 = CLOSED - 1;
+const EPOCH: u64 = 1 << 32;
+
+/// A type-erased `&F` where `F: Fn(usize, usize) + Sync` (task, thread).
+#[derive(Clone, Copy)]
+struct JobRef {
+    data: *const (),
+    call: unsafe fn(*const (), usize, usize),
+    tasks: usize,
+}
+
+/// Calls the `F` behind `data`.
+///
+/// # Safety
+/// `data` must point to a live `F`.
+unsafe fn trampoline<F: Fn(usize, usize) + Sync>(data: *const (), task: usize, thread: usize) {
+    // SAFETY: the caller guarantees `data` is a live `&F` (see `ThreadPool::run_job`).
+    let f = unsafe { &*data.cast::<F>() };
+    f(task, thread);
+}
+
+struct Shared {
+    state: AtomicU64,
+    next_task: AtomicUsize,
+    job: UnsafeCell<JobRef>,
+    /// Whether a caller owns the pool (publishes jobs) right now.
+    busy: AtomicBool,
+    sleeping: Box<[AtomicBool]>,
+    shutdown: AtomicBool,
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+// SAFETY: `job` is written only by the thread that holds `busy`, and only while no worker
+// is inside a job (the previous job ended with `state` closed and its active count 0);
+// workers read it only after joining the current job through a successful
+// compare-exchange on `state` (Acquire), which orders after the writer's Release
+// publication of the new epoch. Every other field is atomic or a Mutex. The `JobRef`
+// points to an `F: Sync`, so calling it from several threads at once is allowed.
+unsafe impl Sync for Shared {}
+// SAFETY: as above; the raw pointer in `job` is only dereferenced under that protocol.
+unsafe impl Send for Shared {}
+
+impl Shared {
+    /// Claims and runs tasks of the current job until none is left.
+    ///
+    /// # Safety
+    /// The caller must be inside the current job (the publisher, or a worker counted in
+    /// `state`'s active count), so that `job` is live and not being rewritten.
+    unsafe fn run_tasks(&self, thread: usize) {
+        // SAFETY: see the function's contract.
+        let job = unsafe { *self.job.get() };
+        loop {
+            let task = self.next_task.fetch_add(1, Ordering::Relaxed);
+            if task >= job.tasks {
+                break;
+            }
+            // SAFETY: the job's closure outlives the job (its publisher waits for every
+            // joined worker before returning).
+            unsafe { (job.call)(job.data, task, thread) };
+        }
+    }
+}
+
+/// A fork-join pool of `threads - 1` workers plus the calling thread. Dropping it stops
+/// and joins the workers.
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ThreadPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadPool")
+            .field("threads", &self.threads())
+            .finish()
+    }
+}
+
+impl ThreadPool {
+    /// A pool running jobs on `threads` threads in all, the caller included (`threads`
+    /// of 0 or 1: no worker, everything runs inline).
+    pub fn new(threads: usize) -> Result<Self> {
+        let n_workers = threads.saturating_sub(1);
+        let shared = Arc::new(Shared {
+            state: AtomicU64::new(CLOSED),
+            next_task: AtomicUsize::new(0),
+            job: UnsafeCell::new(JobRef {
+                data: std::ptr::null(),
+                call: trampoline::<fn(usize, usize)>,
+                tasks: 0,
+            }),
+            busy: AtomicBool::new(false),
+            sleeping: (0..n_workers).map(|_| AtomicBool::new(false)).collect(),
+            shutdown: AtomicBool::new(false),
+            panic: Mutex::new(None),
+        });
+        let mut pool = Self {
+            shared,
+            workers: Vec::with_capacity(n_workers),
+        };
+        for w in 0..n_workers {
+            let shared = Arc::clone(&pool.shared);
+            let handle = thread::Builder::new()
+                .name(format!("pte-compute-{}", w + 1))
+                .spawn(move || worker(&shared, w))
+                .map_err(|e| Error::ThreadSpawn(e.to_string()))?;
+            pool.workers.push(handle);
+        }
+        Ok(pool)
+    }
+
+    /// A pool with one thread per available CPU.
+    pub fn with_available_parallelism() -> Result<Self> {
+        Self::new(thread::available_parallelism().map_or(1, usize::from))
+    }
+
+    /// Threads that run a job, the caller included.
+    pub fn threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Runs `f(task, thread)` for every `task` in `0..tasks` and returns when all have
+    /// run. `thread` is the index (below [`Self::threads`]) of the thread running the
+    /// task, 0 for the caller; two tasks with the same `thread` never run at once. A
+    /// panic in a task is re-raised here after every other task has finished.
+    pub fn parallel_for<F: Fn(usize, usize) + Sync>(&self, tasks: usize, f: F) {
+        if tasks == 0 {
+            return;
+        }
+        if tasks == 1 || self.workers.is_empty() || !self.try_acquire() {
+            (0..tasks).for_each(|t| f(t, 0));
+            return;
+        }
+        self.run_job(tasks, &f);
+        self.shared.busy.store(false, Ordering::Release);
+    }
+
+    /// [`Self::parallel_for`] with a private scratch slice per thread: `scratch` is cut
+    /// into [`Self::threads`] parts of `per_thread` elements and `f(task, part)` gets
+    /// the part of the thread running it.
+    pub fn parallel_for_scratch<T: Send, F: Fn(usize, &mut [T]) + Sync>(
+        &self,
+        tasks: usize,
+        scratch: &mut [T],
+        per_thread: usize,
+        f: F,
+    ) -> Result {
+        let needed = crate::error::mul(per_thread, self.threads(), "per-thread scratch")?;
+        if scratch.len() < needed {
+            return Err(Error::ScratchTooSmall {
+                len: scratch.len(),
+                needed,
+            });
+        }
+        let parts = ScratchParts {
+            ptr: scratch.as_mut_ptr(),
+            per_thread,
+            threads: self.threads(),
+            _borrow: PhantomData,
+        };
+        self.parallel_for(tasks, |task, thread| {
+            if let Some(part) = parts.part(thread) {
+                f(task, part);
+            }
+        });
+        Ok(())
+    }
+
+    /// Runs `f(i, chunk_i, part)` for every chunk of `chunk` elements of `data` (the
+    /// last may be shorter), a few chunks per task, `part` the running thread's
+    /// `per_thread` elements of `scratch` (see [`Self::parallel_for_scratch`]).
+    pub fn parallel_chunks<T: Send, S: Send, F: Fn(usize, &mut [T], &mut [S]) + Sync>(
+        &self,
+        data: &mut [T],
+        chunk: usize,
+        scratch: &mut [S],
+        per_thread: usize,
+        f: F,
+    ) -> Result {
+        if data.is_empty() || chunk == 0 {
+            return Ok(());
+        }
+        let chunks = data.len().div_ceil(chunk);
+        // A few tasks per thread, so that uneven chunks balance.
+        let per_task = chunks.div_ceil(self.threads() * 4).max(1);
+        let tasks = chunks.div_ceil(per_task);
+        let queue = Mutex::new(data.chunks_mut(per_task * chunk).enumerate());
+        self.parallel_for_scratch(tasks, scratch, per_thread, |_, part| {
+            // Tasks take the next group of chunks (each task runs exactly once).
+            let Some((t, group)) = queue.lock().ok().and_then(|mut q| q.next()) else {
+                return;
+            };
+            for (i, c) in group.chunks_mut(chunk).enumerate() {
+                f(t * per_task + i, c, part);
+            }
+        })
+    }
+
+    fn try_acquire(&self) -> bool {
+        self.shared
+            .busy
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Publishes a job, runs tasks on the caller, then waits for the workers that joined.
+    /// The caller holds `busy`.
+    fn run_job<F: Fn(usize, usize) + Sync>(&self, tasks: usize, f: &F) {
+        let s = &*self.shared;
+        // SAFETY: we hold `busy` and the previous job is over (closed, no active worker),
+        // so no other thread reads `job` now (see `impl Sync for Shared`).
+        unsafe {
+            *s.job.get() = JobRef {
+                data: (f as *const F).cast(),
+                call: trampoline::<F>,
+                tasks,
+            };
+        }
+        s.next_task.store(0, Ordering::Relaxed);
+        // New epoch, open, no worker inside.
+        let old = s.state.load(Ordering::Relaxed);
+        s.state.store(
+            (old & !(CLOSED | ACTIVE)).wrapping_add(EPOCH),
+            Ordering::SeqCst,
+        );
+        for (w, sleeping) in s.sleeping.iter().enumerate() {
+            if sleeping.swap(false, Ordering::SeqCst) {
+                if let Some(h) = self.workers.get(w) {
+                    h.thread().unpark();
+                }
+            }
+        }
+        // SAFETY: we published the job and are its owner; `f` lives until we return.
+        let mine = panic::catch_unwind(AssertUnwindSafe(|| unsafe { s.run_tasks(0) }));
+        // No worker joins from now on; wait for those inside (they finish their last
+        // task and leave) before `f` goes out of scope.
+        let mut spins = 0u32;
+        let mut state = s.state.fetch_or(CLOSED, Ordering::AcqRel) | CLOSED;
+        while state & ACTIVE != 0 {
+            spins += 1;
+            if spins > 1 << 12 {
+                thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+            state = s.state.load(Ordering::Acquire);
+        }
+        let theirs = s.panic.lock().ok().and_then(|mut p| p.take());
+        if let Some(payload) = mine.err().or(theirs) {
+            s.busy.store(false, Ordering::Release);
+            panic::resume_unwind(payload);
+        }
+    }
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        for h in &self.workers {
+            h.thread().unpark();
+        }
+        for h in self.workers.drain(..) {
+            // A worker never panics (tasks run under catch_unwind); nothing to report.
+            let _ = h.join();
+        }
+    }
+}
+
+/// A worker's loop: wait for a new epoch, join the job if it is still open, run tasks.
+fn worker(s: &Shared, w: usize) {
+    let mut seen = s.state.load(Ordering::Acquire) >> 32;
+    loop {
+        let Some(mut state) = wait_for_job(s, w, seen) else {
+            return;
+        };
+        // Join the job unless its publisher closed it already.
+        let joined = loop {
+            seen = state >> 32;
+            if state & CLOSED != 0 {
+                break false;
+            }
+            match s.state.compare_exchange_weak(
+                state,
+                state + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break true,
+                Err(now) => state = now,
+            }
+        };
+        if joined {
+            // SAFETY: we are counted in the active workers of the current job.
+            let r = panic::catch_unwind(AssertUnwindSafe(|| unsafe { s.run_tasks(w + 1) }));
+            if let Err(payload) = r {
+                if let Ok(mut p) = s.panic.lock() {
+                    p.get_or_insert(payload);
+                }
+            }
+            s.state.fetch_sub(1, Ordering::Release);
+        }
+    }
+}
+
+/// Spins, then parks, until the epoch differs from `seen`; None on shutdown.
+fn wait_for_job(s: &Shared, w: usize, seen: u64) -> Option<u64> {
+    let start = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        let state = s.state.load(Ordering::Acquire);
+        if state >> 32 != seen {
+            return Some(state);
+        }
+        if s.shutdown.load(Ordering::Acquire) {
+            return None;
+        }
+        spins = spins.wrapping_add(1);
+        if !spins.is_multiple_of(64) || start.elapsed() < SPIN {
+            std::hint::spin_loop();
+            continue;
+        }
+        let sleeping = s.sleeping.get(w)?;
+        sleeping.store(true, Ordering::SeqCst);
+        if s.state.load(Ordering::SeqCst) >> 32 == seen && !s.shutdown.load(Ordering::SeqCst) {
+            thread::park();
+        }
+        sleeping.store(false, Ordering::Relaxed);
+    }
+}
+
+/// Hands each thread of a job its own part of a scratch buffer.
+struct ScratchParts<'a, T> {
+    ptr: *mut T,
+    per_thread: usize,
+    threads: usize,
+    _borrow: PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: parts handed to different threads are disjoint (see `part`), and `T: Send`.
+unsafe impl<T: Send> Sync for ScratchParts<'_, T> {}
+
+impl<T> ScratchParts<'_, T> {
+    /// The part of thread `thread`, None if out of range. Only called from a task of
+    /// [`ThreadPool::parallel_for`], which never runs two tasks with the same `thread`
+    /// at once, and the returned borrow cannot outlive the task's call.
+    #[allow(clippy::mut_from_ref)]
+    fn part(&self, thread: usize) -> Option<&mut [T]> {
+        if thread >= self.threads {
+            return None;
+        }
+        // SAFETY: `ptr` came from a `&mut [T]` of at least `threads * per_thread`
+        // elements (checked by the caller) borrowed for `'a`; parts of distinct threads
+        // do not overlap, and a thread uses its part for one task at a time.
+        Some(unsafe {
+            std::slice::from_raw_parts_mut(self.ptr.add(thread * self.per_thread), self.per_thread)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn every_task_runs_once() {
+        for threads in [1, 2, 3] {
+            let pool = ThreadPool::new(threads).unwrap();
+            for tasks in [0, 1, 2, 5, 100] {
+                let hits: Vec<AtomicUsize> = (0..tasks).map(|_| AtomicUsize::new(0)).collect();
+                pool.parallel_for(tasks, |t, thread| {
+                    assert!(thread < threads);
+                    hits[t].fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+            }
+        }
+    }
+
+    #[test]
+    fn nested_calls_run_inline() {
+        let pool = ThreadPool::new(2).unwrap();
+        let total = AtomicUsize::new(0);
+        pool.parallel_for(4, |_, _| {
+            pool.parallel_for(3, |_, _| {
+                total.fetch_add(1, Ordering::Relaxed);
+            });
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 12);
+    }
+
+    #[test]
+    fn shared_by_several_threads() {
+        let pool = ThreadPool::new(2).unwrap();
+        let total = AtomicUsize::new(0);
+        thread::scope(|s| {
+            for _ in 0..3 {
+                s.spawn(|| {
+                    for _ in 0..200 {
+                        pool.parallel_for(7, |_, _| {
+                            total.fetch_add(1, Ordering::Relaxed);
+                        });
+                    }
+                });
+            }
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 3 * 200 * 7);
+    }
+
+    #[test]
+    fn workers_park_and_wake() {
+        let pool = ThreadPool::new(2).unwrap();
+        for _ in 0..3 {
+            thread::sleep(Duration::from_millis(2));
+            let total = AtomicUsize::new(0);
+            pool.parallel_for(50, |_, _| {
+                total.fetch_add(1, Ordering::Relaxed);
+            });
+            assert_eq!(total.load(Ordering::Relaxed), 50);
+        }
+    }
+
+    #[test]
+    fn panics_propagate_and_the_pool_survives() {
+        let pool = ThreadPool::new(2).unwrap();
+        let r = panic::catch_unwind(AssertUnwindSafe(|| {
+            pool.parallel_for(8, |t, _| {
+                if t == 5 {
+                    std::panic::panic_any("task 5");
+                }
+            });
+        }));
+        assert!(r.is_err());
+        let total = AtomicUsize::new(0);
+        pool.parallel_for(8, |_, _| {
+            total.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(total.load(Ordering::Relaxed), 8);
+    }
+
+    #[test]
+    fn chunks_are_visited_once() {
+        let pool = ThreadPool::new(2).unwrap();
+        let mut data = vec![0usize; 103];
+        let mut scratch = [0u8; 2];
+        pool.parallel_chunks(&mut data, 10, &mut scratch, 1, |i, c, part| {
+            assert_eq!(part.len(), 1);
+            c.iter_mut().for_each(|v| *v += i + 1);
+        })
+        .unwrap();
+        assert!(data.iter().enumerate().all(|(j, &v)| v == j / 10 + 1));
+    }
+
+    #[test]
+    fn scratch_parts_are_private() {
+        let pool = ThreadPool::new(2).unwrap();
+        let mut scratch = vec![0usize; 2 * 4];
+        pool.parallel_for_scratch(64, &mut scratch, 4, |t, part| {
+            part.fill(t);
+            assert!(part.iter().all(|&v| v == t));
+        })
+        .unwrap();
+        assert!(pool
+            .parallel_for_scratch(2, &mut scratch, 5, |_, _| {})
+            .is_err());
+    }
+}
