@@ -12,13 +12,14 @@
 use smallvec::SmallVec;
 
 use crate::args::Args;
+use crate::fuse::referenced;
 use crate::memory::{Memory, Storage};
 use crate::method::Instr;
 use crate::registry::KernelRegistry;
 use crate::value::Slot;
 
 /// The values a call writes, by the calling convention; `None` when it does not follow it.
-fn call_outputs(args: &[u32], values: &[Slot]) -> Option<SmallVec<[u32; 4]>> {
+pub(crate) fn call_outputs(args: &[u32], values: &[Slot]) -> Option<SmallVec<[u32; 4]>> {
     let (&last, rest) = args.split_last()?;
     match values.get(last as usize)? {
         Slot::TensorList(items) => {
@@ -30,17 +31,6 @@ fn call_outputs(args: &[u32], values: &[Slot]) -> Option<SmallVec<[u32; 4]>> {
         Slot::Int(_) | Slot::Double(_) | Slot::Bool(_) => Some(SmallVec::from_slice(&[last])),
         _ => None,
     }
-}
-
-/// Every value a value refers to (itself, and a list's elements).
-fn with_items(v: u32, values: &[Slot]) -> SmallVec<[u32; 8]> {
-    let mut all = SmallVec::from_slice(&[v]);
-    match values.get(v as usize) {
-        Some(Slot::IntList(items) | Slot::TensorList(items)) => all.extend_from_slice(items),
-        Some(Slot::OptionalTensorList(items)) => all.extend(items.iter().flatten().copied()),
-        _ => {}
-    }
-    all
 }
 
 /// How many instructions may write each value: the outputs of pure calls, every argument
@@ -58,29 +48,24 @@ fn writes(
             *c = c.saturating_add(1);
         }
     };
-    let args_of = |r: &std::ops::Range<u32>| {
-        call_args
-            .get(r.start as usize..r.end as usize)
-            .unwrap_or_default()
-    };
     for instr in chains.iter().flatten() {
         match instr {
             Instr::Kernel { op, args, .. } => {
-                let args = args_of(args);
                 let pure = op_names
                     .get(*op as usize)
                     .is_some_and(|name| kernels.is_pure(name));
+                let args = call_args
+                    .get(args.start as usize..args.end as usize)
+                    .unwrap_or_default();
                 match call_outputs(args, values).filter(|_| pure) {
                     Some(outs) => outs.iter().for_each(|&v| bump(v)),
-                    None => args
-                        .iter()
-                        .flat_map(|&a| with_items(a, values))
+                    None => referenced(instr, call_args, values)
+                        .into_iter()
                         .for_each(&mut bump),
                 }
             }
-            Instr::Delegate { args, .. } => args_of(args)
-                .iter()
-                .flat_map(|&a| with_items(a, values))
+            Instr::Delegate { .. } => referenced(instr, call_args, values)
+                .into_iter()
                 .for_each(&mut bump),
             Instr::Move { to, .. } => bump(*to),
             Instr::Free { value } => bump(*value),
@@ -125,7 +110,7 @@ fn is_constant(v: u32, values: &[Slot], writes: &[u32], io: &[u32]) -> bool {
 /// (and the caller does not set). It sees what the last writer of its place put there
 /// before its first read; that writer's output must stay in planned memory. With jumps
 /// the order of writes is not known, so every tensor sharing a view's place stays.
-fn viewed(
+pub(crate) fn viewed(
     chains: &[Vec<Instr>],
     call_args: &[u32],
     values: &[Slot],
@@ -141,19 +126,6 @@ fn viewed(
     };
     let is_view =
         |v: u32| writes.get(v as usize) == Some(&0) && !inputs.contains(&v) && place(v).is_some();
-    let args_of = |instr: &Instr| -> SmallVec<[u32; 16]> {
-        let range = match instr {
-            Instr::Kernel { args, .. } | Instr::Delegate { args, .. } => args.clone(),
-            Instr::Move { from, to } => return SmallVec::from_slice(&[*from, *to]),
-            _ => return SmallVec::new(),
-        };
-        call_args
-            .get(range.start as usize..range.end as usize)
-            .unwrap_or_default()
-            .iter()
-            .flat_map(|&a| with_items(a, values))
-            .collect()
-    };
     let jumps = chains
         .iter()
         .flatten()
@@ -163,7 +135,7 @@ fn viewed(
         std::collections::HashMap::new();
     let mut kept = Vec::new();
     for instr in chains.iter().flatten() {
-        let args = args_of(instr);
+        let args = referenced(instr, call_args, values);
         for &v in args.iter().filter(|&&v| is_view(v)) {
             if let Some(w) = place(v).and_then(|at| writers.get(&at)) {
                 kept.extend(w.iter().copied().filter(|&o| o != v));
@@ -187,7 +159,8 @@ fn viewed(
 }
 
 /// Folds every call it can, in program order (so chains of constant computations fold
-/// whole), and returns which kernel call sites (by index) were folded. A call whose
+/// whole), and returns which kernel call sites (by index) were folded, and the tensors
+/// that elided views read (see [`viewed`]), which must keep their planned memory. A call whose
 /// kernel fails at load is left to run (and fail) at execution, as it would without
 /// folding: it may sit in a branch that never runs.
 #[allow(clippy::too_many_arguments)]
@@ -201,7 +174,7 @@ pub(crate) fn fold_constants(
     inputs: &[u32],
     outputs: &[u32],
     calls: usize,
-) -> Vec<bool> {
+) -> (Vec<bool>, Vec<u32>) {
     let mut folded = vec![false; calls];
     let mut writes = writes(chains, call_args, op_names, kernels, values);
     let viewed = viewed(chains, call_args, values, &writes, inputs);
@@ -301,5 +274,58 @@ pub(crate) fn fold_constants(
             }
         }
     }
-    folded
+    (folded, viewed)
+}
+
+/// Gives back the memory of constants computed at load that no call reads any more: every
+/// call referring to one captured it when it was prepared (see
+/// [`crate::PreparedKernel::consumed`]), and nothing else refers to it.
+pub(crate) fn release_consumed(
+    chains: &[Vec<Instr>],
+    call_args: &[u32],
+    values: &mut [Slot],
+    prepared: &[Option<Box<dyn crate::PreparedKernel>>],
+    memory: &mut Memory,
+) {
+    let mut still_read = vec![false; values.len()];
+    for instr in chains.iter().flatten() {
+        // Value indices at the positions the call captured.
+        let captured: SmallVec<[u32; 4]> = match instr {
+            Instr::Kernel { kernel, args, .. } => {
+                let positions = prepared
+                    .get(*kernel as usize)
+                    .and_then(Option::as_ref)
+                    .map_or(&[][..], |p| p.consumed());
+                let args = call_args
+                    .get(args.start as usize..args.end as usize)
+                    .unwrap_or_default();
+                positions
+                    .iter()
+                    .filter_map(|&i| args.get(i).copied())
+                    .collect()
+            }
+            _ => SmallVec::new(),
+        };
+        let refs = referenced(instr, call_args, values);
+        for &v in &refs {
+            // Captured everywhere this instruction refers to it, or still read.
+            if refs_count(&refs, v) != refs_count(&captured, v) {
+                if let Some(r) = still_read.get_mut(v as usize) {
+                    *r = true;
+                }
+            }
+        }
+    }
+    for (v, slot) in values.iter_mut().enumerate() {
+        if let Slot::Tensor(t) = slot {
+            if let (Storage::Folded { owner }, Some(false)) = (t.storage, still_read.get(v)) {
+                memory.release_heap(owner);
+                t.storage = Storage::Null;
+            }
+        }
+    }
+}
+
+fn refs_count(refs: &[u32], v: u32) -> usize {
+    refs.iter().filter(|&&r| r == v).count()
 }

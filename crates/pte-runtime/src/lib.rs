@@ -44,6 +44,7 @@ mod budget;
 mod dtype;
 mod error;
 mod fold;
+mod fuse;
 mod memory;
 mod method;
 pub mod npy;
@@ -56,6 +57,7 @@ pub use args::{normalize_dim, Arg, Args, Io, Scalar, TensorData, TensorDataMut, 
 pub use budget::{default_memory_limit, Buffer, Charge, MemoryBudget, MemoryError};
 pub use dtype::{DType, Element};
 pub use error::{KernelError, KernelResult, Result, RuntimeError};
+pub use fuse::{Call, CallId, Fuser, Fusion, Graph};
 pub use memory::{SharedBytes, SourceBytes};
 pub use method::{
     CancelHandle, LoadOptions, Method, ProfileEntry, MAX_INSTRUCTIONS, MIN_LOOP_ITERATIONS,

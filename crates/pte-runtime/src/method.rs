@@ -392,7 +392,7 @@ impl Method {
         }
 
         // Calls computing only from constants run now, once.
-        let folded = crate::fold::fold_constants(
+        let (folded, viewed) = crate::fold::fold_constants(
             &chains,
             &call_args,
             &op_names,
@@ -411,17 +411,66 @@ impl Method {
             }
         }
 
+        // Groups of calls the registry's fuser proposes, and the runtime finds safe, run
+        // as one call.
+        let io: Vec<u32> = inputs.iter().chain(&outputs).copied().collect();
+        let fusions = crate::fuse::plan(
+            kernels, &chains, &call_args, &op_names, &values, &io, &viewed,
+        );
+        let mut fused_kernels: Vec<Option<Arc<dyn crate::Kernel>>> = vec![None; kernel_calls.len()];
+        for f in fusions {
+            let start = call_args.len() as u32;
+            call_args.extend_from_slice(&f.args);
+            let args = start..call_args.len() as u32;
+            op_names.push(f.name);
+            let op = op_names.len() - 1;
+            for (k, c) in [f.first].iter().chain(&f.rest).enumerate() {
+                let Some(instr) = chains
+                    .get_mut(c.chain)
+                    .and_then(|ch| ch.get_mut(c.instruction))
+                else {
+                    continue;
+                };
+                let Instr::Kernel { kernel, .. } = *instr else {
+                    continue;
+                };
+                if k == 0 {
+                    *instr = Instr::Kernel {
+                        kernel,
+                        op: op as u32,
+                        args: args.clone(),
+                    };
+                    if let Some(site) = kernel_calls.get_mut(kernel as usize) {
+                        *site = (op, args.clone());
+                    }
+                    if let Some(slot) = fused_kernels.get_mut(kernel as usize) {
+                        *slot = Some(f.kernel.clone());
+                    }
+                } else {
+                    *instr = Instr::Nop;
+                    if let Some(site) = kernel_calls.get_mut(kernel as usize) {
+                        *site = (op, 0..0);
+                    }
+                }
+            }
+        }
+        let unused: Vec<bool> = chains_calls_unused(&chains, kernel_calls.len());
+
         // The other kernels, prepared once per call site.
         let mut prepared = Vec::with_capacity(kernel_calls.len());
-        for ((op, args), &folded) in kernel_calls.iter().zip(&folded) {
-            if folded {
+        for (k, (op, args)) in kernel_calls.iter().enumerate() {
+            if unused.get(k) != Some(&false) {
                 prepared.push(None);
                 continue;
             }
             let op_name = op_names.get(*op).map_or("?", String::as_str);
-            let kernel = kernels
-                .get(op_name)
-                .ok_or_else(|| RuntimeError::MissingOperators(vec![op_name.to_owned()]))?;
+            let kernel = match fused_kernels.get(k).cloned().flatten() {
+                Some(f) => f,
+                None => kernels
+                    .get(op_name)
+                    .cloned()
+                    .ok_or_else(|| RuntimeError::MissingOperators(vec![op_name.to_owned()]))?,
+            };
             let a = Args {
                 op: op_name,
                 ids: call_args
@@ -439,6 +488,8 @@ impl Method {
                 }
             })?));
         }
+
+        crate::fold::release_consumed(&chains, &call_args, &mut values, &prepared, &mut memory);
 
         let pool = match options.threads {
             Some(t) => Some(Arc::new(
@@ -900,6 +951,20 @@ impl Method {
     pub fn operator_names(&self) -> &[String] {
         &self.op_names
     }
+}
+
+/// Which kernel call sites no instruction runs any more (folded at load, or fused into
+/// another call).
+fn chains_calls_unused(chains: &[Vec<Instr>], calls: usize) -> Vec<bool> {
+    let mut unused = vec![true; calls];
+    for instr in chains.iter().flatten() {
+        if let Instr::Kernel { kernel, .. } = instr {
+            if let Some(u) = unused.get_mut(*kernel as usize) {
+                *u = false;
+            }
+        }
+    }
+    unused
 }
 
 /// What bounds one execution.

@@ -18,6 +18,13 @@ pub trait Kernel: Send + Sync {
 pub trait PreparedKernel: Send {
     /// Runs the call.
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult;
+
+    /// Argument positions of constants this call captured when it was prepared (packed
+    /// weights, say) and never reads again: a constant computed at load that no call
+    /// reads any more gives its memory back.
+    fn consumed(&self) -> &[usize] {
+        &[]
+    }
 }
 
 /// A stateless kernel: a plain function.
@@ -46,6 +53,8 @@ pub struct KernelRegistry {
     /// Operators whose kernels are pure: a deterministic function of their arguments,
     /// writing nothing but their outputs (see [`KernelRegistry::mark_pure`]).
     pure: BTreeSet<String>,
+    /// Proposes fusions of consecutive calls when a method loads.
+    fuser: Option<Arc<dyn crate::Fuser>>,
 }
 
 impl KernelRegistry {
@@ -74,6 +83,17 @@ impl KernelRegistry {
     /// Whether the kernel of `name` was declared pure.
     pub fn is_pure(&self, name: &str) -> bool {
         self.pure.contains(name)
+    }
+
+    /// Sets the fuser that proposes, when a method loads, groups of calls to run as one
+    /// (see [`crate::Fuser`]).
+    pub fn set_fuser(&mut self, fuser: impl crate::Fuser + 'static) {
+        self.fuser = Some(Arc::new(fuser));
+    }
+
+    /// The fuser, if one was set.
+    pub fn fuser(&self) -> Option<&dyn crate::Fuser> {
+        self.fuser.as_deref()
     }
 
     /// The kernel for an operator name.

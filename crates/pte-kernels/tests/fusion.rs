@@ -1,0 +1,228 @@
+//! The runtime takes a fuser's proposal only when it cannot change what the method
+//! computes, and gives back constants that prepared calls captured.
+
+use std::sync::Arc;
+
+use pte_format::schema::executorch_flatbuffer::ScalarType::Float;
+use pte_runtime::{
+    Arg, Args, BackendRegistry, EValue, Fuser, Fusion, Graph, Kernel, KernelRegistry, KernelResult,
+    LoadOptions, Method, PreparedKernel, Program,
+};
+use pte_testkit::program::{Memory, ProgramBuilder};
+
+/// `relu(a + b)` in one call: arguments `[a, b, out]`.
+struct AddRelu;
+
+impl Kernel for AddRelu {
+    fn prepare(&self, _: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
+        Ok(Box::new(AddReluRun))
+    }
+}
+
+struct AddReluRun;
+
+impl PreparedKernel for AddReluRun {
+    fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
+        let sizes = args.tensor(0)?.sizes;
+        args.resize(2, &sizes)?;
+        let mut io = args.io(&[Arg::At(0), Arg::At(1)], &[Arg::At(2)])?;
+        let (a, b) = (
+            io.inputs[0].as_slice::<f32>()?,
+            io.inputs[1].as_slice::<f32>()?,
+        );
+        let out = io.outputs[0].as_mut_slice::<f32>()?;
+        for ((o, x), y) in out.iter_mut().zip(a).zip(b) {
+            *o = (x + y).max(0.0);
+        }
+        Ok(())
+    }
+}
+
+/// Proposes every `add` followed by a `relu` of its result.
+struct AddReluFuser;
+
+impl Fuser for AddReluFuser {
+    fn fuse(&self, g: &Graph<'_>) -> Vec<Fusion> {
+        g.calls()
+            .windows(2)
+            .filter(|w| w[0].op == "aten::add.out" && w[1].op == "aten::relu.out")
+            .filter(|w| w[1].args[0] == w[0].args[3])
+            .map(|w| Fusion {
+                calls: vec![w[0].id, w[1].id],
+                name: "fused add+relu".into(),
+                kernel: Arc::new(AddRelu),
+                args: vec![w[0].args[0], w[0].args[1], w[1].args[1]],
+            })
+            .collect()
+    }
+}
+
+fn kernels() -> KernelRegistry {
+    let mut r = pte_kernels::registry();
+    r.set_fuser(AddReluFuser);
+    r
+}
+
+/// `relu(x + y)`; with `sum_is_output` the sum is a method output too, with `extra_use`
+/// another call reads it, with `jump` a jump lands on the relu.
+fn program(sum_is_output: bool, extra_use: bool, jump: bool) -> Vec<u8> {
+    let mut b = ProgramBuilder::new();
+    let x = b.tensor(Float, &[2, 3], Memory::Planned);
+    let y = b.tensor(Float, &[2, 3], Memory::Planned);
+    let alpha = b.int(1);
+    let sum = b.tensor(Float, &[2, 3], Memory::Planned);
+    let out = b.tensor(Float, &[2, 3], Memory::Planned);
+    let yes = b.bool(true);
+    if jump {
+        b.jump_false(yes, 2);
+    }
+    b.call("aten::add", "out", &[x, y, alpha, sum, sum]);
+    b.call("aten::relu", "out", &[sum, out, out]);
+    if extra_use {
+        let neg = b.tensor(Float, &[2, 3], Memory::Planned);
+        b.call("aten::neg", "out", &[sum, neg, neg]);
+        b.output(neg);
+    }
+    b.input(x);
+    b.input(y);
+    b.output(out);
+    if sum_is_output {
+        b.output(sum);
+    }
+    b.build()
+}
+
+fn load(bytes: &[u8]) -> Method {
+    Program::from_bytes(bytes)
+        .unwrap()
+        .load_method_with(
+            "forward",
+            &kernels(),
+            &BackendRegistry::new(),
+            &LoadOptions::default(),
+        )
+        .unwrap()
+}
+
+/// The outputs and the names of the operators that ran.
+fn run(bytes: &[u8]) -> (Vec<Vec<u8>>, Vec<String>) {
+    let mut m = load(bytes);
+    m.set_profiling(true);
+    let inputs = m.meta().example_inputs(1 << 20).unwrap();
+    m.set_inputs(&inputs).unwrap();
+    m.execute().unwrap();
+    let outputs = m
+        .outputs()
+        .unwrap()
+        .iter()
+        .map(|v| match v {
+            EValue::Tensor(t) => t.as_bytes().to_vec(),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let mut ran: Vec<String> = m.profile().into_iter().map(|e| e.name).collect();
+    ran.sort();
+    (outputs, ran)
+}
+
+#[test]
+fn a_safe_proposal_is_taken_and_computes_the_same() {
+    let (fused, ran) = run(&program(false, false, false));
+    assert_eq!(ran, ["fused add+relu"]);
+    // The same program without a fuser.
+    let plain = Program::from_bytes(&program(false, false, false))
+        .unwrap()
+        .load_method("forward", &pte_kernels::registry())
+        .unwrap();
+    let mut plain = plain;
+    let inputs = plain.meta().example_inputs(1 << 20).unwrap();
+    plain.set_inputs(&inputs).unwrap();
+    plain.execute().unwrap();
+    let expected = plain.outputs().unwrap()[0]
+        .as_tensor()
+        .unwrap()
+        .as_bytes()
+        .to_vec();
+    assert_eq!(fused, [expected]);
+}
+
+#[test]
+fn proposals_that_would_lose_a_value_are_refused() {
+    for (output, extra, jump) in [
+        (true, false, false),
+        (false, true, false),
+        (false, false, true),
+    ] {
+        let (_, ran) = run(&program(output, extra, jump));
+        assert!(
+            ran.contains(&"aten::add.out".to_owned()) && ran.contains(&"aten::relu.out".to_owned()),
+            "output {output}, extra use {extra}, jump {jump}: {ran:?}"
+        );
+    }
+}
+
+/// `transpose(W)` is folded at load; a call that packs it at prepare captures it.
+struct Capturing;
+
+impl Kernel for Capturing {
+    fn prepare(&self, args: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
+        let packed = args.constant(1)?.map(<[u8]>::to_vec).unwrap_or_default();
+        Ok(Box::new(Captured(packed)))
+    }
+}
+
+struct Captured(Vec<u8>);
+
+impl PreparedKernel for Captured {
+    fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
+        let mut io = args.io(&[], &[Arg::At(2)])?;
+        io.outputs[0].bytes_mut().copy_from_slice(&self.0);
+        Ok(())
+    }
+
+    fn consumed(&self) -> &[usize] {
+        &[1]
+    }
+}
+
+#[test]
+fn a_constant_computed_at_load_is_released_once_captured() {
+    let build = || {
+        let mut b = ProgramBuilder::new();
+        let x = b.tensor(Float, &[64, 64], Memory::Planned);
+        let weights = vec![0.5f32; 64 * 64];
+        let w = b.constant(Float, &[64, 64], bytemuck::cast_slice(&weights));
+        let dims = b.int_list(&[1, 0]);
+        let wt = b.tensor(Float, &[64, 64], Memory::Planned);
+        b.call("aten::permute_copy", "out", &[w, dims, wt, wt]);
+        let out = b.tensor(Float, &[64, 64], Memory::Planned);
+        b.call("test::capture", "out", &[x, wt, out, out]);
+        b.input(x);
+        b.output(out);
+        b.build()
+    };
+    let used = |capturing: bool| {
+        let mut r = pte_kernels::registry();
+        if capturing {
+            r.register("test::capture.out", Capturing);
+        } else {
+            r.register_fn("test::capture.out", |a| {
+                a.io(&[Arg::At(1)], &[Arg::At(2)]).map(drop)
+            });
+        }
+        r.mark_pure("test::capture.out");
+        Program::from_bytes(&build())
+            .unwrap()
+            .load_method_with(
+                "forward",
+                &r,
+                &BackendRegistry::new(),
+                &LoadOptions::default(),
+            )
+            .unwrap()
+            .memory_used()
+            .0
+    };
+    // The folded transpose (16 KiB) is held only while a call still reads it.
+    assert_eq!(used(false) - used(true), 64 * 64 * 4);
+}
