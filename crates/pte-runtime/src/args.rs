@@ -131,6 +131,7 @@ pub struct Args<'a> {
     pub(crate) ids: &'a [u32],
     pub(crate) values: &'a mut [Slot],
     pub(crate) memory: &'a mut Memory,
+    pub(crate) pool: &'a pte_compute::ThreadPool,
 }
 
 impl<'a> Args<'a> {
@@ -166,6 +167,12 @@ impl<'a> Args<'a> {
         self.values
             .get(id)
             .ok_or_else(|| KernelError::invalid(format!("value {id} does not exist")))
+    }
+
+    /// The thread pool to split work on: the method's (see `LoadOptions::threads`). At
+    /// load, its thread count sizes per-thread working memory.
+    pub fn pool(&self) -> &'a pte_compute::ThreadPool {
+        self.pool
     }
 
     /// The method's memory budget: state a kernel prepares (packed weights) is charged

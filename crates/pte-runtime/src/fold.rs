@@ -174,6 +174,7 @@ pub(crate) fn fold_constants(
     inputs: &[u32],
     outputs: &[u32],
     calls: usize,
+    pool: &pte_compute::ThreadPool,
 ) -> (Vec<bool>, Vec<u32>) {
     let mut folded = vec![false; calls];
     let mut writes = writes(chains, call_args, op_names, kernels, values);
@@ -235,6 +236,7 @@ pub(crate) fn fold_constants(
             ids: args,
             values,
             memory,
+            pool,
         };
         let ran = k.prepare(&a).and_then(|mut p| p.run(&mut a)).is_ok();
         // Each output now holds a constant: its own buffer, or (a kernel that made its

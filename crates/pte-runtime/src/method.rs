@@ -3,9 +3,10 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use pte_compute::ThreadPool;
 use pte_format::schema::executorch_flatbuffer as et;
 use pte_format::{summary::operator_name, Ptd, Pte};
 
@@ -35,8 +36,9 @@ pub struct LoadOptions {
     /// much. Defaults to [`default_memory_limit`] (half of the memory the process may
     /// use).
     pub memory_limit: u64,
-    /// Run kernels on a thread pool of its own with this many threads; `None` uses the
-    /// process-wide pool.
+    /// Run kernels and delegates on a thread pool of their own with this many threads
+    /// (the calling thread included; 1 runs everything inline); `None` shares one
+    /// process-wide pool with a thread per available CPU.
     pub threads: Option<usize>,
     /// Stop an execution with an error after this many instructions (upstream's cap by
     /// default).
@@ -59,6 +61,19 @@ impl Default for LoadOptions {
             max_loop_iterations: None,
         }
     }
+}
+
+/// The pool methods share when [`LoadOptions::threads`] is `None`: one thread per
+/// available CPU, created on first use. Methods running at once on several threads
+/// share it; a job that finds it busy runs on its caller alone.
+fn shared_pool() -> Result<Arc<ThreadPool>> {
+    static POOL: OnceLock<Arc<ThreadPool>> = OnceLock::new();
+    if let Some(pool) = POOL.get() {
+        return Ok(Arc::clone(pool));
+    }
+    let pool = ThreadPool::with_available_parallelism()
+        .map_err(|e| RuntimeError::NotSupported(format!("thread pool: {e}")))?;
+    Ok(Arc::clone(POOL.get_or_init(|| Arc::new(pool))))
 }
 
 /// Stops a method's executions from another thread (see [`Method::cancel_handle`]).
@@ -118,6 +133,8 @@ pub struct Method {
     outputs: Vec<u32>,
     input_set: Vec<bool>,
     pool: Option<Arc<rayon::ThreadPool>>,
+    /// The pool kernels and delegates split their work on (see [`Args::pool`]).
+    compute_pool: Arc<ThreadPool>,
     max_instructions: u64,
     max_loop_iterations: Option<u64>,
     /// Largest dimension of any planned or constant tensor (for the default loop limit).
@@ -205,6 +222,13 @@ impl Method {
         let plan = program.plan(&pte, name)?;
         let meta = MethodMeta::from_plan(plan)?;
         let ptds = program.ptds()?;
+        let compute_pool = match options.threads {
+            Some(t) => Arc::new(
+                ThreadPool::new(t)
+                    .map_err(|e| RuntimeError::NotSupported(format!("thread pool: {e}")))?,
+            ),
+            None => shared_pool()?,
+        };
 
         // Planned memory, charged to the method's budget first.
         let budget = MemoryBudget::new(options.memory_limit);
@@ -377,6 +401,7 @@ impl Method {
                 compile_specs: &specs,
                 named_data: &names,
                 budget: &memory.budget,
+                pool: &compute_pool,
             };
             let failed = |source| RuntimeError::Delegate {
                 backend: id.clone(),
@@ -402,6 +427,7 @@ impl Method {
             &inputs,
             &outputs,
             kernel_calls.len(),
+            &compute_pool,
         );
         for instr in chains.iter_mut().flatten() {
             if let Instr::Kernel { kernel, .. } = instr {
@@ -478,6 +504,7 @@ impl Method {
                     .unwrap_or_default(),
                 values: &mut values,
                 memory: &mut memory,
+                pool: &compute_pool,
             };
             prepared.push(Some(kernel.prepare(&a).map_err(|source| {
                 RuntimeError::Kernel {
@@ -525,6 +552,7 @@ impl Method {
             outputs,
             input_set,
             pool,
+            compute_pool,
             max_instructions: options.max_instructions,
             max_loop_iterations: options.max_loop_iterations,
             largest_dim,
@@ -758,8 +786,10 @@ impl Method {
             delegates,
             cancel,
             profile,
+            compute_pool,
             ..
         } = self;
+        let compute_pool: &ThreadPool = compute_pool;
         let mut executed = 0u64;
         let mut jumps_back = 0u64;
         for (c, chain) in chains.iter().enumerate() {
@@ -794,6 +824,7 @@ impl Method {
                             ids: args_of(args),
                             values,
                             memory,
+                            pool: compute_pool,
                         };
                         let result =
                             match kernels.get_mut(*kernel as usize).and_then(Option::as_mut) {
@@ -817,6 +848,7 @@ impl Method {
                             ids: args_of(args),
                             values,
                             memory,
+                            pool: compute_pool,
                         };
                         handle
                             .run(&mut a)

@@ -127,6 +127,8 @@ pub struct DelegateInit<'a> {
     /// The method's memory budget: what the delegate keeps (packed weights, working
     /// memory) is charged to it, see [`crate::Buffer`].
     pub budget: &'a crate::MemoryBudget,
+    /// The method's thread pool; a backend may keep it for its executions.
+    pub pool: &'a std::sync::Arc<pte_compute::ThreadPool>,
 }
 
 /// A backend that runs delegated subgraphs (`BackendDelegate.id` names it).
