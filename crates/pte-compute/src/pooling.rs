@@ -197,7 +197,8 @@ fn y_planes(len: usize, plane: usize) -> usize {
     len.checked_div(plane).unwrap_or(0)
 }
 
-/// The maximum of a window and its flat index (NaN wins, the first maximum wins ties).
+/// The maximum of a window and its flat index (as PyTorch: the first maximum wins ties,
+/// a NaN wins over anything, the last NaN over earlier ones).
 fn window_max(p: &Pool2dParams, src: &[f32], oy: usize, ox: usize) -> (f32, usize) {
     let w = p.input[1];
     let (sy, _, _, _) = p.span(0, oy);
@@ -216,7 +217,7 @@ fn window_max(p: &Pool2dParams, src: &[f32], oy: usize, ox: usize) -> (f32, usiz
             }
             let i = iy as usize * w + ix as usize;
             let v = src.get(i).copied().unwrap_or(f32::NAN);
-            if first || v > best || (v.is_nan() && !best.is_nan()) {
+            if first || v > best || v.is_nan() {
                 best = v;
                 at = i;
                 first = false;

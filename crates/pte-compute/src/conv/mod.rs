@@ -258,9 +258,39 @@ impl Conv2d {
         output: &mut [f32],
         scratch: &mut [f32],
     ) -> Result {
+        self.run_inner(pool, input, batch, None, output, scratch)
+    }
+
+    /// Like [`Conv2d::run`], adding `residual` (shaped as the output) before the
+    /// activation: `output = act(conv(input) + bias + residual)`, e.g. a residual
+    /// block's shortcut. Products accumulate onto the residual in their epilogue.
+    pub fn run_add(
+        &self,
+        pool: &ThreadPool,
+        input: &[f32],
+        batch: usize,
+        residual: &[f32],
+        output: &mut [f32],
+        scratch: &mut [f32],
+    ) -> Result {
+        self.run_inner(pool, input, batch, Some(residual), output, scratch)
+    }
+
+    fn run_inner(
+        &self,
+        pool: &ThreadPool,
+        input: &[f32],
+        batch: usize,
+        residual: Option<&[f32]>,
+        output: &mut [f32],
+        scratch: &mut [f32],
+    ) -> Result {
         let (x_len, y_len) = self.io_len(batch)?;
         error::need("convolution input", input.len(), x_len)?;
         error::need("convolution output", output.len(), y_len)?;
+        if let Some(r) = residual {
+            error::need("convolution residual", r.len(), y_len)?;
+        }
         if y_len == 0 {
             return Ok(());
         }
@@ -269,25 +299,43 @@ impl Conv2d {
         let hw = p.input[0] * p.input[1];
         let ohw = self.out[0] * self.out[1];
         match &self.algo {
-            Algo::Depthwise { weights } => depthwise::run(
-                self.gemm.isa(),
-                pool,
-                &depthwise::Layer {
-                    p,
-                    out: self.out,
-                    weights,
-                    bias: &self.bias,
-                    activation: self.activation,
-                },
-                input.get(..x_len).unwrap_or_default(),
-                output.get_mut(..y_len).unwrap_or_default(),
-                scratch,
-            ),
+            Algo::Depthwise { weights } => {
+                let y = output.get_mut(..y_len).unwrap_or_default();
+                depthwise::run(
+                    self.gemm.isa(),
+                    pool,
+                    &depthwise::Layer {
+                        p,
+                        out: self.out,
+                        weights,
+                        bias: &self.bias,
+                        activation: if residual.is_some() {
+                            Activation::Identity
+                        } else {
+                            self.activation
+                        },
+                    },
+                    input.get(..x_len).unwrap_or_default(),
+                    y,
+                    scratch,
+                )?;
+                // Rare (depthwise layers seldom end a residual block): a second pass.
+                match residual.and_then(|r| r.get(..y_len)) {
+                    Some(r) => crate::elementwise::add_vector_activate(
+                        self.gemm.isa(),
+                        y,
+                        r,
+                        self.activation,
+                    ),
+                    None => Ok(()),
+                }
+            }
             Algo::Gemm { weights, implicit } => {
-                for (x_b, y_b) in input
+                for (b, (x_b, y_b)) in input
                     .chunks_exact(p.in_channels * hw)
                     .zip(output.chunks_exact_mut(p.out_channels * ohw))
                     .take(batch)
+                    .enumerate()
                 {
                     for (g, (x_g, y_g)) in x_b
                         .chunks_exact(cig * hw)
@@ -297,8 +345,14 @@ impl Conv2d {
                         let a = weights.get(g).ok_or_else(|| Error::InvalidParameter {
                             what: "missing group weights".into(),
                         })?;
+                        if let Some(r) = residual {
+                            let at = b * p.out_channels * ohw + g * cog * ohw;
+                            let r = r.get(at..at + cog * ohw).unwrap_or_default();
+                            error::need("convolution residual", r.len(), y_g.len())?;
+                            y_g.copy_from_slice(r);
+                        }
                         let epi = Epilogue {
-                            accumulate: false,
+                            accumulate: residual.is_some(),
                             bias: Bias::Row(self.bias.get(g * cog..).unwrap_or_default()),
                             activation: self.activation,
                         };
