@@ -92,6 +92,30 @@ impl<'a> Graph<'a> {
         }
     }
 
+    /// A `Bool` value.
+    pub fn bool(&self, v: u32) -> Option<bool> {
+        match self.values.get(v as usize)? {
+            Slot::Bool(x) => Some(*x),
+            _ => None,
+        }
+    }
+
+    /// A `String` value.
+    pub fn string(&self, v: u32) -> Option<&str> {
+        match self.values.get(v as usize)? {
+            Slot::String(x) => Some(x),
+            _ => None,
+        }
+    }
+
+    /// An `IntList` value, its elements read from their values.
+    pub fn int_list(&self, v: u32) -> Option<SmallVec<[i64; 8]>> {
+        match self.values.get(v as usize)? {
+            Slot::IntList(items) => items.iter().map(|&i| self.int(i)).collect(),
+            _ => None,
+        }
+    }
+
     /// True for a `None` value.
     pub fn is_none(&self, v: u32) -> bool {
         matches!(self.values.get(v as usize), Some(Slot::None))
