@@ -9,9 +9,12 @@
 //! Modules group kernels by kind: [`prim`] (scalar and size ops), [`elementwise`],
 //! [`shape`] (views, copies, concatenation, creation), [`reduce`], [`index`] (gather and
 //! scatter), [`linalg`] (matrix products) and [`nn`] (convolution, pooling,
-//! normalization, softmax).
+//! normalization, softmax). Float32 products, convolutions and pooling take fast paths
+//! on `pte-compute` where a call allows (`fast`), with convolution, batch normalization
+//! and activation chains fused at load.
 
 pub mod elementwise;
+mod fast;
 pub mod index;
 pub mod linalg;
 pub mod nn;
@@ -35,9 +38,18 @@ const IMPURE: &[&str] = &[
     "executorch_prim::et_copy_index.tensor",
 ];
 
-/// A registry with every kernel of this crate; the pure ones are marked so (see
+/// A registry with every kernel of this crate, float32 fast paths and fusion included
+/// (see [`install_fast_paths`]); the pure ones are marked so (see
 /// `KernelRegistry::mark_pure`), so that calls on constants run once at load.
 pub fn registry() -> KernelRegistry {
+    let mut r = reference_registry();
+    install_fast_paths(&mut r);
+    r
+}
+
+/// Every kernel of this crate without the fast paths and fusion: one generic
+/// implementation per operator, the reference the fast paths are tested against.
+pub fn reference_registry() -> KernelRegistry {
     let mut r = KernelRegistry::new();
     prim::register(&mut r);
     elementwise::register(&mut r);
@@ -55,4 +67,12 @@ pub fn registry() -> KernelRegistry {
         r.mark_pure(name);
     }
     r
+}
+
+/// Puts float32 fast paths on `pte-compute` in front of the registry's matrix product,
+/// convolution and pooling kernels (packed weights, fused epilogues; call sites that
+/// do not qualify keep the registered kernel), and sets the fuser that merges
+/// convolution, batch normalization, residual addition and activation chains.
+pub fn install_fast_paths(r: &mut KernelRegistry) {
+    fast::install(r);
 }
