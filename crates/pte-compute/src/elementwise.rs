@@ -171,6 +171,20 @@ pub fn add_vector_activate(isa: Isa, x: &mut [f32], bias: &[f32], a: Activation)
     Ok(())
 }
 
+multiversion! {
+    fn map_slices<const FMA: bool>(out: &mut [f32], x: &[f32], a: Activation) {
+        per_activation!(a, FMA, for (o, &v) in out.iter_mut().zip(x) => (y, o) { v });
+    }
+}
+
+/// `out[i] = act(x[i])`; both of the same length.
+pub fn map(isa: Isa, out: &mut [f32], x: &[f32], a: Activation) -> Result {
+    need("activation output", out.len(), x.len())?;
+    need("activation input", x.len(), out.len())?;
+    map_slices(isa, out, x, a);
+    Ok(())
+}
+
 /// Applies an activation in place.
 pub fn activate(isa: Isa, x: &mut [f32], a: Activation) {
     add_scalar_activate(isa, x, 0.0, a);

@@ -16,13 +16,21 @@ use pte_runtime::{
 };
 use pte_testkit::program::{Memory, ProgramBuilder};
 
-/// A kernel that refuses to run: stands for a generic kernel the fast path must replace.
+/// A kernel that refuses to run: stands for a generic kernel the fast path must replace
+/// (fast kernels may prepare the generic one beside them for shapes they do not
+/// cover, but must not run it on these).
 struct Refuse;
 
 impl Kernel for Refuse {
-    fn prepare(&self, args: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
+    fn prepare(&self, _: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
+        Ok(Box::new(Refuse))
+    }
+}
+
+impl PreparedKernel for Refuse {
+    fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
         Err(KernelError::Failed(format!(
-            "{}: the generic kernel was prepared",
+            "{}: the generic kernel ran",
             args.op()
         )))
     }
@@ -647,6 +655,284 @@ fn max_pooling_matches_the_generic_kernel() {
             }
             let fused = ran.iter().any(|r| r == "max_pool2d");
             assert_eq!(fused, !indices_used, "{what}: {ran:?}");
+        }
+    }
+}
+
+/// A program of one call `op(x, extra..., out)` with `x` as its input; `extra` builds
+/// the arguments between the input and the output.
+fn unary_program(
+    op: &str,
+    overload: &str,
+    x_sizes: &[usize],
+    out_sizes: &[usize],
+    extra: impl FnOnce(&mut ProgramBuilder) -> Vec<i32>,
+    extra_outputs: &[Vec<usize>],
+) -> Vec<u8> {
+    let mut b = ProgramBuilder::new();
+    let x = b.tensor(Float, &dims(x_sizes), Memory::Planned);
+    b.input(x);
+    let mut args = vec![x];
+    args.extend(extra(&mut b));
+    let y = b.tensor(Float, &dims(out_sizes), Memory::Planned);
+    let mut outs = vec![y];
+    for s in extra_outputs {
+        outs.push(b.tensor(Float, &dims(s), Memory::Planned));
+    }
+    args.extend(&outs);
+    if outs.len() > 1 {
+        let list = b.tensor_list(&outs);
+        args.push(list);
+    } else {
+        args.push(y);
+    }
+    b.call(op, overload, &args);
+    for o in outs {
+        b.output(o);
+    }
+    b.build()
+}
+
+fn compare(bytes: &[u8], op: &str, inputs: &[(Vec<usize>, Vec<f32>)], terms: usize, what: &str) {
+    let (want, _) = run(bytes, &pte_kernels::reference_registry(), inputs, 1);
+    for threads in [1, 2] {
+        let (got, _) = run(bytes, &fast_only(&[op]), inputs, threads);
+        assert_close(&got, &want, terms, &format!("{what}, {threads} threads"));
+    }
+}
+
+/// Builds the arguments of a call between its input and its output.
+type Extra = dyn Fn(&mut ProgramBuilder) -> Vec<i32>;
+
+#[test]
+fn activations_match_the_generic_kernels() {
+    // Around the vector widths, and past the size that is split over threads.
+    for n in [1usize, 7, 8, 33, 1000, 70_001] {
+        let mut x = values(n, 20);
+        x.iter_mut().for_each(|v| *v *= 8.0);
+        if n > 3 {
+            x[1] = f32::NAN;
+            x[2] = -0.0;
+        }
+        let inputs = [(vec![n], x)];
+        let cases: [(&str, Box<Extra>); 8] = [
+            ("relu", Box::new(|_| vec![])),
+            ("sigmoid", Box::new(|_| vec![])),
+            ("tanh", Box::new(|_| vec![])),
+            ("silu", Box::new(|_| vec![])),
+            ("hardswish", Box::new(|_| vec![])),
+            ("gelu", Box::new(|b| vec![b.string("tanh")])),
+            (
+                "hardtanh",
+                Box::new(|b| vec![b.double(-1.5), b.double(2.0)]),
+            ),
+            ("clamp", Box::new(|b| vec![b.none(), b.int(3)])),
+        ];
+        for (op, extra) in cases {
+            let bytes = unary_program(&format!("aten::{op}"), "out", &[n], &[n], extra, &[]);
+            compare(
+                &bytes,
+                &format!("aten::{op}.out"),
+                &inputs,
+                1,
+                &format!("{op} of {n}"),
+            );
+        }
+        let bytes = unary_program(
+            "aten::gelu",
+            "out",
+            &[n],
+            &[n],
+            |b| vec![b.string("none")],
+            &[],
+        );
+        compare(
+            &bytes,
+            "aten::gelu.out",
+            &inputs,
+            1,
+            &format!("gelu of {n}"),
+        );
+    }
+}
+
+#[test]
+fn binary_operations_match_the_generic_kernels() {
+    // (self, other): equal shapes, a per-channel vector (NCHW and trailing), a
+    // one-element tensor; `other` as a scalar below.
+    let shapes: [(&[usize], &[usize]); 6] = [
+        (&[2, 3, 5, 7], &[2, 3, 5, 7]),
+        (&[1, 96, 28, 28], &[1, 96, 1, 1]),
+        (&[2, 16, 9, 9], &[16, 1, 1]),
+        (&[3, 197, 192], &[192]),
+        (&[4, 50, 33], &[1, 1, 33]),
+        (&[5, 70_000], &[1]),
+    ];
+    for (xs, ys) in shapes {
+        for (op, alpha) in [("add", true), ("sub", true), ("mul", false)] {
+            let bytes = unary_program(
+                &format!("aten::{op}"),
+                "out",
+                xs,
+                xs,
+                |b| {
+                    let y = b.tensor(Float, &dims(ys), Memory::Planned);
+                    b.input(y);
+                    if alpha {
+                        vec![y, b.int(1)]
+                    } else {
+                        vec![y]
+                    }
+                },
+                &[],
+            );
+            let (xn, yn) = (xs.iter().product(), ys.iter().product());
+            let inputs = [(xs.to_vec(), values(xn, 21)), (ys.to_vec(), values(yn, 22))];
+            compare(
+                &bytes,
+                &format!("aten::{op}.out"),
+                &inputs,
+                1,
+                &format!("{op} {xs:?} {ys:?}"),
+            );
+        }
+    }
+    for (op, overload, alpha) in [("add", "Scalar_out", true), ("mul", "Scalar_out", false)] {
+        let bytes = unary_program(
+            &format!("aten::{op}"),
+            overload,
+            &[3, 40_000],
+            &[3, 40_000],
+            |b| {
+                let s = b.double(0.37);
+                if alpha {
+                    vec![s, b.int(1)]
+                } else {
+                    vec![s]
+                }
+            },
+            &[],
+        );
+        let inputs = [(vec![3, 40_000], values(120_000, 23))];
+        compare(
+            &bytes,
+            &format!("aten::{op}.{overload}"),
+            &inputs,
+            1,
+            &format!("{op} scalar"),
+        );
+    }
+}
+
+#[test]
+fn softmax_layer_norm_and_mean_match_the_generic_kernels() {
+    for sizes in [
+        vec![3usize, 197, 197],
+        vec![64, 256],
+        vec![2, 5],
+        vec![4, 1000],
+        vec![1, 7],
+    ] {
+        let n: usize = sizes.iter().product();
+        let mut x = values(n, 24);
+        x.iter_mut().for_each(|v| *v *= 10.0);
+        let inputs = [(sizes.clone(), x)];
+        let last = sizes.len() as i64 - 1;
+        let bytes = unary_program(
+            "aten::_softmax",
+            "out",
+            &sizes,
+            &sizes,
+            |b| vec![b.int(last), b.bool(false)],
+            &[],
+        );
+        compare(
+            &bytes,
+            "aten::_softmax.out",
+            &inputs,
+            1,
+            &format!("softmax {sizes:?}"),
+        );
+        let row = *sizes.last().unwrap();
+        let mut stat = sizes.clone();
+        *stat.last_mut().unwrap() = 1;
+        for affine in [false, true] {
+            let bytes = unary_program(
+                "aten::native_layer_norm",
+                "out",
+                &sizes,
+                &sizes,
+                |b| {
+                    let shape = b.int_list(&[row as i64]);
+                    let (w, bias) = if affine {
+                        (
+                            b.constant(
+                                Float,
+                                &[row as i32],
+                                bytemuck::cast_slice(&values(row, 25)),
+                            ),
+                            b.constant(
+                                Float,
+                                &[row as i32],
+                                bytemuck::cast_slice(&values(row, 26)),
+                            ),
+                        )
+                    } else {
+                        (b.none(), b.none())
+                    };
+                    vec![shape, w, bias, b.double(1e-5)]
+                },
+                &[stat.clone(), stat.clone()],
+            );
+            let what = format!("layer norm {sizes:?} affine {affine}");
+            compare(&bytes, "aten::native_layer_norm.out", &inputs, row, &what);
+        }
+    }
+    // mean over trailing dimensions (global average pooling), keepdim or not, and
+    // over a leading one (the generic kernel behind the fast one).
+    for (sizes, dims_, keep) in [
+        (vec![2usize, 3, 7, 7], vec![-1i64, -2], true),
+        (vec![1, 1280, 7, 7], vec![2, 3], false),
+        (vec![5, 33], vec![1], false),
+        (vec![4, 6, 5], vec![0], true),
+    ] {
+        let n: usize = sizes.iter().product();
+        let mut out = sizes.clone();
+        let rank = sizes.len() as i64;
+        let norm: Vec<usize> = dims_
+            .iter()
+            .map(|&d| ((d + rank) % rank) as usize)
+            .collect();
+        for &d in &norm {
+            out[d] = 1;
+        }
+        let out: Vec<usize> = if keep {
+            out
+        } else {
+            out.iter()
+                .enumerate()
+                .filter(|(i, _)| !norm.contains(i))
+                .map(|(_, &s)| s)
+                .collect()
+        };
+        let bytes = unary_program(
+            "aten::mean",
+            "out",
+            &sizes,
+            &out,
+            |b| vec![b.int_list(&dims_), b.bool(keep), b.none()],
+            &[],
+        );
+        let inputs = [(sizes.clone(), values(n, 27))];
+        let what = format!("mean {sizes:?} {dims_:?}");
+        let trailing = norm.iter().all(|&d| d + norm.len() >= sizes.len());
+        if trailing {
+            compare(&bytes, "aten::mean.out", &inputs, 49, &what);
+        } else {
+            // Not over trailing dimensions: the generic kernel behind the fast one.
+            let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+            let (got, _) = run(&bytes, &pte_kernels::registry(), &inputs, 2);
+            assert_close(&got, &want, 49, &what);
         }
     }
 }

@@ -43,9 +43,16 @@ pub(super) enum Act {
         min: usize,
         max: usize,
     },
+    /// `clamp` with optional bounds (None: unbounded on that side).
+    ClampOptional {
+        min: usize,
+        max: usize,
+    },
     Sigmoid,
+    Tanh,
     /// `x · sigmoid(x)`.
     Silu,
+    HardSwish,
     /// `gelu`: position of its `approximate` string.
     Gelu {
         approximate: usize,
@@ -62,8 +69,23 @@ impl Act {
                 min: args.double(min)? as f32,
                 max: args.double(max)? as f32,
             },
+            Act::ClampOptional { min, max } => {
+                let bound = |i: usize, none: f64| -> KernelResult<f32> {
+                    Ok(if args.is_none(i)? {
+                        none as f32
+                    } else {
+                        args.scalar(i)?.to_f64() as f32
+                    })
+                };
+                Activation::Clamp {
+                    min: bound(min, f64::NEG_INFINITY)?,
+                    max: bound(max, f64::INFINITY)?,
+                }
+            }
             Act::Sigmoid => Activation::Sigmoid,
+            Act::Tanh => Activation::Tanh,
             Act::Silu => Activation::Silu,
+            Act::HardSwish => Activation::HardSwish,
             Act::Gelu { approximate } => match args.string(approximate)? {
                 "none" => Activation::Gelu,
                 "tanh" => Activation::GeluTanh,
@@ -78,9 +100,9 @@ impl Act {
 
     /// The scalars the activation reads (for noticing a change).
     fn key(self, args: &Args<'_>, key: &mut Key) -> KernelResult {
-        if let Act::Clamp { min, max } = self {
-            key.push(args.double(min)?.to_bits() as i64);
-            key.push(args.double(max)?.to_bits() as i64);
+        if let Activation::Clamp { min, max } = self.resolve(args)? {
+            key.push(i64::from(min.to_bits()));
+            key.push(i64::from(max.to_bits()));
         }
         Ok(())
     }
@@ -123,7 +145,7 @@ pub(super) struct FastConv {
 }
 
 /// Prepares a plain convolution when it qualifies.
-pub(super) fn prepare(args: &Args<'_>) -> KernelResult<Option<Box<dyn PreparedKernel>>> {
+pub(super) fn prepare(args: &Args<'_>, _: &dyn pte_runtime::Kernel) -> super::Prepared {
     Ok(build(args, &Layout::PLAIN)?.map(|layer| {
         Box::new(FastConv {
             layout: Layout::PLAIN,
@@ -316,7 +338,9 @@ impl PreparedKernel for FastConv {
         let pool = args.pool();
         let reads = [at(0), at(l.residual.unwrap_or(0))];
         let mut io = args.io(
-            &reads[..1 + usize::from(l.residual.is_some())],
+            reads
+                .get(..1 + usize::from(l.residual.is_some()))
+                .unwrap_or_default(),
             &[at(l.out)],
         )?;
         let missing = || KernelError::Failed("missing tensor view".into());

@@ -5,7 +5,7 @@
 
 use pte_compute::{Activation, BatchMut, BatchRef, Bias, Epilogue, Gemm, Lhs, MatMut, MatRef};
 use pte_compute::{PackedB, Rhs};
-use pte_runtime::{Args, Charge, KernelError, KernelResult, PreparedKernel, Scalar};
+use pte_runtime::{Args, Charge, Kernel, KernelError, KernelResult, PreparedKernel, Scalar};
 use smallvec::SmallVec;
 
 use super::conv::Act;
@@ -46,15 +46,15 @@ pub(super) struct Packed {
     _charge: Charge,
 }
 
-pub(super) fn prepare_addmm(args: &Args<'_>) -> KernelResult<Option<Box<dyn PreparedKernel>>> {
+pub(super) fn prepare_addmm(args: &Args<'_>, _: &dyn Kernel) -> super::Prepared {
     boxed(build(args, Op::Addmm, Act::None, 5))
 }
 
-pub(super) fn prepare_linear(args: &Args<'_>) -> KernelResult<Option<Box<dyn PreparedKernel>>> {
+pub(super) fn prepare_linear(args: &Args<'_>, _: &dyn Kernel) -> super::Prepared {
     boxed(build(args, Op::Linear, Act::None, 3))
 }
 
-pub(super) fn prepare_mm(args: &Args<'_>) -> KernelResult<Option<Box<dyn PreparedKernel>>> {
+pub(super) fn prepare_mm(args: &Args<'_>, _: &dyn Kernel) -> super::Prepared {
     match build(args, Op::Mm, Act::None, 2)? {
         Some(k) => Ok(Some(Box::new(k))),
         None => prepare_variable_mm(args),
@@ -241,7 +241,7 @@ fn prepare_variable_mm(args: &Args<'_>) -> KernelResult<Option<Box<dyn PreparedK
     variable(args, false, 2)
 }
 
-pub(super) fn prepare_bmm(args: &Args<'_>) -> KernelResult<Option<Box<dyn PreparedKernel>>> {
+pub(super) fn prepare_bmm(args: &Args<'_>, _: &dyn Kernel) -> super::Prepared {
     variable(args, true, 2)
 }
 

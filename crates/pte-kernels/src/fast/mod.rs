@@ -21,10 +21,20 @@
 //! another order, and a folded batch normalization rounds once instead of twice
 //! (`tests/fast_paths.rs` compares both on many shapes).
 
+#![forbid(unsafe_code)]
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::unreachable
+)]
+
 mod conv;
 mod fuse;
 mod linear;
 mod pool;
+mod rows;
 
 use std::sync::Arc;
 
@@ -33,8 +43,12 @@ use pte_runtime::{
     TensorInfo,
 };
 
-/// Prepares a fast kernel for a call site, or says it does not apply (`None`).
-type Prepare = fn(&Args<'_>) -> KernelResult<Option<Box<dyn PreparedKernel>>>;
+/// A fast kernel prepared for a call site, or `None` when the fast path does not apply.
+type Prepared = KernelResult<Option<Box<dyn PreparedKernel>>>;
+
+/// Prepares a fast kernel for a call site; the generic kernel is there for the fast
+/// kernel to fall back on for shapes it does not cover.
+type Prepare = fn(&Args<'_>, &dyn Kernel) -> Prepared;
 
 /// A registered kernel with a fast path in front of the generic one.
 struct Fast {
@@ -44,7 +58,7 @@ struct Fast {
 
 impl Kernel for Fast {
     fn prepare(&self, args: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
-        match (self.fast)(args)? {
+        match (self.fast)(args, self.generic.as_ref())? {
             Some(k) => Ok(k),
             None => self.generic.prepare(args),
         }
@@ -66,6 +80,27 @@ pub fn install(r: &mut KernelRegistry) {
     wrap(r, "aten::mm.out", linear::prepare_mm);
     wrap(r, "aten::bmm.out", linear::prepare_bmm);
     wrap(r, "aten::max_pool2d_with_indices.out", pool::prepare_max);
+    for (name, fast) in [
+        ("aten::relu.out", rows::relu as Prepare),
+        ("aten::sigmoid.out", rows::sigmoid),
+        ("aten::tanh.out", rows::tanh),
+        ("aten::silu.out", rows::silu),
+        ("aten::hardswish.out", rows::hardswish),
+        ("aten::gelu.out", rows::gelu),
+        ("aten::hardtanh.out", rows::hardtanh),
+        ("aten::clamp.out", rows::clamp),
+        ("aten::add.out", rows::add),
+        ("aten::add.Scalar_out", rows::add),
+        ("aten::sub.out", rows::sub),
+        ("aten::sub.Scalar_out", rows::sub),
+        ("aten::mul.out", rows::mul),
+        ("aten::mul.Scalar_out", rows::mul),
+        ("aten::_softmax.out", rows::softmax),
+        ("aten::native_layer_norm.out", rows::layer_norm),
+        ("aten::mean.out", rows::mean),
+    ] {
+        wrap(r, name, fast);
+    }
     r.set_fuser(fuse::Patterns);
 }
 

@@ -17,7 +17,7 @@ pub(super) struct MaxPool {
 }
 
 /// Prepares `max_pool2d_with_indices` when its input and output are float32.
-pub(super) fn prepare_max(args: &Args<'_>) -> KernelResult<Option<Box<dyn PreparedKernel>>> {
+pub(super) fn prepare_max(args: &Args<'_>, _: &dyn pte_runtime::Kernel) -> super::Prepared {
     let indices = args.tensor(7)?.dtype == pte_runtime::DType::I64;
     Ok((indices && qualifies(args, 6)?).then(|| {
         Box::new(MaxPool {
@@ -117,7 +117,7 @@ impl PreparedKernel for MaxPool {
         let pool = args.pool();
         let writes = [at(self.out), at(self.indices.unwrap_or(self.out))];
         let n_writes = 1 + usize::from(self.indices.is_some());
-        let mut io = args.io(&[at(0)], &writes[..n_writes])?;
+        let mut io = args.io(&[at(0)], writes.get(..n_writes).unwrap_or_default())?;
         let missing = || KernelError::Failed("missing tensor view".into());
         let x = io.inputs.first().ok_or_else(missing)?.as_slice::<f32>()?;
         let (values, rest) = io.outputs.split_at_mut(1);
