@@ -304,6 +304,38 @@ pub fn binary_channels(
     Ok(())
 }
 
+/// `out = act(op(x, y))` with `y` repeated along every row of `y.len()` values of `x`
+/// (a per-channel vector in NHWC, or a bias per feature).
+pub fn binary_rows(
+    isa: Isa,
+    out: &mut [f32],
+    x: &[f32],
+    y: &[f32],
+    op: BinaryOp,
+    a: Activation,
+) -> Result {
+    if x.len() != out.len()
+        || (y.is_empty() && !out.is_empty())
+        || !out.len().is_multiple_of(y.len().max(1))
+    {
+        return Err(Error::ShapeMismatch {
+            what: format!(
+                "{} values into {} cannot be rows of {}",
+                x.len(),
+                out.len(),
+                y.len()
+            ),
+        });
+    }
+    for (o, r) in out
+        .chunks_exact_mut(y.len().max(1))
+        .zip(x.chunks_exact(y.len().max(1)))
+    {
+        binary_slices(isa, o, r, y, op, a);
+    }
+    Ok(())
+}
+
 /// Max of a row, in lanes so that the reduction vectorizes.
 #[inline(always)]
 fn row_max(x: &[f32]) -> f32 {

@@ -114,6 +114,7 @@ pub mod conv;
 pub mod elementwise;
 mod error;
 pub mod gemm;
+pub mod layout;
 mod mat;
 mod math;
 pub mod pool;
@@ -121,7 +122,7 @@ pub mod pooling;
 mod window;
 
 pub use arch::Isa;
-pub use conv::{Conv2d, Conv2dParams, ConvTranspose2d, ConvTranspose2dParams};
+pub use conv::{Conv2d, Conv2dNhwc, Conv2dParams, ConvTranspose2d, ConvTranspose2dParams};
 pub use elementwise::Activation;
 pub use error::{Error, Result};
 pub use gemm::{BatchMut, BatchRef, Bias, Epilogue, Gemm, Lhs, PackedA, PackedB, Rhs};

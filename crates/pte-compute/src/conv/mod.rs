@@ -17,8 +17,10 @@
 //! caller ([`Conv2d::scratch_len`]); a run allocates nothing.
 
 mod depthwise;
+mod nhwc;
 mod transposed;
 
+pub use nhwc::Conv2dNhwc;
 pub use transposed::{ConvTranspose2d, ConvTranspose2dParams};
 
 use crate::arch::Isa;

@@ -23,7 +23,7 @@ mod pack;
 
 pub use batched::{BatchMut, BatchRef};
 
-pub(crate) use pack::Lines;
+pub(crate) use pack::{pack_rows, Lines};
 
 use crate::arch::{self, multiversion, Isa, Post, TileBias};
 use crate::elementwise::{self, Activation};
@@ -151,6 +151,9 @@ impl PackedA {
 }
 
 impl PackedB {
+    pub(crate) fn panels(&self) -> &Panels {
+        &self.0
+    }
     /// Heap bytes held (for memory budgets).
     pub fn bytes(&self) -> usize {
         self.0.buf.len() * std::mem::size_of::<f32>()
