@@ -897,6 +897,34 @@ fn main() {
             );
         }
     }
+    if what == "nhwc-layer" {
+        // One NHWC layer in a loop: nhwc-layer C_IN C_OUT GROUPS SIZE K STRIDE PAD THREADS
+        let n: Vec<usize> = args.iter().skip(1).filter_map(|a| a.parse().ok()).collect();
+        if let [ci, co, g, size, k, s, pad, threads] = n[..] {
+            let p = layer(ci, co, g, size, k, s, pad);
+            let w = values(co * ci / g * k * k);
+            let gemm = Gemm::with_isa(o.isa).unwrap();
+            let conv = pte_compute::Conv2dNhwc::new(gemm, p, &w, None, Activation::RELU).unwrap();
+            let pool = ThreadPool::new(threads).unwrap();
+            let (xl, yl) = conv.io_len(1).unwrap();
+            let (x, mut y) = (values(xl), vec![0.0; yl]);
+            let mut scratch = vec![0.0; conv.scratch_len(threads).unwrap()];
+            let t = Clock::start();
+            let mut runs = 0;
+            while t.elapsed() < Duration::from_secs(3) {
+                conv.run(&pool, &x, 1, None, &mut y, &mut scratch).unwrap();
+                runs += 1;
+            }
+            let ms = t.elapsed().as_secs_f64() * 1e3 / f64::from(runs);
+            let [oh, ow] = conv.output_size();
+            let flops = 2.0 * (oh * ow * co * ci / g * k * k) as f64;
+            println!(
+                "{} {ms:.3} ms, {:.1} GFLOP/s ({runs} runs)",
+                conv.algorithm(),
+                flops / ms / 1e6
+            );
+        }
+    }
     if what == "layer" {
         // One layer in a loop, for a profiler: layer C_IN C_OUT GROUPS SIZE K STRIDE PAD THREADS
         let n: Vec<usize> = args.iter().skip(1).filter_map(|a| a.parse().ok()).collect();

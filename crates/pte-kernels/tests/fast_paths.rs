@@ -936,3 +936,219 @@ fn softmax_layer_norm_and_mean_match_the_generic_kernels() {
         }
     }
 }
+
+/// Builds small convolutional networks value by value.
+struct Net {
+    b: ProgramBuilder,
+    seed: u64,
+}
+
+impl Net {
+    fn new() -> Self {
+        Net {
+            b: ProgramBuilder::new(),
+            seed: 100,
+        }
+    }
+
+    fn constant(&mut self, sizes: &[usize], scale: f32) -> i32 {
+        self.seed += 1;
+        let n: usize = sizes.iter().product();
+        let v: Vec<f32> = values(n, self.seed).iter().map(|x| x * scale).collect();
+        self.b
+            .constant(Float, &dims(sizes), bytemuck::cast_slice(&v))
+    }
+
+    fn tensor(&mut self, sizes: &[usize]) -> i32 {
+        self.b.tensor(Float, &dims(sizes), Memory::Planned)
+    }
+
+    /// conv (+ batch norm) of `x` (shape `xs`), returning the output and its shape.
+    #[allow(clippy::too_many_arguments)]
+    fn conv(
+        &mut self,
+        x: i32,
+        xs: &[usize],
+        c_out: usize,
+        groups: usize,
+        k: usize,
+        stride: usize,
+        bn: bool,
+    ) -> (i32, Vec<usize>) {
+        let (n, c_in, h, w) = (xs[0], xs[1], xs[2], xs[3]);
+        let pad = k / 2;
+        let scale = 1.0 / ((c_in / groups * k * k) as f32).sqrt();
+        let weight = self.constant(&[c_out, c_in / groups, k, k], scale);
+        let bias = self.constant(&[c_out], 0.1);
+        let s = self.b.int_list(&[stride as i64, stride as i64]);
+        let p = self.b.int_list(&[pad as i64, pad as i64]);
+        let d = self.b.int_list(&[1, 1]);
+        let t = self.b.bool(false);
+        let op = self.b.int_list(&[0, 0]);
+        let g = self.b.int(groups as i64);
+        let ys = vec![
+            n,
+            c_out,
+            (h + 2 * pad - k) / stride + 1,
+            (w + 2 * pad - k) / stride + 1,
+        ];
+        let y = self.tensor(&ys);
+        self.b.call(
+            "aten::convolution",
+            "out",
+            &[x, weight, bias, s, p, d, t, op, g, y, y],
+        );
+        if !bn {
+            return (y, ys);
+        }
+        let gamma = self.constant(&[c_out], 1.0);
+        let beta = self.constant(&[c_out], 0.2);
+        let mean = self.constant(&[c_out], 0.1);
+        let var = self.b.constant(
+            Float,
+            &[c_out as i32],
+            bytemuck::cast_slice(&vec![0.8f32; c_out]),
+        );
+        let (mo, eps) = (self.b.double(0.1), self.b.double(1e-5));
+        let out = self.tensor(&ys);
+        let sm = self.tensor(&[0]);
+        let si = self.tensor(&[0]);
+        let list = self.b.tensor_list(&[out, sm, si]);
+        self.b.call(
+            "aten::_native_batch_norm_legit_no_training",
+            "out",
+            &[y, gamma, beta, mean, var, mo, eps, out, sm, si, list],
+        );
+        (out, ys)
+    }
+
+    fn act(&mut self, x: i32, xs: &[usize], after: After) -> i32 {
+        activation(&mut self.b, x, &dims(xs), after)
+    }
+
+    fn binary(&mut self, op: &str, a: i32, b: i32, ys: &[usize]) -> i32 {
+        let out = self.tensor(ys);
+        if op == "add" {
+            let alpha = self.b.int(1);
+            self.b.call("aten::add", "out", &[a, b, alpha, out, out]);
+        } else {
+            self.b.call("aten::mul", "out", &[a, b, out, out]);
+        }
+        out
+    }
+
+    fn max_pool(&mut self, x: i32, xs: &[usize]) -> (i32, Vec<usize>) {
+        let ys = vec![xs[0], xs[1], (xs[2] - 1) / 2 + 1, (xs[3] - 1) / 2 + 1];
+        let k = self.b.int_list(&[3, 3]);
+        let s = self.b.int_list(&[2, 2]);
+        let p = self.b.int_list(&[1, 1]);
+        let d = self.b.int_list(&[1, 1]);
+        let c = self.b.bool(false);
+        let y = self.tensor(&ys);
+        let idx = self.b.tensor(Long, &dims(&ys), Memory::Planned);
+        let list = self.b.tensor_list(&[y, idx]);
+        self.b.call(
+            "aten::max_pool2d_with_indices",
+            "out",
+            &[x, k, s, p, d, c, y, idx, list],
+        );
+        (y, ys)
+    }
+
+    fn mean(&mut self, x: i32, xs: &[usize], keep: bool) -> (i32, Vec<usize>) {
+        let ys = if keep {
+            vec![xs[0], xs[1], 1, 1]
+        } else {
+            vec![xs[0], xs[1]]
+        };
+        let dl = self.b.int_list(&[-1, -2]);
+        let k = self.b.bool(keep);
+        let none = self.b.none();
+        let y = self.tensor(&ys);
+        self.b.call("aten::mean", "out", &[x, dl, k, none, y, y]);
+        (y, ys)
+    }
+}
+
+/// A network with the blocks of resnet, mobilenet_v2 and efficientnet: stem, max pool,
+/// a residual block, an inverted residual with depthwise convolution, a squeeze-and-
+/// excitation block, global average pooling. With `leak`, an inner value is also a
+/// method output (the run must end there); with `external`, the residual of the first
+/// block is a second method input (converted at the run's start).
+fn network(batch: usize, size: usize, leak: bool, external: bool) -> (Vec<u8>, Vec<Vec<usize>>) {
+    let mut n = Net::new();
+    let xs = vec![batch, 3, size, size];
+    let x = n.tensor(&xs);
+    n.b.input(x);
+    let mut inputs = vec![xs.clone()];
+    // stem
+    let (y, ys) = n.conv(x, &xs, 16, 1, 3, 2, true);
+    let y = n.act(y, &ys, After::Relu);
+    let (y, ys) = n.max_pool(y, &ys);
+    // residual block
+    let (a, as_) = n.conv(y, &ys, 16, 1, 3, 1, true);
+    let a = n.act(a, &as_, After::Relu);
+    let (a, as_) = n.conv(a, &as_, 16, 1, 3, 1, true);
+    let shortcut = if external {
+        let r = n.tensor(&ys);
+        n.b.input(r);
+        inputs.push(ys.clone());
+        r
+    } else {
+        y
+    };
+    let y = n.binary("add", a, shortcut, &as_);
+    let y = n.act(y, &as_, After::Relu);
+    if leak {
+        n.b.output(y);
+    }
+    let ys = as_;
+    // inverted residual: expand, depthwise, project, add (no activation)
+    let (e, es) = n.conv(y, &ys, 48, 1, 1, 1, true);
+    let e = n.act(e, &es, After::Hardtanh);
+    let (e, es) = n.conv(e, &es, 48, 48, 3, 1, true);
+    let e = n.act(e, &es, After::Hardtanh);
+    let (e, es) = n.conv(e, &es, 16, 1, 1, 1, true);
+    let y = n.binary("add", e, y, &es);
+    // squeeze and excitation with SiLU
+    let (e, es) = n.conv(y, &ys, 32, 1, 1, 1, true);
+    let e = n.act(e, &es, After::Silu);
+    let (s, ss) = n.mean(e, &es, true);
+    let (s, ss) = n.conv(s, &ss, 8, 1, 1, 1, false);
+    let s = n.act(s, &ss, After::Silu);
+    let (s, ss) = n.conv(s, &ss, 32, 1, 1, 1, false);
+    let s = n.act(s, &ss, After::Sigmoid);
+    let y = n.binary("mul", e, s, &es);
+    let (y, _) = n.mean(y, &es, false);
+    n.b.output(y);
+    (n.b.build(), inputs)
+}
+
+#[test]
+fn convolution_chains_run_channels_last_with_the_same_results() {
+    for (batch, size, leak, external) in [
+        (1, 32, false, false),
+        (2, 17, false, false),
+        (1, 24, true, false),
+        (1, 20, false, true),
+    ] {
+        let (bytes, shapes) = network(batch, size, leak, external);
+        let inputs: Vec<(Vec<usize>, Vec<f32>)> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.clone(), values(s.iter().product(), 40 + i as u64)))
+            .collect();
+        let what = format!("batch {batch} size {size} leak {leak} external {external}");
+        let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+        for threads in [1, 2] {
+            let (got, ran) = run(&bytes, &pte_kernels::registry(), &inputs, threads);
+            assert_close(&got, &want, 400, &format!("{what}, {threads} threads"));
+            let regions = ran.iter().filter(|r| r.contains("NHWC region")).count();
+            assert!(regions >= 1, "{what}: no NHWC region: {ran:?}");
+            if leak {
+                // The leaked value ends the first run; the rest is a second one.
+                assert!(regions == 2, "{what}: {ran:?}");
+            }
+        }
+    }
+}

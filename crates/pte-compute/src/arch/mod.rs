@@ -170,35 +170,7 @@ pub(crate) fn microkernel(
 ) -> Result {
     let (mr, nr) = isa.gemm_tile();
     let tile = c.tile_ptr(i, j, rows, nr);
-    let raw = match post {
-        None => Some(RawPost {
-            on: false,
-            rows: std::ptr::null(),
-            cols: std::ptr::null(),
-            min: 0.0,
-            max: 0.0,
-        }),
-        Some(p) => {
-            let (r, cl) = match p.bias {
-                TileBias::None => (Some(std::ptr::null()), Some(std::ptr::null())),
-                TileBias::Rows(v) => (
-                    (v.len() >= rows).then_some(v.as_ptr()),
-                    Some(std::ptr::null()),
-                ),
-                TileBias::Cols(v) => (
-                    Some(std::ptr::null()),
-                    (v.len() >= nr).then_some(v.as_ptr()),
-                ),
-            };
-            r.zip(cl).map(|(rows, cols)| RawPost {
-                on: true,
-                rows,
-                cols,
-                min: p.min,
-                max: p.max,
-            })
-        }
-    };
+    let raw = raw_post(post, rows, nr);
     let ok = rows <= mr
         && raw.is_some()
         && kc.checked_mul(mr).is_some_and(|l| a.len() >= l)
@@ -232,6 +204,217 @@ pub(crate) fn microkernel(
         _ => unsafe { generic::kernel(rows, kc, a, b, c, rs, accumulate, post) },
     }
     Ok(())
+}
+
+/// [`Post`] as the kernels read it, or None when a bias is too short for the tile.
+fn raw_post(post: Option<&Post<'_>>, rows: usize, nr: usize) -> Option<RawPost> {
+    match post {
+        None => Some(RawPost {
+            on: false,
+            rows: std::ptr::null(),
+            cols: std::ptr::null(),
+            min: 0.0,
+            max: 0.0,
+        }),
+        Some(p) => {
+            let (r, cl) = match p.bias {
+                TileBias::None => (Some(std::ptr::null()), Some(std::ptr::null())),
+                TileBias::Rows(v) => (
+                    (v.len() >= rows).then_some(v.as_ptr()),
+                    Some(std::ptr::null()),
+                ),
+                TileBias::Cols(v) => (
+                    Some(std::ptr::null()),
+                    (v.len() >= nr).then_some(v.as_ptr()),
+                ),
+            };
+            r.zip(cl).map(|(rows, cols)| RawPost {
+                on: true,
+                rows,
+                cols,
+                min: p.min,
+                max: p.max,
+            })
+        }
+    }
+}
+
+/// Most segments (kernel taps) one indirect table holds.
+pub(crate) const MAX_SEGMENTS: usize = 16;
+/// Largest mr of any micro-kernel.
+const MAX_MR: usize = 12;
+/// An offset of [`RowTable::new`] that reads the row of zeros.
+pub(crate) const ZERO_ROW: usize = usize::MAX;
+
+/// Whether `isa` has an indirect micro-kernel (see [`indirect_microkernel`]).
+pub(crate) fn has_indirect(isa: Isa) -> bool {
+    cfg!(target_arch = "x86_64") && matches!(isa, Isa::Avx2 | Isa::Avx512)
+}
+
+/// The rows of A an indirect micro-kernel reads: for each of `segments` segments of `k`
+/// depths and each of `rows` tile rows, `k` values inside the input slice (or the row
+/// of zeros), checked when the table is built. Built once per tile and reused for every
+/// panel of B.
+pub(crate) struct RowTable {
+    ptrs: [*const f32; MAX_SEGMENTS * MAX_MR],
+    segments: usize,
+    k: usize,
+    rows: usize,
+    mr: usize,
+}
+
+impl RowTable {
+    /// Row `r` of segment `t` is `x[offsets[t * mr + r]..][..k]`, or `zero` (at least
+    /// `k` long) for [`ZERO_ROW`]; None if an offset or length is off.
+    pub(crate) fn new(
+        isa: Isa,
+        x: &[f32],
+        zero: &[f32],
+        offsets: &[usize],
+        (segments, k, rows): (usize, usize, usize),
+    ) -> Option<RowTable> {
+        let mr = isa.gemm_tile().0;
+        if segments > MAX_SEGMENTS || rows > mr || mr > MAX_MR {
+            return None;
+        }
+        // Entries past `rows` are never read (the kernel reads `rows` rows).
+        let mut ptrs = [std::ptr::null(); MAX_SEGMENTS * MAX_MR];
+        for t in 0..segments {
+            for r in 0..rows {
+                let at = t * mr + r;
+                let p = match *offsets.get(at)? {
+                    ZERO_ROW => zero.get(..k)?.as_ptr(),
+                    o => x.get(o..o.checked_add(k)?)?.as_ptr(),
+                };
+                *ptrs.get_mut(at)? = p;
+            }
+        }
+        Some(RowTable {
+            ptrs,
+            segments,
+            k,
+            rows,
+            mr,
+        })
+    }
+}
+
+/// One call of an indirect micro-kernel on the tile of `c` at `(i, j)` of `table.rows
+/// × nr`: `C (+)= Σ_t Σ_p A_t[r][p] · b[(t·k + p)·nr + s]` over the table's segments,
+/// A's rows read where they are (the receptive fields of `mr` pixels of a
+/// channels-last convolution) instead of packed; then `post` if given.
+///
+/// Checks the lengths first; errors on an instruction set without such a kernel
+/// ([`has_indirect`]) or a table built for another.
+pub(crate) fn indirect_microkernel(
+    isa: Isa,
+    table: &RowTable,
+    b: &[f32],
+    c: &mut MatMut<'_>,
+    (i, j): (usize, usize),
+    accumulate: bool,
+    post: Option<&Post<'_>>,
+) -> Result {
+    let (mr, nr) = isa.gemm_tile();
+    let (rows, taps, k) = (table.rows, table.segments, table.k);
+    let tile = c.tile_ptr(i, j, rows, nr);
+    let raw = raw_post(post, rows, nr);
+    let ok = has_indirect(isa)
+        && table.mr == mr
+        && raw.is_some()
+        && taps
+            .checked_mul(k)
+            .and_then(|v| v.checked_mul(nr))
+            .is_some_and(|l| b.len() >= l);
+    let Some((c, rs)) = tile.filter(|_| ok && isa.is_available()) else {
+        return Err(Error::InvalidParameter {
+            what: format!(
+                "indirect micro-kernel call: {rows} rows (mr {mr}) at ({i}, {j}) of a {}x{} output, {taps} segments of {k}, b {}",
+                c.rows(),
+                c.cols(),
+                b.len(),
+            ),
+        });
+    };
+    let Some(post) = raw else {
+        return Ok(());
+    };
+    let (a, b) = (table.ptrs.as_ptr(), b.as_ptr());
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: every row pointer of the table holds k values (checked when it was
+        // built, for this mr), b and the tile checked above, the instruction set is
+        // available.
+        Isa::Avx2 => unsafe { x86::avx2_indirect(rows, taps, k, a, b, c, rs, accumulate, post) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx512 => unsafe {
+            x86::avx512_indirect(rows, taps, k, a, b, c, rs, accumulate, post)
+        },
+        _ => {
+            let _ = (a, b, c, rs, accumulate, post);
+        }
+    }
+    Ok(())
+}
+
+/// Depthwise 3×3 convolution of one NHWC output row on a hand-written kernel, for the
+/// channels `0..c / 8 * 8` (the caller does the rest); `rows[ky]` is the input row of
+/// kernel row `ky` (`None` in the padding), `weights` is `[9][c]`, the output is
+/// clamped to `[min, max]`. False when this CPU has no such kernel or a length is off
+/// (nothing is written then).
+#[allow(clippy::too_many_arguments)] // one row's geometry and data
+pub(crate) fn depthwise3x3_row(
+    isa: Isa,
+    rows: [Option<&[f32]>; 3],
+    weights: &[f32],
+    bias: &[f32],
+    y: &mut [f32],
+    geometry: (usize, usize, usize, usize, usize, usize),
+    (min, max): (f32, f32),
+) -> bool {
+    let (c, ow, w_in, stride, dilation, pad) = geometry;
+    let row_len = w_in.checked_mul(c);
+    let ok = matches!(isa, Isa::Avx2 | Isa::Avx512)
+        && isa.is_available()
+        && row_len.is_some_and(|n| rows.iter().flatten().all(|r| r.len() >= n))
+        && c.checked_mul(9).is_some_and(|n| weights.len() >= n)
+        && bias.len() >= c
+        && ow.checked_mul(c).is_some_and(|n| y.len() >= n);
+    if !ok {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let ptr = |r: Option<&[f32]>| r.map_or(std::ptr::null(), <[f32]>::as_ptr);
+        let g = x86::DwRow {
+            c,
+            ow,
+            w_in,
+            stride,
+            dilation,
+            pad,
+            min,
+            max,
+        };
+        // SAFETY: AVX2 and FMA are available (Avx2 and Avx512 imply them), and every
+        // length the kernel relies on was checked above.
+        unsafe {
+            x86::depthwise3x3_avx2(
+                rows.map(ptr),
+                weights.as_ptr(),
+                bias.as_ptr(),
+                y.as_mut_ptr(),
+                g,
+            );
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (rows, weights, bias, y, stride, dilation, pad, min, max);
+        false
+    }
 }
 
 /// Defines `pub(crate) fn $name(isa: Isa, args...) -> $ret` that runs the body compiled

@@ -15,10 +15,13 @@ pub(crate) const AVX2_NR: usize = 16;
 pub(crate) const AVX512_MR: usize = 12;
 pub(crate) const AVX512_NR: usize = 32;
 
-/// Generates a kernel over `$v` vectors: `$name::<R>` plus a dispatcher on `rows`.
+/// Generates, over `$v` vectors, the packed kernel `$name::<R>` with its dispatcher on
+/// `rows`, and the indirect kernel `$iname::<R>` (A read through row pointers, see
+/// [`super::indirect_microkernel`]) with its dispatcher.
 macro_rules! kernel {
-    ($feat:literal, $name:ident, $dispatch:ident, $v:ty, $mr:expr, $nr:expr, $lanes:expr,
-     $zero:ident, $load:ident, $store:ident, $set1:ident, $fmadd:ident, $add:ident, $max:ident, $min:ident,
+    ($feat:literal, $name:ident, $dispatch:ident, $iname:ident, $idispatch:ident,
+     $v:ty, $mr:expr, $nr:expr, $lanes:expr,
+     $zero:ident, $load:ident, $storeu:ident, $set1:ident, $fmadd:ident, $add:ident, $max:ident, $min:ident,
      [$($r:literal)*]) => {
         /// # Safety
         /// The CPU has the features; `a` holds `kc * MR` values, `b` `kc * NR`, and
@@ -51,27 +54,31 @@ macro_rules! kernel {
                     }
                 }
             }
-            let (lo, hi) = ($set1(post.min), $set1(post.max));
-            for (i, row) in acc.iter().enumerate() {
-                // SAFETY: a row bias holds at least R values (checked by the caller).
-                let rb = (post.on && !post.rows.is_null()).then(|| unsafe { $set1(*post.rows.add(i)) });
-                for (v, &x) in row.iter().enumerate() {
-                    // SAFETY: i < R, v * lanes < NR: inside the tile; a column bias
-                    // holds NR values.
-                    unsafe {
-                        let cp = c.add(i * rs + v * $lanes);
-                        let mut x = if accumulate { $add(x, $load(cp)) } else { x };
-                        if post.on {
-                            if let Some(rb) = rb {
-                                x = $add(x, rb);
+            // Stores the tile: `C (+)= acc`, then `post` (inline: a call would keep the
+            // accumulators in memory during the loop).
+            {
+                let (lo, hi) = ($set1(post.min), $set1(post.max));
+                for (i, row) in acc.iter().enumerate() {
+                    // SAFETY: a row bias holds at least R values (checked by the caller).
+                    let rb = (post.on && !post.rows.is_null()).then(|| unsafe { $set1(*post.rows.add(i)) });
+                    for (v, &x) in row.iter().enumerate() {
+                        // SAFETY: i < R, v * lanes < NR: inside the tile; a column bias
+                        // holds NR values.
+                        unsafe {
+                            let cp = c.add(i * rs + v * $lanes);
+                            let mut x = if accumulate { $add(x, $load(cp)) } else { x };
+                            if post.on {
+                                if let Some(rb) = rb {
+                                    x = $add(x, rb);
+                                }
+                                if !post.cols.is_null() {
+                                    x = $add(x, $load(post.cols.add(v * $lanes)));
+                                }
+                                // max(lo, x) and min(hi, x) return x when it is NaN.
+                                x = $min(hi, $max(lo, x));
                             }
-                            if !post.cols.is_null() {
-                                x = $add(x, $load(post.cols.add(v * $lanes)));
-                            }
-                            // max(lo, x) and min(hi, x) return x when it is NaN.
-                            x = $min(hi, $max(lo, x));
+                            $storeu(cp, x);
                         }
-                        $store(cp, x);
                     }
                 }
             }
@@ -98,6 +105,98 @@ macro_rules! kernel {
                 }
             }
         }
+
+        /// `C (+)= Σ_t Σ_p a[t][i][p] · b[(t·k + p)·NR + j]`: for each of `taps`
+        /// segments, row `i` of A is `k` contiguous values at `a[t * MR + i]`.
+        ///
+        /// # Safety
+        /// The CPU has the features; every pointer `a[t * MR + i]` (`t < taps`, `i <
+        /// R`) holds `k` values, `b` holds `taps * k * NR`, `c` the tile as for the
+        /// packed kernel.
+        #[target_feature(enable = $feat)]
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $iname<const R: usize>(
+            taps: usize,
+            k: usize,
+            a: *const *const f32,
+            b: *const f32,
+            c: *mut f32,
+            rs: usize,
+            accumulate: bool,
+            post: RawPost,
+        ) {
+            const V: usize = $nr / $lanes;
+            let mut acc = [[$zero(); V]; R];
+            let mut bp = b;
+            for t in 0..taps {
+                // SAFETY: t < taps: the pointer table holds taps * MR entries.
+                let rows: [*const f32; R] = std::array::from_fn(|i| unsafe { *a.add(t * $mr + i) });
+                for p in 0..k {
+                    // SAFETY: p < k and bp stays within taps * k * NR values of `b`.
+                    unsafe {
+                        let bv: [$v; V] = std::array::from_fn(|v| $load(bp.add(v * $lanes)));
+                        bp = bp.add($nr);
+                        for (row, &ap) in acc.iter_mut().zip(&rows) {
+                            let av = $set1(*ap.add(p));
+                            for (x, &y) in row.iter_mut().zip(&bv) {
+                                *x = $fmadd(av, y, *x);
+                            }
+                        }
+                    }
+                }
+            }
+            // Stores the tile: `C (+)= acc`, then `post` (inline: a call would keep the
+            // accumulators in memory during the loop).
+            {
+                let (lo, hi) = ($set1(post.min), $set1(post.max));
+                for (i, row) in acc.iter().enumerate() {
+                    // SAFETY: a row bias holds at least R values (checked by the caller).
+                    let rb = (post.on && !post.rows.is_null()).then(|| unsafe { $set1(*post.rows.add(i)) });
+                    for (v, &x) in row.iter().enumerate() {
+                        // SAFETY: i < R, v * lanes < NR: inside the tile; a column bias
+                        // holds NR values.
+                        unsafe {
+                            let cp = c.add(i * rs + v * $lanes);
+                            let mut x = if accumulate { $add(x, $load(cp)) } else { x };
+                            if post.on {
+                                if let Some(rb) = rb {
+                                    x = $add(x, rb);
+                                }
+                                if !post.cols.is_null() {
+                                    x = $add(x, $load(post.cols.add(v * $lanes)));
+                                }
+                                // max(lo, x) and min(hi, x) return x when it is NaN.
+                                x = $min(hi, $max(lo, x));
+                            }
+                            $storeu(cp, x);
+                        }
+                    }
+                }
+            }
+        }
+
+        /// # Safety
+        /// As the indirect kernel, with `1 <= rows <= MR`.
+        #[allow(clippy::too_many_arguments)]
+        pub(crate) unsafe fn $idispatch(
+            rows: usize,
+            taps: usize,
+            k: usize,
+            a: *const *const f32,
+            b: *const f32,
+            c: *mut f32,
+            rs: usize,
+            accumulate: bool,
+            post: RawPost,
+        ) {
+            // SAFETY: forwarded contract.
+            unsafe {
+                match rows {
+                    $($r => $iname::<$r>(taps, k, a, b, c, rs, accumulate, post),)*
+                    _ => $iname::<$mr>(taps, k, a, b, c, rs, accumulate, post),
+                }
+            }
+        }
     };
 }
 
@@ -105,6 +204,8 @@ kernel!(
     "avx2,fma",
     avx2_tile,
     avx2_kernel,
+    avx2_itile,
+    avx2_indirect,
     __m256,
     AVX2_MR,
     AVX2_NR,
@@ -124,6 +225,8 @@ kernel!(
     "avx512f,avx2,fma",
     avx512_tile,
     avx512_kernel,
+    avx512_itile,
+    avx512_indirect,
     __m512,
     AVX512_MR,
     AVX512_NR,
@@ -138,3 +241,109 @@ kernel!(
     _mm512_min_ps,
     [1 2 3 4 5 6 7 8 9 10 11]
 );
+
+/// The geometry of one output row of a depthwise 3×3 convolution in NHWC.
+#[derive(Clone, Copy)]
+pub(crate) struct DwRow {
+    /// Channels (the stride between pixels).
+    pub c: usize,
+    /// Output pixels of the row.
+    pub ow: usize,
+    /// Input width, horizontal stride, dilation and left padding.
+    pub w_in: usize,
+    pub stride: usize,
+    pub dilation: usize,
+    pub pad: usize,
+    /// Clamp of the output.
+    pub min: f32,
+    pub max: f32,
+}
+
+/// Depthwise 3×3 convolution of one output row, channels `0..c / 8 * 8` in blocks of
+/// eight. Pixels go by groups of four whose nine taps all lie inside the row (four
+/// independent accumulators per weight vector, the block's nine weight vectors in
+/// registers), the others one at a time with their taps checked; rows in the
+/// padding are skipped.
+///
+/// # Safety
+/// AVX2 and FMA are available. `rows[ky]` is null (a padded row) or points to `w_in *
+/// c` floats; `w` to `9 * c` (`w[tap * c + ch]`), `bias` to `c`, `y` to `ow * c`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn depthwise3x3_avx2(
+    rows: [*const f32; 3],
+    w: *const f32,
+    bias: *const f32,
+    y: *mut f32,
+    g: DwRow,
+) {
+    let (lo, hi) = (_mm256_set1_ps(g.min), _mm256_set1_ps(g.max));
+    let blocks = g.c / 8;
+    // Pixels whose three taps lie inside the row: ox·s ≥ pad and ox·s + 2d - pad < w_in.
+    let first = g.pad.div_ceil(g.stride);
+    let end = (g.w_in + g.pad)
+        .checked_sub(2 * g.dilation)
+        .map_or(0, |v| v.div_ceil(g.stride))
+        .min(g.ow);
+    let mut ox = 0;
+    while ox < g.ow {
+        if ox >= first && ox + 4 <= end {
+            let ix0 = ox * g.stride - g.pad;
+            for b in 0..blocks {
+                let c0 = b * 8;
+                // SAFETY: c0 + 8 <= c, and tap * c + c0 + 8 <= 9 * c.
+                let mut acc = [unsafe { _mm256_loadu_ps(bias.add(c0)) }; 4];
+                for (ky, &row) in rows.iter().enumerate() {
+                    if row.is_null() {
+                        continue;
+                    }
+                    for kx in 0..3 {
+                        // SAFETY: as above.
+                        let wv = unsafe { _mm256_loadu_ps(w.add((ky * 3 + kx) * g.c + c0)) };
+                        let ix = ix0 + kx * g.dilation;
+                        for (p, a) in acc.iter_mut().enumerate() {
+                            // SAFETY: ix + p·s < w_in for the four pixels of an inner group.
+                            let xv =
+                                unsafe { _mm256_loadu_ps(row.add((ix + p * g.stride) * g.c + c0)) };
+                            *a = _mm256_fmadd_ps(xv, wv, *a);
+                        }
+                    }
+                }
+                for (p, a) in acc.iter().enumerate() {
+                    let v = _mm256_min_ps(hi, _mm256_max_ps(lo, *a));
+                    // SAFETY: ox + p < ow and c0 + 8 <= c: inside y.
+                    unsafe { _mm256_storeu_ps(y.add((ox + p) * g.c + c0), v) };
+                }
+            }
+            ox += 4;
+            continue;
+        }
+        for b in 0..blocks {
+            let c0 = b * 8;
+            // SAFETY: c0 + 8 <= c.
+            let mut acc = unsafe { _mm256_loadu_ps(bias.add(c0)) };
+            for (ky, &row) in rows.iter().enumerate() {
+                if row.is_null() {
+                    continue;
+                }
+                for kx in 0..3 {
+                    let Some(ix) = (ox * g.stride + kx * g.dilation)
+                        .checked_sub(g.pad)
+                        .filter(|&ix| ix < g.w_in)
+                    else {
+                        continue;
+                    };
+                    // SAFETY: ix < w_in and c0 + 8 <= c: inside the row and the weights.
+                    unsafe {
+                        let wv = _mm256_loadu_ps(w.add((ky * 3 + kx) * g.c + c0));
+                        let xv = _mm256_loadu_ps(row.add(ix * g.c + c0));
+                        acc = _mm256_fmadd_ps(xv, wv, acc);
+                    }
+                }
+            }
+            let v = _mm256_min_ps(hi, _mm256_max_ps(lo, acc));
+            // SAFETY: ox < ow and c0 + 8 <= c: inside y.
+            unsafe { _mm256_storeu_ps(y.add(ox * g.c + c0), v) };
+        }
+        ox += 1;
+    }
+}

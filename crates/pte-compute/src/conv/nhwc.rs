@@ -18,7 +18,7 @@
 //! conversions at the ends of a chain.
 
 use super::Conv2dParams;
-use crate::arch::{madd, multiversion, Isa};
+use crate::arch::{self, madd, multiversion, Isa, Post, TileBias};
 use crate::elementwise::{self, Activation};
 use crate::error::{self, Error, Result};
 use crate::gemm::{pack_rows, Bias, Epilogue, Gemm, Lines, PackedB, Side};
@@ -33,6 +33,20 @@ enum Algo {
     },
     /// Weights as `[kh·kw][channels]`.
     Depthwise { weights: Vec<f32> },
+    /// A few input channels and no horizontal dilation (a stem): the input is copied
+    /// with its padding, so that a whole kernel row of a pixel's receptive field is
+    /// one run of `kw · c_in` values for the indirect micro-kernel.
+    Rows { weights: PackedB },
+}
+
+/// How the indirect micro-kernel's segments cover a receptive field.
+#[derive(Clone, Copy)]
+enum Gather {
+    /// One segment per kernel tap: a run of a group's channels, padding read as zeros.
+    Taps,
+    /// One segment per kernel row, in an input copied with its padding, `width` pixels
+    /// wide.
+    Rows { width: usize },
 }
 
 /// A convolution layer in NHWC prepared for repeated runs.
@@ -43,6 +57,8 @@ pub struct Conv2dNhwc {
     algo: Algo,
     bias: Vec<f32>,
     activation: Activation,
+    /// A row of zeros (one group's input channels), the padding of the indirect kernel.
+    zero: Vec<f32>,
 }
 
 impl std::fmt::Debug for Conv2dNhwc {
@@ -91,6 +107,10 @@ impl Conv2dNhwc {
             }
             None => vec![0.0; p.out_channels],
         };
+        let rows = cig < MIN_INDIRECT_DEPTH
+            && p.groups == 1
+            && p.dilation[1] == 1
+            && arch::has_indirect(gemm.isa());
         let algo = if cig == 1 && cog == 1 && p.groups > 1 {
             // [c][tap] -> [tap][c]
             let c = p.out_channels;
@@ -120,9 +140,15 @@ impl Conv2dNhwc {
                 packed.push(gemm.pack_b(MatRef::row_major(&reordered, k, cog)?)?);
             }
             let pointwise = p.kernel == [1, 1] && p.stride == [1, 1] && p.padding == [0; 4];
-            Algo::Gemm {
-                weights: packed,
-                pointwise,
+            match packed.pop() {
+                Some(weights) if rows && packed.is_empty() => Algo::Rows { weights },
+                last => {
+                    packed.extend(last);
+                    Algo::Gemm {
+                        weights: packed,
+                        pointwise,
+                    }
+                }
             }
         };
         Ok(Self {
@@ -132,6 +158,7 @@ impl Conv2dNhwc {
             algo,
             bias,
             activation,
+            zero: vec![0.0; cig],
         })
     }
 
@@ -140,8 +167,9 @@ impl Conv2dNhwc {
         let w = match &self.algo {
             Algo::Gemm { weights, .. } => weights.iter().map(PackedB::bytes).sum(),
             Algo::Depthwise { weights } => weights.len() * 4,
+            Algo::Rows { weights } => weights.bytes(),
         };
-        w + self.bias.len() * 4
+        w + (self.bias.len() + self.zero.len()) * 4
     }
 
     /// The geometry.
@@ -162,6 +190,7 @@ impl Conv2dNhwc {
             } => "pointwise",
             Algo::Gemm { .. } => "im2col",
             Algo::Depthwise { .. } => "depthwise",
+            Algo::Rows { .. } => "rows",
         }
     }
 
@@ -181,10 +210,66 @@ impl Conv2dNhwc {
         let (cig, cog) = self.p.channels_per_group();
         let k = cig * self.p.kernel[0] * self.p.kernel[1];
         let n = self.out[0] * self.out[1];
-        match self.algo {
+        match &self.algo {
+            Algo::Gemm { .. } if self.indirect() => Ok(0),
             Algo::Gemm { .. } => self.gemm.scratch_len(n, cog, k, false, true, threads),
             Algo::Depthwise { .. } => Ok(0),
+            // One image with its padding.
+            Algo::Rows { .. } => {
+                let p = &self.p;
+                let h = p.input[0] + p.padding[0] + p.padding[2];
+                let w = p.input[1] + p.padding[1] + p.padding[3];
+                error::mul(
+                    error::mul(h, w, "padded input")?,
+                    p.in_channels,
+                    "padded input",
+                )
+            }
         }
+    }
+
+    /// Scratch (f32 elements) [`Conv2dNhwc::run_nchw`] needs for `batch` images.
+    pub fn nchw_scratch_len(&self, batch: usize, threads: usize) -> Result<usize> {
+        let own = self.scratch_len(threads)?;
+        match self.algo {
+            Algo::Rows { .. } => Ok(own),
+            _ => error::add(own, self.io_len(batch)?.0, "scratch"),
+        }
+    }
+
+    /// Like [`Conv2dNhwc::run`] with the input in NCHW (the output is NHWC): the first
+    /// convolution of a chain reads the program's tensor as it is.
+    #[allow(clippy::too_many_arguments)] // `run`'s arguments
+    pub fn run_nchw(
+        &self,
+        pool: &ThreadPool,
+        input: &[f32],
+        batch: usize,
+        residual: Option<&[f32]>,
+        output: &mut [f32],
+        scratch: &mut [f32],
+    ) -> Result {
+        if let Algo::Rows { .. } = self.algo {
+            return self.run_inner(pool, input, true, batch, residual, output, scratch);
+        }
+        let x_len = self.io_len(batch)?.0;
+        error::need("convolution input", input.len(), x_len)?;
+        let len = scratch.len();
+        let needed = self.nchw_scratch_len(batch, pool.threads())?;
+        let (x, rest) = scratch
+            .get_mut(..needed)
+            .ok_or(Error::ScratchTooSmall { len, needed })?
+            .split_at_mut(x_len);
+        let p = &self.p;
+        crate::layout::nchw_to_nhwc(
+            self.gemm.isa(),
+            input.get(..x_len).unwrap_or_default(),
+            batch,
+            p.in_channels,
+            p.input[0] * p.input[1],
+            x,
+        )?;
+        self.run_inner(pool, x, false, batch, residual, output, rest)
     }
 
     /// Runs the convolution on `batch` NHWC images: `input` is `[batch, h, w,
@@ -194,6 +279,21 @@ impl Conv2dNhwc {
         &self,
         pool: &ThreadPool,
         input: &[f32],
+        batch: usize,
+        residual: Option<&[f32]>,
+        output: &mut [f32],
+        scratch: &mut [f32],
+    ) -> Result {
+        self.run_inner(pool, input, false, batch, residual, output, scratch)
+    }
+
+    /// `run`, the input in NCHW when `nchw` (only for [`Algo::Nchw`]).
+    #[allow(clippy::too_many_arguments)] // `run`'s arguments and the input's layout
+    fn run_inner(
+        &self,
+        pool: &ThreadPool,
+        input: &[f32],
+        nchw: bool,
         batch: usize,
         residual: Option<&[f32]>,
         output: &mut [f32],
@@ -212,6 +312,56 @@ impl Conv2dNhwc {
         let p = &self.p;
         let isa = self.gemm.isa();
         match &self.algo {
+            Algo::Rows { weights } => {
+                let (xi, yi) = self.io_len(1)?;
+                let len = scratch.len();
+                let needed = self.scratch_len(pool.threads())?;
+                let padded = scratch
+                    .get_mut(..needed)
+                    .ok_or(Error::ScratchTooSmall { len, needed })?;
+                let wp = p.input[1] + p.padding[1] + p.padding[3];
+                let c = p.in_channels;
+                for (n, (x, y)) in input
+                    .chunks_exact(xi.max(1))
+                    .zip(output.chunks_exact_mut(yi.max(1)))
+                    .enumerate()
+                    .take(batch)
+                {
+                    padded.fill(0.0);
+                    let pixels = p.input[0] * p.input[1];
+                    for iy in 0..p.input[0] {
+                        let at = ((iy + p.padding[0]) * wp + p.padding[1]) * c;
+                        let dst = padded.get_mut(at..at + p.input[1] * c).unwrap_or_default();
+                        if nchw {
+                            for (ix, px) in dst.chunks_exact_mut(c).enumerate() {
+                                for (ch, v) in px.iter_mut().enumerate() {
+                                    *v = x
+                                        .get(ch * pixels + iy * p.input[1] + ix)
+                                        .copied()
+                                        .unwrap_or(0.0);
+                                }
+                            }
+                        } else {
+                            let src = x.get(iy * p.input[1] * c..(iy + 1) * p.input[1] * c);
+                            dst.copy_from_slice(src.unwrap_or_default());
+                        }
+                    }
+                    if let Some(r) = residual.and_then(|r| r.get(n * yi..(n + 1) * yi)) {
+                        y.copy_from_slice(r);
+                    }
+                    let gather = Gather::Rows { width: wp };
+                    self.run_indirect(
+                        pool,
+                        std::slice::from_ref(weights),
+                        padded,
+                        1,
+                        residual.is_some(),
+                        y,
+                        gather,
+                    )?;
+                }
+                Ok(())
+            }
             Algo::Depthwise { weights } => {
                 let act = if residual.is_some() {
                     Activation::Identity
@@ -239,6 +389,20 @@ impl Conv2dNhwc {
                     elementwise::add_vector_activate(isa, output, r, self.activation)?;
                 }
                 Ok(())
+            }
+            Algo::Gemm { weights, .. } if self.indirect() => {
+                if let Some(r) = residual.and_then(|r| r.get(..y_len)) {
+                    output.copy_from_slice(r);
+                }
+                self.run_indirect(
+                    pool,
+                    weights,
+                    input,
+                    batch,
+                    residual.is_some(),
+                    output,
+                    Gather::Taps,
+                )
             }
             Algo::Gemm { weights, pointwise } => {
                 if let Some(r) = residual.and_then(|r| r.get(..y_len)) {
@@ -281,6 +445,222 @@ impl Conv2dNhwc {
         }
     }
 }
+
+impl Conv2dNhwc {
+    /// Whether products run on the indirect micro-kernel: where the CPU has one, and a
+    /// group has enough input channels that a run of them outweighs fetching its row
+    /// (a stem convolution of 3 channels packs its receptive fields instead).
+    fn indirect(&self) -> bool {
+        arch::has_indirect(self.gemm.isa())
+    }
+
+    /// The products on the indirect micro-kernel: tiles of `mr` output pixels × `nr`
+    /// output channels, each pixel's receptive field read in place through a table of
+    /// row offsets (one run of a group's input channels per kernel tap), the weights'
+    /// panels streamed from cache. Rows of the output are split over the pool's
+    /// threads; output channels go in blocks of panels that stay in L2.
+    #[allow(clippy::too_many_arguments)] // one call site; the operands of one product
+    fn run_indirect(
+        &self,
+        pool: &ThreadPool,
+        weights: &[PackedB],
+        x: &[f32],
+        batch: usize,
+        accumulate: bool,
+        y: &mut [f32],
+        gather: Gather,
+    ) -> Result {
+        let p = &self.p;
+        let isa = self.gemm.isa();
+        let (mr, nr) = isa.gemm_tile();
+        let cig = p.channels_per_group().0;
+        let taps = p.kernel[0] * p.kernel[1];
+        let (cout, ohw) = (p.out_channels, self.out[0] * self.out[1]);
+        let m = error::mul(batch, ohw, "convolution output")?;
+        let ((min, max), extra) = match self.activation {
+            Activation::Clamp { min, max } => ((min, max), Activation::Identity),
+            a => ((f32::NEG_INFINITY, f32::INFINITY), a),
+        };
+        let tiles = m.div_ceil(mr);
+        let work = m.saturating_mul(cout).saturating_mul(cig * taps);
+        let tasks = if work < (1 << 17) {
+            1
+        } else {
+            (pool.threads() * 3).min(tiles).max(1)
+        };
+        let rows_per_task = tiles.div_ceil(tasks) * mr;
+        // Panels of weights per block: a block stays in L2 while tiles stream past.
+        let panel_bytes = (taps * cig * nr * 4).max(1);
+        let block = (L2_WEIGHTS / panel_bytes).max(1);
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        pool.parallel_chunks(y, rows_per_task * cout, &mut [0u8; 0], 0, |task, yc, _| {
+            let r0 = task * rows_per_task;
+            if self
+                .indirect_rows(weights, x, r0, yc, accumulate, (min, max), block, gather)
+                .is_err()
+            {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            if extra != Activation::Identity {
+                elementwise::activate(isa, yc, extra);
+            }
+        })?;
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::InvalidParameter {
+                what: "indirect convolution failed".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Output rows (pixels) `r0..` into `yc` (whole rows of `out_channels`).
+    #[allow(clippy::too_many_arguments)]
+    fn indirect_rows(
+        &self,
+        weights: &[PackedB],
+        x: &[f32],
+        r0: usize,
+        yc: &mut [f32],
+        accumulate: bool,
+        (min, max): (f32, f32),
+        block: usize,
+        gather: Gather,
+    ) -> Result {
+        let p = &self.p;
+        let isa = self.gemm.isa();
+        let (mr, nr) = isa.gemm_tile();
+        let (cig, cog) = p.channels_per_group();
+        // Segments of the receptive field and depths per segment.
+        let (taps, k) = match gather {
+            Gather::Taps => (p.kernel[0] * p.kernel[1], cig),
+            Gather::Rows { .. } => (p.kernel[0], p.kernel[1] * cig),
+        };
+        let cout = p.out_channels;
+        let rows_here = yc.len() / cout.max(1);
+        let mut c = MatMut::row_major(yc, rows_here, cout)?;
+        let panels = cog.div_ceil(nr);
+        let ohw = self.out[0] * self.out[1];
+        let image = p.input[0] * p.input[1] * p.in_channels;
+        let mut offsets = [arch::ZERO_ROW; arch::MAX_SEGMENTS * 12];
+        let mut padded = [0f32; 32];
+        for (g, b) in weights.iter().enumerate() {
+            for q0 in (0..panels).step_by(block) {
+                for r in (0..rows_here).step_by(mr) {
+                    let rows = mr.min(rows_here - r);
+                    for t0 in (0..taps).step_by(arch::MAX_SEGMENTS) {
+                        let seg = arch::MAX_SEGMENTS.min(taps - t0);
+                        // The row offsets of this tile's pixels for taps t0..t0 + seg.
+                        for i in 0..rows {
+                            let pixel = r0 + r + i;
+                            let (n, pix) = (pixel / ohw, pixel % ohw);
+                            let (oy, ox) = (pix / self.out[1], pix % self.out[1]);
+                            for t in 0..seg {
+                                let o = match gather {
+                                    Gather::Taps => {
+                                        let (ky, kx) =
+                                            ((t0 + t) / p.kernel[1], (t0 + t) % p.kernel[1]);
+                                        let iy = (oy * p.stride[0] + ky * p.dilation[0])
+                                            .checked_sub(p.padding[0])
+                                            .filter(|&v| v < p.input[0]);
+                                        let ix = (ox * p.stride[1] + kx * p.dilation[1])
+                                            .checked_sub(p.padding[1])
+                                            .filter(|&v| v < p.input[1]);
+                                        match (iy, ix) {
+                                            (Some(iy), Some(ix)) => {
+                                                n * image
+                                                    + (iy * p.input[1] + ix) * p.in_channels
+                                                    + g * cig
+                                            }
+                                            _ => arch::ZERO_ROW,
+                                        }
+                                    }
+                                    // The padded copy of one image: every run is inside.
+                                    Gather::Rows { width } => {
+                                        let iy = oy * p.stride[0] + (t0 + t) * p.dilation[0];
+                                        (iy * width + ox * p.stride[1]) * p.in_channels
+                                    }
+                                };
+                                if let Some(slot) = offsets.get_mut(t * mr + i) {
+                                    *slot = o;
+                                }
+                            }
+                        }
+                        let last = t0 + seg == taps;
+                        let table =
+                            arch::RowTable::new(isa, x, &self.zero, &offsets, (seg, k, rows))
+                                .ok_or_else(|| Error::InvalidParameter {
+                                    what: "convolution input too short for its receptive fields"
+                                        .into(),
+                                })?;
+                        for q in q0..panels.min(q0 + block) {
+                            let j = g * cog + q * nr;
+                            let cols = nr.min(cog - q * nr);
+                            let (panel, _) = b.panels().block(q * nr, t0 * k);
+                            let bias = self.bias.get(j..).unwrap_or_default();
+                            let bias = if bias.len() >= nr {
+                                bias
+                            } else {
+                                padded.iter_mut().zip(bias).for_each(|(d, &v)| *d = v);
+                                &padded[..]
+                            };
+                            let post = last.then_some(Post {
+                                bias: TileBias::Cols(bias),
+                                min,
+                                max,
+                            });
+                            let acc = accumulate || t0 > 0;
+                            if cols == nr {
+                                arch::indirect_microkernel(
+                                    isa,
+                                    &table,
+                                    panel,
+                                    &mut c,
+                                    (r, j),
+                                    acc,
+                                    post.as_ref(),
+                                )?;
+                            } else {
+                                // A partial panel of channels: through a tile buffer.
+                                let mut tile = [0f32; 12 * 32];
+                                let mut t = MatMut::row_major(&mut tile, rows, nr)?;
+                                for i in 0..rows {
+                                    if let (Some(src), Some(dst)) =
+                                        (c.row_run(r + i, j, cols), t.row_run(i, 0, cols))
+                                    {
+                                        dst.copy_from_slice(src);
+                                    }
+                                }
+                                arch::indirect_microkernel(
+                                    isa,
+                                    &table,
+                                    panel,
+                                    &mut t,
+                                    (0, 0),
+                                    acc,
+                                    post.as_ref(),
+                                )?;
+                                for i in 0..rows {
+                                    if let (Some(dst), Some(src)) =
+                                        (c.row_run(r + i, j, cols), t.row_run(i, 0, cols))
+                                    {
+                                        dst.copy_from_slice(src);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Fewest input channels per group for the indirect micro-kernel.
+const MIN_INDIRECT_DEPTH: usize = 8;
+
+/// Bytes of packed weights a block of output channels may take (half a typical L2).
+const L2_WEIGHTS: usize = 256 * 1024;
 
 /// The implicit im2col matrix of one image and group in NHWC: lines are output pixels,
 /// depth is (kernel row, kernel column, input channel of the group).
@@ -331,6 +711,58 @@ impl Lines for Im2colNhwc<'_> {
         dst: &mut [f32],
     ) {
         let cig = self.p.channels_per_group().0.max(1);
+        if cig < MIN_INDIRECT_DEPTH {
+            // A few channels per tap (a stem convolution): value by value, without a
+            // call per run.
+            let p = self.p;
+            let [kh, kw] = p.kernel;
+            for (q, panel) in dst
+                .chunks_exact_mut(kc * w)
+                .take(len.div_ceil(w))
+                .enumerate()
+            {
+                let first = l0 + q * w;
+                let valid = w.min(l0 + len - first);
+                panel.fill(0.0);
+                for l in 0..valid {
+                    let pixel = first + l;
+                    let (oy, ox) = (pixel / self.out[1], pixel % self.out[1]);
+                    for ky in 0..kh {
+                        let Some(iy) = (oy * p.stride[0] + ky * p.dilation[0])
+                            .checked_sub(p.padding[0])
+                            .filter(|&v| v < p.input[0])
+                        else {
+                            continue;
+                        };
+                        for kx in 0..kw {
+                            let Some(ix) = (ox * p.stride[1] + kx * p.dilation[1])
+                                .checked_sub(p.padding[1])
+                                .filter(|&v| v < p.input[1])
+                            else {
+                                continue;
+                            };
+                            // Depths (ky, kx, 0..cig) inside this block.
+                            let d0 = (ky * kw + kx) * cig;
+                            if d0 + cig <= k0 || d0 >= k0 + kc {
+                                continue;
+                            }
+                            let at = (iy * p.input[1] + ix) * p.in_channels;
+                            let src = self.x.get(at..at + cig).unwrap_or_default();
+                            for (ci, &v) in src.iter().enumerate() {
+                                if let Some(o) = (d0 + ci)
+                                    .checked_sub(k0)
+                                    .filter(|&d| d < kc)
+                                    .and_then(|d| panel.get_mut(d * w + l))
+                                {
+                                    *o = v;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            return;
+        }
         let mut rows: [&[f32]; MAX_W] = [&[]; MAX_W];
         let rows = rows.get_mut(..w).unwrap_or_default();
         for (q, panel) in dst
@@ -363,53 +795,189 @@ impl Lines for Im2colNhwc<'_> {
 /// Widest panel of any micro-kernel.
 const MAX_W: usize = 32;
 
-/// Channels accumulated at once by the depthwise loop (in registers).
-const DW_BLOCK: usize = 64;
+/// Channels of one depthwise block: one 256-bit vector, so that a 3×3 kernel's nine
+/// weight vectors, the accumulator and an input vector stay in registers.
+const DW: usize = 8;
 
-multiversion! {
-    /// One output row `oy` of a depthwise convolution in NHWC.
-    fn depthwise_row<const FMA: bool>(p: &Conv2dParams, out: [usize; 2], x: &[f32], weights: &[f32], bias: &[f32], act: Activation, oy: usize, y: &mut [f32]) -> Result {
-        let c = p.out_channels;
-        let ([h, w], [kh, kw]) = (p.input, p.kernel);
-        for (ox, y_px) in y.chunks_exact_mut(c).enumerate().take(out[1]) {
-            let mut c0 = 0;
-            while c0 < c {
-                let cb = DW_BLOCK.min(c - c0);
-                let mut acc = [0f32; DW_BLOCK];
-                let acc = acc.get_mut(..cb).unwrap_or_default();
-                acc.copy_from_slice(bias.get(c0..c0 + cb).unwrap_or_default());
-                for ky in 0..kh {
-                    let Some(iy) = (oy * p.stride[0] + ky * p.dilation[0])
-                        .checked_sub(p.padding[0])
-                        .filter(|&iy| iy < h)
+/// One output row `oy` of a depthwise convolution in NHWC: for each block of [`DW`]
+/// channels, the kernel's weights are held in registers while the row's pixels
+/// stream past; taps in the padding are skipped.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // one row's geometry and data
+fn depthwise_block_row<const FMA: bool, const KH: usize, const KW: usize>(
+    p: &Conv2dParams,
+    ow: usize,
+    x: &[f32],
+    weights: &[f32],
+    bias: &[f32],
+    act: Activation,
+    oy: usize,
+    y: &mut [f32],
+) {
+    let c = p.out_channels;
+    let w_in = p.input[1];
+    let row_len = w_in * c;
+    let rows: [Option<&[f32]>; KH] = std::array::from_fn(|ky| {
+        (oy * p.stride[0] + ky * p.dilation[0])
+            .checked_sub(p.padding[0])
+            .filter(|&iy| iy < p.input[0])
+            .and_then(|iy| x.get(iy * row_len..(iy + 1) * row_len))
+    });
+    let vec_at = |s: &[f32], at: usize| -> [f32; DW] {
+        s.get(at..at + DW)
+            .and_then(|v| <[f32; DW]>::try_from(v).ok())
+            .unwrap_or([0.0; DW])
+    };
+    let mut c0 = 0;
+    while c0 + DW <= c {
+        let wv: [[[f32; DW]; KW]; KH] = std::array::from_fn(|ky| {
+            std::array::from_fn(|kx| vec_at(weights, (ky * KW + kx) * c + c0))
+        });
+        let bv = vec_at(bias, c0);
+        for (ox, out) in y.chunks_exact_mut(c).enumerate().take(ow) {
+            let mut acc = bv;
+            for (row, wrow) in rows.iter().zip(&wv) {
+                let Some(row) = row else { continue };
+                for (kx, w) in wrow.iter().enumerate() {
+                    let Some(ix) = (ox * p.stride[1] + kx * p.dilation[1])
+                        .checked_sub(p.padding[1])
+                        .filter(|&ix| ix < w_in)
                     else {
                         continue;
                     };
-                    for kx in 0..kw {
-                        let Some(ix) = (ox * p.stride[1] + kx * p.dilation[1])
-                            .checked_sub(p.padding[1])
-                            .filter(|&ix| ix < w)
-                        else {
-                            continue;
-                        };
-                        let at = (iy * w + ix) * c + c0;
-                        let wt = (ky * kw + kx) * c + c0;
-                        let (Some(xs), Some(ws)) = (x.get(at..at + cb), weights.get(wt..wt + cb)) else {
-                            return Err(Error::InvalidParameter { what: "depthwise input too short".into() });
-                        };
-                        for ((a, &xv), &wv) in acc.iter_mut().zip(xs).zip(ws) {
-                            *a = madd::<FMA>(xv, wv, *a);
-                        }
+                    let xv = vec_at(row, ix * c + c0);
+                    for ((a, &xv), &wv) in acc.iter_mut().zip(&xv).zip(w) {
+                        *a = madd::<FMA>(xv, wv, *a);
                     }
                 }
-                let dst = y_px.get_mut(c0..c0 + cb).unwrap_or_default();
-                dst.copy_from_slice(acc);
-                if act != Activation::Identity {
-                    elementwise::bias_act::<FMA>(dst, 0.0, act);
-                }
-                c0 += cb;
+            }
+            if act != Activation::Identity {
+                elementwise::bias_act::<FMA>(&mut acc, 0.0, act);
+            }
+            if let Some(dst) = out.get_mut(c0..c0 + DW) {
+                dst.copy_from_slice(&acc);
             }
         }
+        c0 += DW;
+    }
+    if c0 < c {
+        depthwise_general::<FMA>(p, ow, x, weights, bias, act, oy, y, c0);
+    }
+}
+
+/// Any kernel size, channels `from..`: one pixel and one channel at a time.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)] // one row's geometry and data
+fn depthwise_general<const FMA: bool>(
+    p: &Conv2dParams,
+    ow: usize,
+    x: &[f32],
+    weights: &[f32],
+    bias: &[f32],
+    act: Activation,
+    oy: usize,
+    y: &mut [f32],
+    from: usize,
+) {
+    let c = p.out_channels;
+    let ([h, w], [kh, kw]) = (p.input, p.kernel);
+    for (ox, out) in y.chunks_exact_mut(c).enumerate().take(ow) {
+        for (ch, o) in out.iter_mut().enumerate().skip(from) {
+            let mut acc = bias.get(ch).copied().unwrap_or(0.0);
+            for ky in 0..kh {
+                let Some(iy) = (oy * p.stride[0] + ky * p.dilation[0])
+                    .checked_sub(p.padding[0])
+                    .filter(|&iy| iy < h)
+                else {
+                    continue;
+                };
+                for kx in 0..kw {
+                    let Some(ix) = (ox * p.stride[1] + kx * p.dilation[1])
+                        .checked_sub(p.padding[1])
+                        .filter(|&ix| ix < w)
+                    else {
+                        continue;
+                    };
+                    let xv = x.get((iy * w + ix) * c + ch).copied().unwrap_or(0.0);
+                    let wv = weights.get((ky * kw + kx) * c + ch).copied().unwrap_or(0.0);
+                    acc = madd::<FMA>(xv, wv, acc);
+                }
+            }
+            *o = crate::elementwise::act::<FMA>(act, acc);
+        }
+    }
+}
+
+multiversion! {
+    /// One output row `oy` of a depthwise convolution in NHWC, compiled loops.
+    fn depthwise_compiled<const FMA: bool>(p: &Conv2dParams, out: [usize; 2], x: &[f32], weights: &[f32], bias: &[f32], act: Activation, oy: usize, y: &mut [f32]) -> Result {
+        let need = p.input[0] * p.input[1] * p.in_channels;
+        if x.len() < need || weights.len() < p.kernel[0] * p.kernel[1] * p.out_channels {
+            return Err(Error::InvalidParameter { what: "depthwise input too short".into() });
+        }
+        match p.kernel {
+            [3, 3] => depthwise_block_row::<FMA, 3, 3>(p, out[1], x, weights, bias, act, oy, y),
+            [5, 5] => depthwise_block_row::<FMA, 5, 5>(p, out[1], x, weights, bias, act, oy, y),
+            _ => depthwise_general::<FMA>(p, out[1], x, weights, bias, act, oy, y, 0),
+        }
         Ok(())
+    }
+}
+
+/// One output row of a depthwise convolution: the hand-written 3×3 kernel where there
+/// is one (channels in blocks of eight, a clamp fused), else the compiled loops.
+#[allow(clippy::too_many_arguments)] // one row's geometry and data
+fn depthwise_row(
+    isa: Isa,
+    p: &Conv2dParams,
+    out: [usize; 2],
+    x: &[f32],
+    weights: &[f32],
+    bias: &[f32],
+    act: Activation,
+    oy: usize,
+    y: &mut [f32],
+) -> Result {
+    let c = p.out_channels;
+    if p.kernel == [3, 3] && c >= 8 {
+        let row_len = p.input[1] * c;
+        let rows: [Option<&[f32]>; 3] = std::array::from_fn(|ky| {
+            (oy * p.stride[0] + ky * p.dilation[0])
+                .checked_sub(p.padding[0])
+                .filter(|&iy| iy < p.input[0])
+                .and_then(|iy| x.get(iy * row_len..(iy + 1) * row_len))
+        });
+        let (clamp, rest) = match act {
+            Activation::Clamp { min, max } => ((min, max), Activation::Identity),
+            a => ((f32::NEG_INFINITY, f32::INFINITY), a),
+        };
+        let geometry = (
+            c,
+            out[1],
+            p.input[1],
+            p.stride[1],
+            p.dilation[1],
+            p.padding[1],
+        );
+        if crate::arch::depthwise3x3_row(isa, rows, weights, bias, y, geometry, clamp) {
+            let done = c / 8 * 8;
+            if done < c {
+                depthwise_tail(isa, p, out, x, weights, bias, act, oy, y, done);
+            }
+            if rest != Activation::Identity {
+                for px in y.chunks_exact_mut(c).take(out[1]) {
+                    elementwise::activate(isa, px.get_mut(..done).unwrap_or_default(), rest);
+                }
+            }
+            return Ok(());
+        }
+    }
+    depthwise_compiled(isa, p, out, x, weights, bias, act, oy, y)
+}
+
+multiversion! {
+    /// Channels `from..` of one output row (after the hand-written kernel).
+    fn depthwise_tail<const FMA: bool>(p: &Conv2dParams, out: [usize; 2], x: &[f32], weights: &[f32], bias: &[f32], act: Activation, oy: usize, y: &mut [f32], from: usize) {
+        depthwise_general::<FMA>(p, out[1], x, weights, bias, act, oy, y, from);
     }
 }

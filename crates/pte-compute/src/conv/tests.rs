@@ -256,12 +256,19 @@ fn nhwc_convolutions_match_the_reference() {
                     &mut r_nhwc,
                 )
                 .unwrap();
-                for pool in &pools {
+                for (pool, from_nchw) in pools.iter().zip([false, true]) {
                     let mut y = vec![f32::NAN; y_len];
-                    let mut scratch = vec![f32::NAN; conv.scratch_len(pool.threads()).unwrap()];
                     let r = with_residual.then_some(&r_nhwc[..]);
-                    conv.run(pool, &x_nhwc, batch, r, &mut y, &mut scratch)
-                        .unwrap();
+                    if from_nchw {
+                        let len = conv.nchw_scratch_len(batch, pool.threads()).unwrap();
+                        let mut scratch = vec![f32::NAN; len];
+                        conv.run_nchw(pool, &x, batch, r, &mut y, &mut scratch)
+                            .unwrap();
+                    } else {
+                        let mut scratch = vec![f32::NAN; conv.scratch_len(pool.threads()).unwrap()];
+                        conv.run(pool, &x_nhwc, batch, r, &mut y, &mut scratch)
+                            .unwrap();
+                    }
                     let mut y_nchw = vec![0.0; y_len];
                     crate::layout::nhwc_to_nchw(
                         isa,

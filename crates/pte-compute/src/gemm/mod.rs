@@ -101,7 +101,7 @@ impl Panels {
 
     /// Panels holding lines `l0..` (`l0` a multiple of `w`) from depth `k0`, and the
     /// distance between panels.
-    fn block(&self, l0: usize, k0: usize) -> (&[f32], usize) {
+    pub(crate) fn block(&self, l0: usize, k0: usize) -> (&[f32], usize) {
         let stride = self.depth * self.w;
         (
             self.data()

@@ -3,6 +3,8 @@
 //! as the fused call of a convolution with the batch normalization (folded into the
 //! weights and bias at load), residual addition and activation after it.
 
+use std::borrow::Cow;
+
 use pte_compute::{Activation, Conv2d, Conv2dParams, Gemm};
 use pte_runtime::{Args, Charge, KernelError, KernelResult, PreparedKernel};
 use smallvec::SmallVec;
@@ -13,6 +15,8 @@ use super::{at, charge, compute, constant_f32, f32_tensor, scratch, settle};
 /// stride, padding, dilation, transposed, output padding, groups) come first.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Layout {
+    /// First of the convolution's nine arguments.
+    pub conv: usize,
     /// First of the batch normalization's weight, bias, mean, variance and eps.
     pub bn: Option<usize>,
     /// A tensor added before the activation.
@@ -26,6 +30,7 @@ pub(super) struct Layout {
 impl Layout {
     /// A convolution alone.
     const PLAIN: Layout = Layout {
+        conv: 0,
         bn: None,
         residual: None,
         act: Act::None,
@@ -110,17 +115,18 @@ impl Act {
 
 /// Everything a prepared layer depends on that a call could change: the input's sizes,
 /// the geometry lists, and the scalars (batch normalization's eps, activation bounds).
-type Key = SmallVec<[i64; 24]>;
+pub(super) type Key = SmallVec<[i64; 24]>;
 
-fn key(args: &Args<'_>, l: &Layout) -> KernelResult<Key> {
+pub(super) fn key(args: &Args<'_>, l: &Layout) -> KernelResult<Key> {
+    let c = l.conv;
     let mut k = Key::new();
-    k.extend(args.tensor(0)?.sizes.iter().map(|&s| s as i64));
+    k.extend(args.tensor(c)?.sizes.iter().map(|&s| s as i64));
     for list in 3..6 {
         k.push(-1);
-        k.extend(args.int_list(list)?);
+        k.extend(args.int_list(c + list)?);
     }
-    k.push(args.int(8)?);
-    k.push(i64::from(args.bool(6)?));
+    k.push(args.int(c + 8)?);
+    k.push(i64::from(args.bool(c + 6)?));
     if let Some(bn) = l.bn {
         k.push(args.double(bn + 4)?.to_bits() as i64);
     }
@@ -179,13 +185,25 @@ fn pair(list: &[i64], spatial: usize, flat: usize) -> Option<[usize; 2]> {
     }
 }
 
-/// The layer for the call's current arguments, or `None` when the call does not
+/// A convolution ready to be prepared: geometry, weights and bias (batch
+/// normalization folded in), activation, batch and output sizes.
+pub(super) struct Spec<'a> {
+    pub p: Conv2dParams,
+    pub weights: Cow<'a, [f32]>,
+    pub bias: Option<Vec<f32>>,
+    pub activation: Activation,
+    pub batch: usize,
+    pub out_sizes: SmallVec<[usize; 4]>,
+}
+
+/// The convolution of the call's current arguments, or `None` when the call does not
 /// qualify (then the generic kernel runs it).
-fn build(args: &Args<'_>, l: &Layout) -> KernelResult<Option<Layer>> {
-    let (Some(x), Some(w)) = (f32_tensor(args, 0)?, f32_tensor(args, 1)?) else {
+pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Spec<'a>>> {
+    let c = l.conv;
+    let (Some(x), Some(w)) = (f32_tensor(args, c)?, f32_tensor(args, c + 1)?) else {
         return Ok(None);
     };
-    if args.bool(6)? || f32_tensor(args, l.out)?.is_none() {
+    if args.bool(c + 6)? || f32_tensor(args, l.out)?.is_none() {
         return Ok(None);
     }
     let spatial = match (x.rank(), w.rank()) {
@@ -193,13 +211,13 @@ fn build(args: &Args<'_>, l: &Layout) -> KernelResult<Option<Layer>> {
         (3, 3) => 1,
         _ => return Ok(None),
     };
-    let (Some(weights), groups) = (constant_f32(args, 1)?, args.int(8)?) else {
+    let (Some(weights), groups) = (constant_f32(args, c + 1)?, args.int(c + 8)?) else {
         return Ok(None);
     };
-    let bias = if args.is_none(2)? {
+    let bias = if args.is_none(c + 2)? {
         None
     } else {
-        match (f32_tensor(args, 2)?, constant_f32(args, 2)?) {
+        match (f32_tensor(args, c + 2)?, constant_f32(args, c + 2)?) {
             (Some(_), Some(b)) => Some(b),
             _ => return Ok(None),
         }
@@ -216,9 +234,9 @@ fn build(args: &Args<'_>, l: &Layout) -> KernelResult<Option<Layer>> {
         return Ok(None);
     };
     let (Some(stride), Some(pad), Some(dilation), Ok(groups)) = (
-        pair(&args.int_list(3)?, spatial, 1),
-        pair(&args.int_list(4)?, spatial, 0),
-        pair(&args.int_list(5)?, spatial, 1),
+        pair(&args.int_list(c + 3)?, spatial, 1),
+        pair(&args.int_list(c + 4)?, spatial, 0),
+        pair(&args.int_list(c + 5)?, spatial, 1),
         usize::try_from(groups),
     ) else {
         return Ok(None);
@@ -247,9 +265,8 @@ fn build(args: &Args<'_>, l: &Layout) -> KernelResult<Option<Layer>> {
     let activation = l.act.resolve(args)?;
     // Batch normalization folded into the weights and bias:
     // w' = w·s, b' = (b - mean)·s + beta with s = gamma / sqrt(var + eps), in f64.
-    let folded;
     let (weights, bias) = match l.bn {
-        None => (weights, bias.map(<[f32]>::to_vec)),
+        None => (Cow::Borrowed(weights), bias.map(<[f32]>::to_vec)),
         Some(bn) => {
             let vector = |i: usize| -> KernelResult<Option<&[f32]>> {
                 if args.is_none(i)? {
@@ -278,7 +295,7 @@ fn build(args: &Args<'_>, l: &Layout) -> KernelResult<Option<Layer>> {
                 .map(|c| at(gamma, c, 1.0) / (at(Some(var), c, 1.0) + eps).sqrt())
                 .collect();
             let per_channel = weights.len() / c_out.max(1);
-            folded = weights
+            let folded = weights
                 .chunks(per_channel.max(1))
                 .zip(&scale)
                 .flat_map(|(w, &s)| w.iter().map(move |&v| (f64::from(v) * s) as f32))
@@ -289,26 +306,51 @@ fn build(args: &Args<'_>, l: &Layout) -> KernelResult<Option<Layer>> {
                     ((at(bias, c, 0.0) - at(Some(mean), c, 0.0)) * s + at(beta, c, 0.0)) as f32
                 })
                 .collect();
-            (folded.as_slice(), Some(b))
+            (Cow::Owned(folded), Some(b))
         }
     };
-    // Charge what the layer will keep (packed weights round up to whole panels) before
-    // building it, then settle on what it holds.
-    let mut held = charge(args, (weights.len() + c_out) * 4 * 2, "packed weights")?;
-    let conv =
-        Conv2d::new(Gemm::new(), p, weights, bias.as_deref(), activation).map_err(compute)?;
-    settle(args, &mut held, conv.bytes())?;
     let mut out_sizes: SmallVec<[usize; 4]> = SmallVec::new();
     out_sizes.extend_from_slice(&[batch, c_out]);
     if spatial == 2 {
         out_sizes.push(out[0]);
     }
     out_sizes.push(out[1]);
+    Ok(Some(Spec {
+        p,
+        weights,
+        bias,
+        activation,
+        batch,
+        out_sizes,
+    }))
+}
+
+/// The NCHW layer of the call's current arguments (see [`spec`]).
+fn build(args: &Args<'_>, l: &Layout) -> KernelResult<Option<Layer>> {
+    let Some(s) = spec(args, l)? else {
+        return Ok(None);
+    };
+    // Charge what the layer will keep (packed weights round up to whole panels) before
+    // building it, then settle on what it holds.
+    let mut held = charge(
+        args,
+        (s.weights.len() + s.p.out_channels) * 4 * 2,
+        "packed weights",
+    )?;
+    let conv = Conv2d::new(
+        Gemm::new(),
+        s.p,
+        &s.weights,
+        s.bias.as_deref(),
+        s.activation,
+    )
+    .map_err(compute)?;
+    settle(args, &mut held, conv.bytes())?;
     Ok(Some(Layer {
         key: key(args, l)?,
         conv,
-        batch,
-        out_sizes,
+        batch: s.batch,
+        out_sizes: s.out_sizes,
         _charge: held,
     }))
 }
@@ -336,7 +378,7 @@ impl PreparedKernel for FastConv {
             }
         }
         let pool = args.pool();
-        let reads = [at(0), at(l.residual.unwrap_or(0))];
+        let reads = [at(l.conv), at(l.residual.unwrap_or(l.conv))];
         let mut io = args.io(
             reads
                 .get(..1 + usize::from(l.residual.is_some()))

@@ -15,7 +15,9 @@
 
 use std::sync::Arc;
 
-use pte_runtime::{Args, Call, DType, Fuser, Fusion, Graph, Kernel, KernelResult, PreparedKernel};
+use pte_runtime::{
+    Args, Call, CallId, DType, Fuser, Fusion, Graph, Kernel, KernelResult, PreparedKernel,
+};
 
 use super::conv::{self, Act, Layout};
 use super::linear::{self, Op};
@@ -31,7 +33,9 @@ impl Fuser for Patterns {
         while let Some(c) = calls.get(i) {
             let rest = calls.get(i..).unwrap_or_default();
             let found = match c.op {
-                "aten::convolution.out" => conv_chain(g, rest),
+                "aten::convolution.out" => {
+                    super::region::propose(g, rest).or_else(|| conv_chain(g, rest))
+                }
                 "aten::addmm.out" => product_chain(g, rest, Op::Addmm),
                 "aten::linear.out" => product_chain(g, rest, Op::Linear),
                 "aten::mm.out" => product_chain(g, rest, Op::Mm),
@@ -51,12 +55,12 @@ impl Fuser for Patterns {
 }
 
 /// Argument `i` of a call.
-fn arg(c: &Call<'_>, i: usize) -> Option<u32> {
+pub(super) fn arg(c: &Call<'_>, i: usize) -> Option<u32> {
     c.args.get(i).copied()
 }
 
 /// The single output of a call following the calling convention (listed twice last).
-fn single_output(c: &Call<'_>) -> Option<u32> {
+pub(super) fn single_output(c: &Call<'_>) -> Option<u32> {
     match c.args {
         [.., a, b] if a == b => Some(*a),
         _ => None,
@@ -64,7 +68,7 @@ fn single_output(c: &Call<'_>) -> Option<u32> {
 }
 
 /// True for a float32 tensor in the default dim order.
-fn is_f32(g: &Graph<'_>, v: u32) -> bool {
+pub(super) fn is_f32(g: &Graph<'_>, v: u32) -> bool {
     g.tensor(v)
         .is_some_and(|t| t.dtype == DType::F32 && t.is_contiguous())
 }
@@ -77,7 +81,7 @@ fn is_const_f32(g: &Graph<'_>, v: u32, optional: bool) -> bool {
 /// An activation applied to `v` by the calls at the start of `calls`: the activation,
 /// the scalar arguments it reads (appended to the fused call's arguments from
 /// position `next`), its output, and how many calls it spans.
-fn activation(
+pub(super) fn activation(
     g: &Graph<'_>,
     calls: &[Call<'_>],
     v: u32,
@@ -129,9 +133,31 @@ fn same_shape(g: &Graph<'_>, a: u32, b: u32) -> bool {
     matches!((g.tensor(a), g.tensor(b)), (Some(x), Some(y)) if x.sizes == y.sizes)
 }
 
-/// `convolution [→ batch norm] [→ activation | → add [→ activation]]`.
-fn conv_chain(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
+/// A convolution chain matched at the start of some calls: `convolution [→ batch
+/// norm] [→ activation | → add [→ activation]]`.
+pub(super) struct ConvChain {
+    /// Argument positions (in the arguments it was matched into).
+    pub layout: Layout,
+    pub ids: Vec<CallId>,
+    pub names: Vec<&'static str>,
+    /// The convolution's input, the added tensor, the chain's output.
+    pub x: u32,
+    pub residual: Option<u32>,
+    pub out: u32,
+}
+
+/// Matches a convolution chain at the start of `calls`, appending its arguments (the
+/// convolution's nine, batch normalization's five, the residual, the activation's
+/// scalars, the output) to `args`.
+pub(super) fn match_conv(
+    g: &Graph<'_>,
+    calls: &[Call<'_>],
+    args: &mut Vec<u32>,
+) -> Option<ConvChain> {
     let c = calls.first()?;
+    if c.op != "aten::convolution.out" {
+        return None;
+    }
     let (x, w, b) = (arg(c, 0)?, arg(c, 1)?, arg(c, 2)?);
     let rank = g.tensor(x)?.rank();
     let qualifies = is_f32(g, x)
@@ -143,14 +169,21 @@ fn conv_chain(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
         && (3..6).all(|i| arg(c, i).and_then(|l| g.int_list(l)).is_some())
         && arg(c, 8).and_then(|v| g.int(v)).is_some();
     let mut v = arg(c, 9).filter(|&o| qualifies && is_f32(g, o))?;
-    let mut args: Vec<u32> = c.args.get(..9)?.to_vec();
-    let mut ids = vec![c.id];
-    let mut names = vec!["convolution"];
-    let mut layout = Layout {
-        bn: None,
+    let start = args.len();
+    args.extend_from_slice(c.args.get(..9)?);
+    let mut m = ConvChain {
+        layout: Layout {
+            conv: start,
+            bn: None,
+            residual: None,
+            act: Act::None,
+            out: 0,
+        },
+        ids: vec![c.id],
+        names: vec!["convolution"],
+        x,
         residual: None,
-        act: Act::None,
-        out: 0,
+        out: v,
     };
     let mut at = 1;
     if let Some(bn) = calls
@@ -167,22 +200,22 @@ fn conv_chain(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
             && g.double(eps).is_some()
             && arg(bn, 7).is_some_and(|o| is_f32(g, o));
         if ok {
-            layout.bn = Some(args.len());
+            m.layout.bn = Some(args.len());
             args.extend_from_slice(params);
             args.push(eps);
             v = arg(bn, 7)?;
-            ids.push(bn.id);
-            names.push("batch_norm");
+            m.ids.push(bn.id);
+            m.names.push("batch_norm");
             at += 1;
         }
     }
     let rest = calls.get(at..).unwrap_or_default();
     if let Some((act, scalars, out, n)) = activation(g, rest, v, args.len()) {
-        layout.act = act;
+        m.layout.act = act;
         args.extend(scalars);
         v = out;
-        ids.extend(rest.iter().take(n).map(|c| c.id));
-        names.push("activation");
+        m.ids.extend(rest.iter().take(n).map(|c| c.id));
+        m.names.push("activation");
     } else if let Some(add) = rest.first().filter(|a| a.op == "aten::add.out") {
         let alpha_one = arg(add, 2).and_then(|a| g.double(a)) == Some(1.0);
         let other = match (arg(add, 0), arg(add, 1)) {
@@ -193,31 +226,41 @@ fn conv_chain(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
         let out = single_output(add);
         if let (Some(r), Some(out), true) = (other, out, alpha_one) {
             if r != v && is_f32(g, r) && same_shape(g, r, v) && is_f32(g, out) {
-                layout.residual = Some(args.len());
+                m.layout.residual = Some(args.len());
+                m.residual = Some(r);
                 args.push(r);
                 v = out;
-                ids.push(add.id);
-                names.push("add");
+                m.ids.push(add.id);
+                m.names.push("add");
                 let after = rest.get(1..).unwrap_or_default();
                 if let Some((act, scalars, out, n)) = activation(g, after, v, args.len()) {
-                    layout.act = act;
+                    m.layout.act = act;
                     args.extend(scalars);
                     v = out;
-                    ids.extend(after.iter().take(n).map(|c| c.id));
-                    names.push("activation");
+                    m.ids.extend(after.iter().take(n).map(|c| c.id));
+                    m.names.push("activation");
                 }
             }
         }
     }
-    if ids.len() == 1 {
+    m.layout.out = args.len();
+    m.out = v;
+    args.push(v);
+    Some(m)
+}
+
+/// A convolution chain of at least two calls as one fused call (NCHW).
+fn conv_chain(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
+    let mut args = Vec::new();
+    let m = match_conv(g, calls, &mut args)?;
+    if m.ids.len() == 1 {
         return None;
     }
-    layout.out = args.len();
-    args.extend([v, v]);
+    args.push(m.out);
     Some(Fusion {
-        calls: ids,
-        name: format!("fused {}", names.join("+")),
-        kernel: Arc::new(FusedConv(layout)),
+        calls: m.ids,
+        name: format!("fused {}", m.names.join("+")),
+        kernel: Arc::new(FusedConv(m.layout)),
         args,
     })
 }

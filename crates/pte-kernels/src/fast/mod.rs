@@ -34,6 +34,7 @@ mod conv;
 mod fuse;
 mod linear;
 mod pool;
+mod region;
 mod rows;
 
 use std::sync::Arc;

@@ -20,7 +20,7 @@ const PARALLEL: usize = 1 << 15;
 
 /// Runs `f(offset, chunk)` over chunks of `out` (multiples of `unit` elements) on the
 /// pool's threads when `out` is large.
-fn split(
+pub(super) fn split(
     pool: &ThreadPool,
     out: &mut [f32],
     unit: usize,
