@@ -151,6 +151,9 @@ impl PackedA {
 }
 
 impl PackedB {
+    pub(crate) fn panels(&self) -> &Panels {
+        &self.0
+    }
     /// Heap bytes held (for memory budgets).
     pub fn bytes(&self) -> usize {
         self.0.buf.len() * std::mem::size_of::<f32>()
