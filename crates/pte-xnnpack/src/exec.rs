@@ -181,14 +181,14 @@ impl Exec {
                     v.id
                 ))
             })?;
+            // Direct when the call's bytes are laid out as ours (fp16 and bf16 values are
+            // held as f32, so they cross converted; so do int32 indices given as int64).
             let ok = match (v.dtype, dtype) {
                 (Datatype::F32, DType::F32)
-                | (Datatype::F16, DType::F16)
-                | (Datatype::Bf16, DType::BF16)
                 | (Datatype::QInt8, DType::I8)
                 | (Datatype::QUInt8, DType::U8)
                 | (Datatype::Int32, DType::I32) => Some(true),
-                (Datatype::F16, DType::F32) | (Datatype::Bf16, DType::F32) => Some(false),
+                (Datatype::F16, DType::F16) | (Datatype::Bf16, DType::BF16) => Some(false),
                 (Datatype::Int32, DType::I64) if !input => Some(false),
                 _ => None,
             };
@@ -511,7 +511,12 @@ impl Exec {
         // Outputs take the shapes the graph gives them (back in their dim order).
         for e in &self.outputs {
             let t = args.tensor(e.arg)?;
-            let shape = self.shapes.get(e.value).cloned().unwrap_or_default();
+            let mut shape = self.shapes.get(e.value).cloned().unwrap_or_default();
+            // A 0-d argument is a one-element value of the graph (upstream serializes
+            // scalars with dims [1]).
+            if t.sizes.is_empty() && checked_numel(&shape) == Some(1) {
+                shape.clear();
+            }
             if shape.len() != t.sizes.len() {
                 return Err(KernelError::invalid(format!(
                     "output argument {} has rank {}, the graph gives {shape:?}",

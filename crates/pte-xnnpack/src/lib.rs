@@ -125,10 +125,12 @@ fn check_call(graph: &Graph, args: &[ArgDecl]) -> Result<Vec<Option<DType>>> {
                     .iter()
                     .map(|&d| info.sizes.get(d).copied().unwrap_or(0))
                     .collect();
+                // Upstream serializes 0-d tensors with dims [1].
+                let scalar = physical.is_empty() && v.dims.as_slice() == [1];
                 let static_mismatch = *dynamism == pte_runtime::Dynamism::Static
                     && v.is_input
                     && physical.as_slice() != v.dims.as_slice();
-                if physical.len() != v.dims.len() || static_mismatch {
+                if !scalar && (physical.len() != v.dims.len() || static_mismatch) {
                     return Err(XnnError::Arguments(format!(
                         "value {} has dims {:?}, argument {ext} is {:?} (in dim order {:?})",
                         v.id, v.dims, info.sizes, info.dim_order

@@ -85,9 +85,8 @@ fn run_fixture(f: &Fixture, threads: usize) -> Result<usize, String> {
     Ok(f.cases.len())
 }
 
-#[test]
-fn xnnpack_fixtures_match_upstream() {
-    let manifest = pte_testkit::manifest();
+/// Runs every XNNPACK-lowered fixture of a manifest at 1 and 2 threads.
+fn run_all(manifest: &pte_testkit::Manifest) {
     let only: Option<Vec<String>> = std::env::var("PTE_FIXTURES")
         .ok()
         .map(|s| s.split(',').map(str::to_owned).collect());
@@ -111,4 +110,16 @@ fn xnnpack_fixtures_match_upstream() {
         "failing fixtures:\n  {}",
         failures.join("\n  ")
     );
+}
+
+/// The delegated programs among the general fixtures (`tests/fixtures`).
+#[test]
+fn general_fixtures_lowered_to_xnnpack_match_upstream() {
+    run_all(&pte_testkit::manifest());
+}
+
+/// The XNNPACK fixtures (`tests/xnnpack`): float, fp16, quantized, .ptd, dynamic shapes.
+#[test]
+fn xnnpack_fixtures_match_upstream() {
+    run_all(&pte_testkit::manifest_in(&pte_testkit::xnnpack_dir()));
 }

@@ -195,9 +195,13 @@ pub(crate) fn max_pooling(cx: &NodeCx<'_>, g: &PoolGeometry) -> PResult<Prepared
     prepare_pool(cx, g, PoolKind::Max)
 }
 
-/// AvgPooling2d.
+/// AvgPooling2d (XNNPACK's average pooling has no dilation: the field is ignored).
 pub(crate) fn avg_pooling(cx: &NodeCx<'_>, g: &PoolGeometry) -> PResult<Prepared> {
-    prepare_pool(cx, g, PoolKind::Average)
+    let g = PoolGeometry {
+        dilation: [1, 1],
+        ..*g
+    };
+    prepare_pool(cx, &g, PoolKind::Average)
 }
 
 struct ArgMax {
