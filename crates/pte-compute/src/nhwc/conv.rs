@@ -3,10 +3,12 @@
 //! [`crate::nhwc`]).
 
 use super::Geometry;
-use crate::arch::{madd, multiversion, Isa};
-use crate::elementwise::{clamp, Activation};
+use crate::arch::{
+    depthwise_pixels, indirect_microkernel, IndirectRows, PixelTaps, Post, TileBias, INDIRECT_TAPS,
+};
+use crate::elementwise::clamp;
 use crate::error::{self, Error, Result};
-use crate::gemm::{Bias, Epilogue, Gemm, Lines, PackedB, Side};
+use crate::gemm::{Gemm, PackedB};
 use crate::mat::{MatMut, MatRef};
 use crate::pool::ThreadPool;
 
@@ -35,6 +37,10 @@ pub struct ConvNhwc {
     gemm: Gemm,
     algo: Algo,
     bias: Vec<f32>,
+    /// Per group, its bias followed by `nr` zeros (tiles read whole panels of it).
+    padded_bias: Vec<f32>,
+    /// A row of zeros for the taps that fall on padding.
+    zero: Vec<f32>,
     min: f32,
     max: f32,
 }
@@ -101,6 +107,11 @@ impl ConvNhwc {
                 .collect::<Result<Vec<_>>>()?;
             Algo::Gemm { weights, pointwise }
         };
+        let nr = gemm.isa().gemm_tile().1;
+        let padded_bias = bias
+            .chunks(cog.max(1))
+            .flat_map(|b| b.iter().copied().chain(std::iter::repeat_n(0.0, nr)))
+            .collect();
         Ok(Self {
             g,
             groups,
@@ -110,6 +121,8 @@ impl ConvNhwc {
             gemm,
             algo,
             bias,
+            padded_bias,
+            zero: vec![0.0; cig.max(groups)],
             min,
             max,
         })
@@ -140,17 +153,6 @@ impl ConvNhwc {
         w + self.bias.len() * 4
     }
 
-    fn activation(&self) -> Activation {
-        if self.min == f32::NEG_INFINITY && self.max == f32::INFINITY {
-            Activation::Identity
-        } else {
-            Activation::Clamp {
-                min: self.min,
-                max: self.max,
-            }
-        }
-    }
-
     /// Elements of input and output for `batch` images.
     pub fn io_len(&self, batch: usize) -> Result<(usize, usize)> {
         let cin = self.groups * self.cig;
@@ -169,16 +171,16 @@ impl ConvNhwc {
     }
 
     /// Scratch (f32 elements) a run over `batch` images needs on `threads` threads.
-    pub fn scratch_len(&self, batch: usize, threads: usize) -> Result<usize> {
+    pub fn scratch_len(&self, _batch: usize, threads: usize) -> Result<usize> {
         match self.algo {
             Algo::Gemm { .. } => {
-                let m = error::mul(
-                    error::mul(self.out[0], self.out[1], "pixels")?,
-                    batch,
-                    "pixels",
-                )?;
-                let k = self.g.kernel[0] * self.g.kernel[1] * self.cig;
-                self.gemm.scratch_len(m, self.cog, k, false, true, threads)
+                let (mr, _) = self.gemm.isa().gemm_tile();
+                let depth = self.g.kernel[0] * self.g.kernel[1] * self.cig;
+                Ok(if self.gathers() {
+                    mr * depth * threads
+                } else {
+                    0
+                })
             }
             Algo::Depthwise { mult, .. } => {
                 // Expanded input pixels when a channel feeds several outputs.
@@ -213,54 +215,8 @@ impl ConvNhwc {
         );
         let cin = self.groups * self.cig;
         let cout = self.groups * self.cog;
-        let m = batch * self.out[0] * self.out[1];
         match &self.algo {
-            Algo::Gemm { weights, pointwise } => {
-                let act = self.activation();
-                for (gi, packed) in weights.iter().enumerate() {
-                    let bias = self
-                        .bias
-                        .get(gi * self.cog..(gi + 1) * self.cog)
-                        .unwrap_or_default();
-                    let epi = Epilogue {
-                        accumulate: false,
-                        bias: Bias::Col(bias),
-                        activation: act,
-                    };
-                    let c = MatMut::new(
-                        y.get_mut(gi * self.cog..).unwrap_or_default(),
-                        m,
-                        self.cog,
-                        cout,
-                        1,
-                    )?;
-                    let b = Side::<MatRef<'_>>::Packed(packed.panels());
-                    if *pointwise {
-                        let a = MatRef::new(
-                            x.get(gi * self.cig..).unwrap_or_default(),
-                            m,
-                            self.cig,
-                            cin,
-                            1,
-                        )?;
-                        self.gemm
-                            .run_sides(pool, c, Side::Lines(&a), b, &epi, scratch)?;
-                    } else {
-                        let a = Im2col {
-                            g: &self.g,
-                            out: self.out,
-                            x,
-                            cin,
-                            c0: gi * self.cig,
-                            cig: self.cig,
-                            pixels: m,
-                        };
-                        self.gemm
-                            .run_sides(pool, c, Side::Lines(&a), b, &epi, scratch)?;
-                    }
-                }
-                Ok(())
-            }
+            Algo::Gemm { weights, .. } => self.indirect(pool, x, batch, y, weights, scratch),
             Algo::Depthwise { weights, mult } => {
                 let row = self.out[1] * cout;
                 let plane_in = self.g.input[0] * self.g.input[1] * cin;
@@ -286,7 +242,243 @@ impl ConvNhwc {
         }
     }
 
-    /// One output row of a depthwise convolution.
+    /// Whether each pixel's receptive field is gathered into a contiguous row before
+    /// the product: for few input channels per group, where per-tap rows would be too
+    /// short to keep the micro-kernel busy (a network's first layer).
+    fn gathers(&self) -> bool {
+        self.cig < 16 && self.g.kernel[0] * self.g.kernel[1] > 1
+    }
+
+    /// The products of a regular convolution, per group: output pixels × output
+    /// channels, the left operand read in place through each pixel's tap rows (a zero
+    /// row for padding) or gathered rows ([`Self::gathers`]), the weights' packed
+    /// panels as the right operand, bias and clamp fused. Threads take runs of pixel
+    /// tiles; within a run, blocks of panels stay in cache while the run's tiles pass
+    /// over them.
+    fn indirect(
+        &self,
+        pool: &ThreadPool,
+        x: &[f32],
+        batch: usize,
+        y: &mut [f32],
+        weights: &[PackedB],
+        scratch: &mut [f32],
+    ) -> Result {
+        let isa = self.gemm.isa();
+        let (mr, nr) = isa.gemm_tile();
+        let cin = self.groups * self.cig;
+        let cout = self.groups * self.cog;
+        let [oh, ow] = self.out;
+        let ohw = oh * ow;
+        let [kh, kw] = self.g.kernel;
+        let taps = kh * kw;
+        let depth = taps * self.cig;
+        let plane_in = self.g.input[0] * self.g.input[1] * cin;
+        let pixels = batch * ohw;
+        let tiles = pixels.div_ceil(mr);
+        // Tiles per task: enough for every thread, few enough that a task's rows stay
+        // in L2.
+        let per_task = tiles.div_ceil(pool.threads() * 2).clamp(1, 16);
+        let panels = self.cog.div_ceil(nr);
+        // Panels per block: about 64 KiB of weights.
+        let block = (16384 / (depth * nr).max(1)).clamp(1, panels.max(1));
+        let gather = self.gathers();
+        let pointwise = matches!(
+            self.algo,
+            Algo::Gemm {
+                pointwise: true,
+                ..
+            }
+        );
+        let per_thread = if gather { mr * depth } else { 0 };
+        let zero = &self.zero;
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        let fail = || failed.store(true, std::sync::atomic::Ordering::Relaxed);
+        // The input row of pixel `p` at tap `t` for group `gi`, if inside the image.
+        let source = |p: usize, t: usize, gi: usize| -> Option<&[f32]> {
+            let (n, pix) = (p / ohw, p % ohw);
+            let (iy, ix) = self.g.source(pix / ow, pix % ow, t / kw, t % kw)?;
+            let s = n * plane_in + (iy * self.g.input[1] + ix) * cin + gi * self.cig;
+            x.get(s..s + self.cig)
+        };
+        pool.parallel_chunks(
+            y,
+            per_task * mr * cout,
+            scratch,
+            per_thread,
+            |ci, chunk, buf| {
+                let m0 = ci * per_task * mr;
+                let rows_here = chunk.len() / cout.max(1);
+                let Ok(mut c) = MatMut::new(chunk, rows_here, cout, cout, 1) else {
+                    fail();
+                    return;
+                };
+                let mut a: [&[f32]; INDIRECT_TAPS * 12] = [&[]; INDIRECT_TAPS * 12];
+                for (gi, packed) in weights.iter().enumerate() {
+                    let panels_data = packed.panels();
+                    let bias = self
+                        .padded_bias
+                        .get(gi * (self.cog + nr)..)
+                        .unwrap_or_default();
+                    for q0 in (0..panels).step_by(block) {
+                        for mt in (0..rows_here).step_by(mr) {
+                            let rows = mr.min(rows_here - mt);
+                            if gather {
+                                for (i, row) in
+                                    buf.chunks_exact_mut(depth.max(1)).take(rows).enumerate()
+                                {
+                                    for (t, dst) in row.chunks_exact_mut(self.cig).enumerate() {
+                                        match source(m0 + mt + i, t, gi) {
+                                            Some(src) => dst.copy_from_slice(src),
+                                            None => dst.fill(0.0),
+                                        }
+                                    }
+                                }
+                                let gathered: [&[f32]; 12] = std::array::from_fn(|i| {
+                                    buf.get(i * depth..(i + 1) * depth).unwrap_or_default()
+                                });
+                                let Ok(r) = IndirectRows::new(
+                                    gathered.get(..rows).unwrap_or_default(),
+                                    rows,
+                                    1,
+                                    depth,
+                                ) else {
+                                    fail();
+                                    return;
+                                };
+                                self.panels(
+                                    isa,
+                                    &r,
+                                    panels_data,
+                                    bias,
+                                    &mut c,
+                                    mt,
+                                    gi,
+                                    q0..(q0 + block).min(panels),
+                                    true,
+                                    true,
+                                    0,
+                                    &fail,
+                                );
+                                continue;
+                            }
+                            for t0 in (0..taps).step_by(INDIRECT_TAPS) {
+                                let nt = INDIRECT_TAPS.min(taps - t0);
+                                if pointwise {
+                                    for (i, slot) in a.iter_mut().take(rows).enumerate() {
+                                        let s = (m0 + mt + i) * cin + gi * self.cig;
+                                        *slot = x.get(s..s + self.cig).unwrap_or(zero);
+                                    }
+                                } else {
+                                    for t in 0..nt {
+                                        for i in 0..rows {
+                                            if let Some(slot) = a.get_mut(t * rows + i) {
+                                                *slot =
+                                                    source(m0 + mt + i, t0 + t, gi).unwrap_or(zero);
+                                            }
+                                        }
+                                    }
+                                }
+                                let Ok(r) = IndirectRows::new(
+                                    a.get(..nt * rows).unwrap_or_default(),
+                                    rows,
+                                    nt,
+                                    self.cig,
+                                ) else {
+                                    fail();
+                                    return;
+                                };
+                                self.panels(
+                                    isa,
+                                    &r,
+                                    panels_data,
+                                    bias,
+                                    &mut c,
+                                    mt,
+                                    gi,
+                                    q0..(q0 + block).min(panels),
+                                    t0 == 0,
+                                    t0 + nt == taps,
+                                    t0 * self.cig,
+                                    &fail,
+                                );
+                            }
+                        }
+                    }
+                }
+            },
+        )?;
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::InvalidParameter {
+                what: "convolution tile failed".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// One tile's rows against panels `qs` of a group's weights, from depth `d0`:
+    /// `first` overwrites the output, `last` adds the bias and clamps.
+    #[allow(clippy::too_many_arguments)]
+    fn panels(
+        &self,
+        isa: crate::Isa,
+        r: &IndirectRows<'_>,
+        panels: &crate::gemm::Panels,
+        bias: &[f32],
+        c: &mut MatMut<'_>,
+        mt: usize,
+        gi: usize,
+        qs: std::ops::Range<usize>,
+        first: bool,
+        last: bool,
+        d0: usize,
+        fail: &dyn Fn(),
+    ) {
+        let nr = isa.gemm_tile().1;
+        let rows = r.rows();
+        for q in qs {
+            let b = panels.panel(q).get(d0 * nr..).unwrap_or_default();
+            let post = last.then(|| Post {
+                bias: TileBias::Cols(bias.get(q * nr..).unwrap_or_default()),
+                min: self.min,
+                max: self.max,
+            });
+            let col = gi * self.cog + q * nr;
+            let ok = if (q + 1) * nr <= self.cog {
+                indirect_microkernel(isa, r, b, c, (mt, col), !first, post.as_ref())
+            } else {
+                // An edge panel: through a tile buffer, so that columns past the
+                // group stay untouched.
+                let cols = self.cog - q * nr;
+                let mut tile = [0f32; 12 * 32];
+                let tile = tile.get_mut(..rows * nr).unwrap_or_default();
+                if !first {
+                    for (i, tr) in tile.chunks_exact_mut(nr).enumerate() {
+                        if let Some(src) = c.row_run(mt + i, col, cols) {
+                            tr.iter_mut().zip(src.iter()).for_each(|(d, &s)| *d = s);
+                        }
+                    }
+                }
+                MatMut::row_major(tile, rows, nr)
+                    .and_then(|mut tv| {
+                        indirect_microkernel(isa, r, b, &mut tv, (0, 0), !first, post.as_ref())
+                    })
+                    .map(|()| {
+                        for (i, tr) in tile.chunks_exact(nr).enumerate() {
+                            if let Some(dst) = c.row_run(mt + i, col, cols) {
+                                dst.iter_mut().zip(tr).for_each(|(d, &s)| *d = s);
+                            }
+                        }
+                    })
+            };
+            if ok.is_err() {
+                fail();
+            }
+        }
+    }
+
+    /// One output row of a depthwise convolution: runs of pixels, each with one input
+    /// row per tap (the zero row for padding), through the depthwise kernel.
     fn depthwise_row(
         &self,
         img: &[f32],
@@ -299,216 +491,87 @@ impl ConvNhwc {
         let c = self.groups * mult;
         let cin = self.groups;
         let [kh, kw] = self.g.kernel;
-        let iw = self.g.input[1];
+        let [ih, iw] = self.g.input;
         let isa = self.gemm.isa();
-        for (ox, out) in out_row.chunks_exact_mut(c).enumerate() {
-            let mut taps: [Option<&[f32]>; TAPS] = [None; TAPS];
-            let mut rows: [usize; TAPS] = [0; TAPS];
-            let mut n = 0usize;
-            let mut first = true;
-            let total = kh * kw;
-            for t in 0..total {
-                let (ky, kx) = (t / kw, t % kw);
-                if let Some((iy, ix)) = self.g.source(oy, ox, ky, kx) {
+        let total = kh * kw;
+        let (sh, dh, pt) = (self.g.stride[0], self.g.dilation[0], self.g.padding[0]);
+        let (sw, dw, pl) = (self.g.stride[1], self.g.dilation[1], self.g.padding[3]);
+        let zero = self.zero.get(..cin).unwrap_or_default();
+        // The input row of tap t for output column ox.
+        let tap = |ox: usize, t: usize| -> &[f32] {
+            let iy = (oy * sh + (t / kw) * dh)
+                .checked_sub(pt)
+                .filter(|&v| v < ih);
+            let ix = (ox * sw + (t % kw) * dw)
+                .checked_sub(pl)
+                .filter(|&v| v < iw);
+            match (iy, ix) {
+                (Some(iy), Some(ix)) => {
                     let p = (iy * iw + ix) * cin;
-                    if let (Some(slot), Some(row)) = (taps.get_mut(n), rows.get_mut(n)) {
-                        *slot = img.get(p..p + cin);
-                        *row = t;
-                        n += 1;
+                    img.get(p..p + cin).unwrap_or(zero)
+                }
+                _ => zero,
+            }
+        };
+        const SLOTS: usize = 256;
+        let mut a: [&[f32]; SLOTS] = [&[]; SLOTS];
+        if mult == 1 && total <= INDIRECT_TAPS {
+            let run = (SLOTS / total.max(1)).clamp(1, 8);
+            for (r, outs) in out_row.chunks_mut(run * c).enumerate() {
+                let pixels = outs.len() / c.max(1);
+                for p in 0..pixels {
+                    for t in 0..total {
+                        if let Some(slot) = a.get_mut(p * total + t) {
+                            *slot = tap(r * run + p, t);
+                        }
                     }
                 }
-                if n == TAPS || t + 1 == total {
-                    let last = t + 1 == total;
-                    if mult == 1 {
-                        dw_pixel(
-                            isa,
-                            out,
-                            taps.get(..n).unwrap_or_default(),
-                            rows.get(..n).unwrap_or_default(),
-                            weights,
-                            &self.bias,
-                            first,
-                            last,
-                            self.min,
-                            self.max,
-                        );
-                    } else {
-                        // Each input channel feeds `mult` outputs: expand the pixel.
-                        let exp = expanded.get_mut(..c).unwrap_or_default();
-                        if first {
-                            out.copy_from_slice(self.bias.get(..c).unwrap_or_default());
-                        }
-                        for (tap, &t) in taps.iter().take(n).zip(rows.iter()) {
-                            if let Some(px) = tap {
-                                for (k, e) in exp.iter_mut().enumerate() {
-                                    *e = px.get(k / mult).copied().unwrap_or(0.0);
-                                }
-                                let w = weights.get(t * c..(t + 1) * c).unwrap_or_default();
-                                for ((o, &e), &w) in out.iter_mut().zip(exp.iter()).zip(w) {
-                                    *o = e.mul_add(w, *o);
-                                }
-                            }
-                        }
-                        if last {
-                            for o in out.iter_mut() {
-                                *o = clamp(*o, self.min, self.max);
-                            }
+                let taps = PixelTaps::new(&a, pixels, total, c)?;
+                depthwise_pixels(
+                    isa, &taps, weights, &self.bias, outs, true, true, self.min, self.max,
+                )?;
+            }
+            return Ok(());
+        }
+        for (ox, out) in out_row.chunks_exact_mut(c).enumerate() {
+            for t0 in (0..total).step_by(INDIRECT_TAPS) {
+                let nt = INDIRECT_TAPS.min(total - t0);
+                let (first, last) = (t0 == 0, t0 + nt == total);
+                if mult == 1 {
+                    for t in 0..nt {
+                        if let Some(slot) = a.get_mut(t) {
+                            *slot = tap(ox, t0 + t);
                         }
                     }
-                    first = false;
-                    n = 0;
+                    let taps = PixelTaps::new(&a, 1, nt, c)?;
+                    let w = weights.get(t0 * c..).unwrap_or_default();
+                    depthwise_pixels(
+                        isa, &taps, w, &self.bias, out, first, last, self.min, self.max,
+                    )?;
+                    continue;
+                }
+                // Each input channel feeds `mult` outputs: expand the pixel.
+                let exp = expanded.get_mut(..c).unwrap_or_default();
+                if first {
+                    out.copy_from_slice(self.bias.get(..c).unwrap_or_default());
+                }
+                for t in t0..t0 + nt {
+                    let px = tap(ox, t);
+                    for (k, e) in exp.iter_mut().enumerate() {
+                        *e = px.get(k / mult).copied().unwrap_or(0.0);
+                    }
+                    let w = weights.get(t * c..(t + 1) * c).unwrap_or_default();
+                    for ((o, &e), &w) in out.iter_mut().zip(exp.iter()).zip(w) {
+                        *o = e.mul_add(w, *o);
+                    }
+                }
+                if last {
+                    for o in out.iter_mut() {
+                        *o = clamp(*o, self.min, self.max);
+                    }
                 }
             }
         }
         Ok(())
-    }
-}
-
-multiversion! {
-    /// One depthwise output pixel over a pass of taps: `out = (first ? bias : out) +
-    /// Σ taps[i] · w[rows[i]]`, clamped on the `last` pass; 16 channels at a time.
-    fn dw_pixel<const FMA: bool>(
-        out: &mut [f32],
-        taps: &[Option<&[f32]>],
-        rows: &[usize],
-        w: &[f32],
-        bias: &[f32],
-        first: bool,
-        last: bool,
-        min: f32,
-        max: f32,
-    ) {
-        let c = out.len();
-        let mut c0 = 0;
-        while c0 < c {
-            let len = CB.min(c - c0);
-            let mut acc = [0f32; CB];
-            let init = if first { bias.get(c0..c0 + len) } else { out.get(c0..c0 + len) };
-            if let Some(init) = init {
-                for (a, &b) in acc.iter_mut().zip(init) {
-                    *a = b;
-                }
-            }
-            if len == CB {
-                for (tap, &t) in taps.iter().zip(rows) {
-                    let (Some(Some(x)), Some(wt)) = (
-                        tap.map(|p| p.get(c0..c0 + CB).and_then(|s| <&[f32; CB]>::try_from(s).ok())),
-                        w.get(t * c + c0..t * c + c0 + CB).and_then(|s| <&[f32; CB]>::try_from(s).ok()),
-                    ) else {
-                        continue;
-                    };
-                    for ((a, &xv), &wv) in acc.iter_mut().zip(x).zip(wt) {
-                        *a = madd::<FMA>(xv, wv, *a);
-                    }
-                }
-            } else {
-                for (tap, &t) in taps.iter().zip(rows) {
-                    let (Some(Some(x)), Some(wt)) = (
-                        tap.map(|p| p.get(c0..c0 + len)),
-                        w.get(t * c + c0..t * c + c0 + len),
-                    ) else {
-                        continue;
-                    };
-                    for ((a, &xv), &wv) in acc.iter_mut().zip(x).zip(wt) {
-                        *a = madd::<FMA>(xv, wv, *a);
-                    }
-                }
-            }
-            if let Some(o) = out.get_mut(c0..c0 + len) {
-                for (o, &a) in o.iter_mut().zip(&acc) {
-                    *o = if last { clamp(a, min, max) } else { a };
-                }
-            }
-            c0 += len;
-        }
-    }
-}
-
-/// The implicit im2col matrix of a group over all images: lines are output pixels
-/// (image-major), depth runs over taps then the group's input channels.
-struct Im2col<'a> {
-    g: &'a Geometry,
-    out: [usize; 2],
-    x: &'a [f32],
-    /// Channels of an input pixel, the group's first one, and the group's count.
-    cin: usize,
-    c0: usize,
-    cig: usize,
-    pixels: usize,
-}
-
-impl Lines for Im2col<'_> {
-    fn lines(&self) -> usize {
-        self.pixels
-    }
-
-    fn depth(&self) -> usize {
-        self.g.kernel[0] * self.g.kernel[1] * self.cig
-    }
-
-    #[allow(clippy::too_many_arguments)] // the block's coordinates and the panel width
-    fn pack(
-        &self,
-        _isa: Isa,
-        l0: usize,
-        len: usize,
-        k0: usize,
-        kc: usize,
-        w: usize,
-        dst: &mut [f32],
-    ) {
-        let [oh, ow] = self.out;
-        let [ih, iw] = self.g.input;
-        let kw = self.g.kernel[1];
-        let plane = ih * iw * self.cin;
-        let panels = len.div_ceil(w);
-        let dst = dst.get_mut(..panels * kc * w).unwrap_or_default();
-        for (q, panel) in dst.chunks_exact_mut(kc * w).enumerate() {
-            for r in 0..w {
-                let line = l0 + q * w + r;
-                if line >= l0 + len {
-                    // Past the block: zero lines.
-                    for p in 0..kc {
-                        if let Some(v) = panel.get_mut(p * w + r) {
-                            *v = 0.0;
-                        }
-                    }
-                    continue;
-                }
-                let (n, pix) = (line / (oh * ow), line % (oh * ow));
-                let (oy, ox) = (pix / ow, pix % ow);
-                let img = self.x.get(n * plane..(n + 1) * plane).unwrap_or_default();
-                let mut p = 0;
-                while p < kc {
-                    let depth = k0 + p;
-                    let (tap, ci) = (depth / self.cig, depth % self.cig);
-                    let run = (self.cig - ci).min(kc - p);
-                    let src = self
-                        .g
-                        .source(oy, ox, tap / kw, tap % kw)
-                        .and_then(|(iy, ix)| {
-                            let s = (iy * iw + ix) * self.cin + self.c0 + ci;
-                            img.get(s..s + run)
-                        });
-                    match src {
-                        Some(s) => {
-                            for (j, &v) in s.iter().enumerate() {
-                                if let Some(d) = panel.get_mut((p + j) * w + r) {
-                                    *d = v;
-                                }
-                            }
-                        }
-                        None => {
-                            for j in 0..run {
-                                if let Some(d) = panel.get_mut((p + j) * w + r) {
-                                    *d = 0.0;
-                                }
-                            }
-                        }
-                    }
-                    p += run;
-                }
-            }
-        }
     }
 }

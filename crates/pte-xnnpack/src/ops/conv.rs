@@ -238,7 +238,7 @@ pub(crate) fn convolution(cx: &NodeCx<'_>, g: &ConvGeometry, kind: Kind) -> PRes
                 .into());
             }
             // The packed weights (panels padded to whole tiles) and the bias.
-            let k = w.dims.iter().skip(1).product::<usize>().max(1);
+            let k = (crate::graph::checked_numel(&w.dims).unwrap_or(0) / cout.max(1)).max(1);
             let charge = charge(
                 cx,
                 cout.saturating_add(32)
@@ -609,7 +609,7 @@ pub(crate) fn deconvolution(cx: &NodeCx<'_>, g: &ConvGeometry) -> PResult<Prepar
         )
         .into());
     }
-    let k = w.dims.iter().skip(1).product::<usize>().max(1);
+    let k = (crate::graph::checked_numel(&w.dims).unwrap_or(0) / cout.max(1)).max(1);
     let charge = charge(
         cx,
         cout.saturating_add(32)
