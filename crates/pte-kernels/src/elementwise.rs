@@ -18,7 +18,6 @@
 //! without a copy.
 
 mod engine;
-mod num;
 mod ops;
 
 use pte_runtime::{Args, DType, KernelError, KernelRegistry, KernelResult, Scalar};

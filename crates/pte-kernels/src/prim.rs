@@ -91,13 +91,13 @@ fn local_scalar_dense(args: &mut Args<'_>) -> KernelResult {
         ));
     }
     let value = crate::dispatch_all!(t.info.dtype, T => {
-        let v = t.as_slice::<T>()?[0];
+        let v = *t.as_slice::<T>()?.first().ok_or_else(crate::util::oob)?;
         if t.info.dtype == pte_runtime::DType::Bool {
-            Scalar::Bool(crate::util::Elem::to_i64(v) != 0)
-        } else if <T as crate::util::Elem>::FLOAT {
-            Scalar::Double(crate::util::Elem::to_f64(v))
+            Scalar::Bool(crate::num::Elem::to_i64(v) != 0)
+        } else if <T as crate::num::Elem>::FLOAT {
+            Scalar::Double(crate::num::Elem::to_f64(v))
         } else {
-            Scalar::Int(crate::util::Elem::to_i64(v))
+            Scalar::Int(crate::num::Elem::to_i64(v))
         }
     }, return Err(KernelError::dtypes(&[t.info.dtype])));
     args.set_scalar(1, value)
@@ -122,7 +122,12 @@ fn et_copy_index(args: &mut Args<'_>) -> KernelResult {
     if to.dtype != from.dtype {
         return Err(KernelError::dtypes(&[to.dtype, from.dtype]));
     }
-    if to.rank() != from.rank() + 1 || to.sizes[1..] != from.sizes[..] {
+    let Some((&rows, row_sizes)) = to.sizes.split_first() else {
+        return Err(KernelError::invalid(
+            "et_copy_index: the destination is 0-d",
+        ));
+    };
+    if row_sizes != from.sizes.as_slice() {
         return Err(KernelError::invalid(format!(
             "cannot copy a {:?} tensor into a row of {:?}",
             from.sizes.as_slice(),
@@ -130,16 +135,20 @@ fn et_copy_index(args: &mut Args<'_>) -> KernelResult {
         )));
     }
     let mut sizes = to.sizes.clone();
-    sizes[0] = sizes[0].max(index + 1);
+    if let Some(first) = sizes.first_mut() {
+        *first = rows.max(index.saturating_add(1));
+    }
     args.resize(0, &sizes)?;
     let row = from.nbytes();
     let mut io = args.io(&[1.into()], &[0.into()])?;
-    let src = io.inputs[0].bytes();
-    let dst = io.outputs[0].bytes_mut();
-    let start = index * row;
-    dst.get_mut(start..start + row)
+    let (Some(src), Some(dst)) = (io.inputs.first(), io.outputs.first_mut()) else {
+        return Err(crate::util::oob());
+    };
+    let start = index.saturating_mul(row);
+    dst.bytes_mut()
+        .get_mut(start..start.saturating_add(row))
         .ok_or_else(|| KernelError::invalid("et_copy_index: row out of range"))?
-        .copy_from_slice(src);
+        .copy_from_slice(src.bytes());
     Ok(())
 }
 

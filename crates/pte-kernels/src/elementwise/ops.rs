@@ -1,18 +1,18 @@
 //! The element operations, each a small type with its float and/or integer form.
 
 use super::engine::{Compare, FloatOp, IntOp};
-use super::num::{Float, Int};
+use crate::num::{Int, Real};
 
 /// A float constant in the compute type.
-fn k<F: Float>(v: f64) -> F {
-    F::from_f64(v)
+fn k<F: Real>(v: f64) -> F {
+    F::of(v)
 }
 
 /// Implements `FloatOp<N>` for a type from a closure over the operand array.
 macro_rules! float_op {
     ($name:ident[$n:literal] |$x:pat_param| $f:expr) => {
         impl FloatOp<$n> for $name {
-            fn float<F: Float>(&self, $x: [F; $n]) -> F {
+            fn float<F: Real>(&self, $x: [F; $n]) -> F {
                 $f
             }
         }
@@ -148,7 +148,7 @@ pub struct Add {
 }
 
 impl FloatOp<2> for Add {
-    fn float<F: Float>(&self, [a, b]: [F; 2]) -> F {
+    fn float<F: Real>(&self, [a, b]: [F; 2]) -> F {
         a + k::<F>(self.float) * b
     }
 }
@@ -167,7 +167,7 @@ pub struct Clamp {
 }
 
 impl FloatOp<3> for Clamp {
-    fn float<F: Float>(&self, [x, lo, hi]: [F; 3]) -> F {
+    fn float<F: Real>(&self, [x, lo, hi]: [F; 3]) -> F {
         let x = if self.lo { x.max_nan(lo) } else { x };
         if self.hi {
             x.min_nan(hi)
@@ -196,7 +196,7 @@ pub struct Elu {
 }
 
 impl FloatOp<1> for Elu {
-    fn float<F: Float>(&self, [x]: [F; 1]) -> F {
+    fn float<F: Real>(&self, [x]: [F; 1]) -> F {
         if x <= k(0.0) {
             (x * k(self.input_scale)).exp_m1() * k(self.alpha * self.scale)
         } else {
@@ -209,7 +209,7 @@ impl FloatOp<1> for Elu {
 pub struct LeakyRelu(pub f64);
 
 impl FloatOp<1> for LeakyRelu {
-    fn float<F: Float>(&self, [x]: [F; 1]) -> F {
+    fn float<F: Real>(&self, [x]: [F; 1]) -> F {
         if x > k(0.0) {
             x
         } else {
@@ -225,7 +225,7 @@ pub struct Softplus {
 }
 
 impl FloatOp<1> for Softplus {
-    fn float<F: Float>(&self, [x]: [F; 1]) -> F {
+    fn float<F: Real>(&self, [x]: [F; 1]) -> F {
         let bx = x * k(self.beta);
         if bx > k(self.threshold) {
             x
@@ -236,7 +236,7 @@ impl FloatOp<1> for Softplus {
 }
 
 /// Python's floor division of floats (PyTorch's `div_floor_floating`).
-fn div_floor<F: Float>(a: F, b: F) -> F {
+fn div_floor<F: Real>(a: F, b: F) -> F {
     if b == k(0.0) {
         return a / b;
     }

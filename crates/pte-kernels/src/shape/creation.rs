@@ -3,8 +3,9 @@
 
 use pte_runtime::{Args, DType, Dims, KernelError, KernelRegistry, KernelResult, Scalar};
 
-use super::strided::{fill, typed_mut};
-use crate::util::{to_size, Elem};
+use crate::layout::{fill, typed_mut};
+use crate::num::Elem;
+use crate::util::{numel_of, to_size};
 
 /// Sizes from a `SymInt[]` argument.
 fn sizes_arg(args: &Args<'_>, i: usize) -> KernelResult<Dims> {
@@ -13,18 +14,19 @@ fn sizes_arg(args: &Args<'_>, i: usize) -> KernelResult<Dims> {
         .iter()
         .map(|&s| to_size(s, "size"))
         .collect::<KernelResult<_>>()?;
-    super::numel_of(&sizes)?;
+    numel_of(&sizes)?;
     Ok(sizes)
 }
 
 /// Output `out` with `sizes`, every element `value` (`None`: left as it is, for `empty`).
 fn filled(args: &mut Args<'_>, sizes: &[usize], value: Option<Scalar>, out: usize) -> KernelResult {
     args.resize(out, sizes)?;
+    let dtype = args.tensor(out)?.dtype;
     // Filling ignores the dim order, so any is fine.
     let mut io = args.io_strided(&[], &[out.into()])?;
-    match value {
-        Some(v) => fill(&mut io.outputs[0], v),
-        None => Ok(()),
+    match (value, io.outputs.first_mut()) {
+        (Some(v), Some(t)) => fill(dtype, t.bytes_mut(), v),
+        _ => Ok(()),
     }
 }
 
@@ -87,9 +89,12 @@ fn arange(
     }
     let len = len as usize;
     args.resize(out, &[len])?;
-    let mut io = args.io(&[], &[out.into()])?;
+    let mut io = args.io_strided(&[], &[out.into()])?;
+    let Some(t) = io.outputs.first_mut() else {
+        return Err(crate::util::oob());
+    };
     crate::dispatch_all!(dtype, T => {
-        let dst = typed_mut::<T>(io.outputs[0].bytes_mut())?;
+        let dst = typed_mut::<T>(t.bytes_mut())?;
         for (i, v) in dst.iter_mut().enumerate() {
             *v = if T::FLOAT {
                 T::from_f64(s + d * i as f64)
