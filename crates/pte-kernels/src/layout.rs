@@ -20,6 +20,7 @@ use pte_runtime::{MemoryError, Scalar};
 use pte_runtime::{TensorData, TensorDataMut, TensorInfo};
 use smallvec::SmallVec;
 
+use crate::num::Elem;
 use crate::util::{convert, oob, scalar_as, Scratch};
 
 /// Dimensions of a walk kept inline.
@@ -332,6 +333,21 @@ pub fn fill(dtype: DType, bytes: &mut [u8], value: Scalar) -> KernelResult {
         typed_mut::<T>(bytes)?.fill(v);
         Ok(())
     }, Err(KernelError::dtypes(&[dtype])))
+}
+
+/// The first element of a tensor as a scalar: `Bool` for bools, `Double` for floats,
+/// `Int` for integers.
+pub fn first_scalar(info: &TensorInfo, bytes: &[u8]) -> KernelResult<Scalar> {
+    crate::dispatch_all!(info.dtype, T => {
+        let v = *typed::<T>(bytes)?.first().ok_or_else(|| KernelError::invalid("the tensor is empty"))?;
+        Ok(if info.dtype == DType::Bool {
+            Scalar::Bool(v.to_i64() != 0)
+        } else if T::FLOAT {
+            Scalar::Double(v.to_f64())
+        } else {
+            Scalar::Int(v.to_i64())
+        })
+    }, Err(KernelError::dtypes(&[info.dtype])))
 }
 
 /// Sizes and layout of the `len` entries of `dim` from `start` (every `step`-th) of a

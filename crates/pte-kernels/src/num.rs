@@ -171,6 +171,9 @@ pub trait Real:
     + AddAssign
 {
     const NEG_INFINITY: Self;
+    const NAN: Self;
+    /// True for `f32` (PyTorch's vectorized float32 math differs at some edges).
+    const SINGLE: bool;
     /// Rounds an `f64` to this type.
     fn of(v: f64) -> Self;
     fn abs(self) -> Self;
@@ -184,7 +187,15 @@ pub trait Real:
     fn sin(self) -> Self;
     fn cos(self) -> Self;
     fn tan(self) -> Self;
+    fn asin(self) -> Self;
+    fn acos(self) -> Self;
+    fn atan(self) -> Self;
+    fn sinh(self) -> Self;
+    fn cosh(self) -> Self;
     fn tanh(self) -> Self;
+    fn asinh(self) -> Self;
+    fn acosh(self) -> Self;
+    fn atanh(self) -> Self;
     fn erf(self) -> Self;
     fn floor(self) -> Self;
     fn ceil(self) -> Self;
@@ -225,9 +236,11 @@ macro_rules! real_impl {
         }
         impl Real for $t {
             const NEG_INFINITY: Self = $t::NEG_INFINITY;
+            const NAN: Self = $t::NAN;
+            const SINGLE: bool = std::mem::size_of::<$t>() == 4;
             fn of(v: f64) -> Self { v as $t }
-            real_impl!(@fwd $t: abs exp exp_m1 ln ln_1p log2 log10 sqrt sin cos tan tanh floor
-                        ceil round_ties_even trunc);
+            real_impl!(@fwd $t: abs exp exp_m1 ln ln_1p log2 log10 sqrt sin cos tan asin acos atan
+                        sinh cosh tanh asinh acosh atanh floor ceil round_ties_even trunc);
             fn erf(self) -> Self { $erf(self) }
             fn is_nan(self) -> bool { $t::is_nan(self) }
             fn is_infinite(self) -> bool { $t::is_infinite(self) }
@@ -273,6 +286,24 @@ pub trait Int:
     fn div_trunc(self, o: Self) -> Self;
     /// Remainder of [`Int::div_trunc`] (C's `%`); 0 for a zero divisor.
     fn rem_trunc(self, o: Self) -> Self;
+    /// PyTorch's `<<`: 0 when the shift is negative or at least the bit width.
+    fn shl(self, n: Self) -> Self;
+    /// PyTorch's `>>`: arithmetic for signed types; a negative shift, or one past the
+    /// bit width (less the sign bit), shifts every bit out (leaving the sign).
+    fn shr(self, n: Self) -> Self;
+    /// The type's range as `i64` (`u64`'s top clipped).
+    const MIN_I64: i64;
+    const MAX_I64: i64;
+
+    /// Remainder with the divisor's sign (Python's `%`, PyTorch's `remainder`).
+    fn rem_floor(self, o: Self) -> Self {
+        let r = self.rem_trunc(o);
+        if r != Self::ZERO && ((r < Self::ZERO) != (o < Self::ZERO)) {
+            r.wrapping_add(o)
+        } else {
+            r
+        }
+    }
 
     /// Floor division (Python's `//`).
     fn div_floor(self, o: Self) -> Self {
@@ -326,6 +357,21 @@ macro_rules! int_impl {
             fn signum(self) -> Self { $signum(self) }
             fn div_trunc(self, o: Self) -> Self { if o == 0 { 0 } else { self.wrapping_div(o) } }
             fn rem_trunc(self, o: Self) -> Self { if o == 0 { 0 } else { self.wrapping_rem(o) } }
+            fn shl(self, n: Self) -> Self {
+                match u32::try_from(n.to_i64()) {
+                    Ok(n) if n < <$t>::BITS => self.wrapping_shl(n),
+                    _ => 0,
+                }
+            }
+            fn shr(self, n: Self) -> Self {
+                let max = <$t>::BITS - u32::from(<$t>::MIN != 0);
+                match u32::try_from(n.to_i64()) {
+                    Ok(n) if n < max => self >> n,
+                    _ => self.checked_shr(max).unwrap_or(0),
+                }
+            }
+            const MIN_I64: i64 = <$t>::MIN as i64;
+            const MAX_I64: i64 = if <$t>::BITS >= 64 { i64::MAX } else { <$t>::MAX as i64 };
         }
     )*};
 }
@@ -366,5 +412,15 @@ mod tests {
         assert_eq!(Int::pow(2i64, -1), 0);
         assert_eq!(Int::pow(-1i8, -3), -1);
         assert_eq!(Int::pow(2u8, 9), 0);
+        assert_eq!(Int::rem_floor(-7i32, 2), 1);
+        assert_eq!(Int::rem_floor(7i8, -2), -1);
+        assert_eq!(Int::shl(-100i32, 32), 0);
+        assert_eq!(Int::shl(1i32, -1), 0);
+        assert_eq!(Int::shl(3i8, 7), -128);
+        assert_eq!(Int::shr(-100i32, 32), -1);
+        assert_eq!(Int::shr(-100i64, 63), -1);
+        assert_eq!(Int::shr(100i64, 70), 0);
+        assert_eq!(Int::shr(200u8, 8), 0);
+        assert_eq!(Int::shr(200u8, 7), 1);
     }
 }

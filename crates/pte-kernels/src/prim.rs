@@ -90,16 +90,7 @@ fn local_scalar_dense(args: &mut Args<'_>) -> KernelResult {
             "_local_scalar_dense of an empty tensor",
         ));
     }
-    let value = crate::dispatch_all!(t.info.dtype, T => {
-        let v = *t.as_slice::<T>()?.first().ok_or_else(crate::util::oob)?;
-        if t.info.dtype == pte_runtime::DType::Bool {
-            Scalar::Bool(crate::num::Elem::to_i64(v) != 0)
-        } else if <T as crate::num::Elem>::FLOAT {
-            Scalar::Double(crate::num::Elem::to_f64(v))
-        } else {
-            Scalar::Int(crate::num::Elem::to_i64(v))
-        }
-    }, return Err(KernelError::dtypes(&[t.info.dtype])));
+    let value = crate::layout::first_scalar(&t.info, t.bytes())?;
     args.set_scalar(1, value)
 }
 

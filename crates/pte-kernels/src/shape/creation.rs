@@ -44,6 +44,25 @@ fn full_like(args: &mut Args<'_>) -> KernelResult {
     filled(args, &sizes, Some(value), 3)
 }
 
+/// `fill.Scalar_out(self, value, out)` and `fill.Tensor_out(self, value, out)` (`value` a
+/// 0-d tensor): `self`'s shape, every element `value` converted to the output's dtype.
+fn fill_like(args: &mut Args<'_>) -> KernelResult {
+    let sizes = args.tensor(0)?.sizes;
+    let value = if args.kind(1)? == "Tensor" {
+        let t = args.read(1)?;
+        if t.info.rank() != 0 {
+            return Err(KernelError::invalid(format!(
+                "fill takes a 0-dim value tensor, got shape {:?}",
+                t.info.sizes.as_slice()
+            )));
+        }
+        crate::layout::first_scalar(&t.info, t.bytes())?
+    } else {
+        args.scalar(1)?
+    };
+    filled(args, &sizes, Some(value), 2)
+}
+
 /// `arange` as PyTorch computes it: for an int64 output, length and values in integer
 /// arithmetic on the truncated scalars; otherwise the length from doubles and each value
 /// as `start + i * step` in double precision.
@@ -113,6 +132,8 @@ pub fn register(r: &mut KernelRegistry) {
         new_tensor(a, Some(v), 2)
     });
     r.register_fn("aten::full_like.out", full_like);
+    r.register_fn("aten::fill.Scalar_out", fill_like);
+    r.register_fn("aten::fill.Tensor_out", fill_like);
     r.register_fn("aten::zeros.out", |a| {
         new_tensor(a, Some(Scalar::Int(0)), 1)
     });
