@@ -2,6 +2,8 @@
 //! live and what `tests/fixtures/manifest.json` (written by `tools/gen_fixtures.py`) and
 //! `tests/xnnpack/manifest.json` (`tools/gen_xnnpack_fixtures.py`) say about each of them, and [`program::ProgramBuilder`] for programs made up in tests.
 
+#![forbid(unsafe_code)]
+
 pub mod program;
 
 use std::path::{Path, PathBuf};
