@@ -1,5 +1,5 @@
-//! The `pte` command line: a thin layer over the `pte-format`, `pte-runtime` and
-//! `pte-kernels` crates.
+//! The `pte` command line: a thin layer over the `pte-format`, `pte-runtime`,
+//! `pte-kernels` and `pte-xnnpack` crates.
 
 // One `unsafe` call, mapping files for `--mmap`, allowed where it is made.
 #![deny(unsafe_code)]
