@@ -22,6 +22,21 @@ use crate::sym::Expr;
 /// A decomposition: the values replacing the node's outputs.
 pub type Rule = fn(&mut Rewriter<'_>, &Node) -> Result<Vec<ValueId>>;
 
+/// Most nodes a decomposition may unroll from one size (time steps, chunks): sizes come
+/// from the archive.
+const MAX_UNROLL: i64 = 1 << 16;
+
+fn check_unroll(n: &Node, count: i64) -> Result<()> {
+    if (0..=MAX_UNROLL).contains(&count) {
+        Ok(())
+    } else {
+        Err(CompileError::unsupported(
+            n.op.key(),
+            format!("{count} pieces to unroll (at most {MAX_UNROLL})"),
+        ))
+    }
+}
+
 /// View operators kept until the Edge pass turns them into their `_copy` forms.
 pub const VIEWS: &[(&str, &str)] = &[
     ("aten::view", "aten::view_copy"),
@@ -321,12 +336,17 @@ fn split(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
         m.sizes.get(dim).and_then(Dim::as_const).ok_or_else(|| {
             CompileError::unsupported(n.op.key(), "splitting a dynamic dimension")
         })?;
+    let pieces = |each: i64| -> Result<Vec<i64>> {
+        let each = each.max(1);
+        check_unroll(n, total / each)?;
+        Ok(chunk_sizes(total, each))
+    };
     let sizes: Vec<i64> = match (n.op.key().as_str(), n.args.get(1)) {
         ("aten::chunk", Some(Arg::Int(chunks))) => {
-            let each = (total + chunks - 1) / (*chunks).max(1);
-            chunk_sizes(total, each.max(1))
+            let chunks = (*chunks).max(1);
+            pieces(total / chunks + i64::from(total % chunks != 0))?
         }
-        (_, Some(Arg::Int(size))) => chunk_sizes(total, (*size).max(1)),
+        (_, Some(Arg::Int(size))) => pieces(*size)?,
         (_, Some(list)) => list.ints().unwrap_or_default(),
         _ => return Err(CompileError::invalid(n.op.key(), "split sizes")),
     };
@@ -758,7 +778,9 @@ fn conv_padding(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
         for (i, pad) in pads.iter_mut().enumerate() {
             let k = wm.sizes.get(2 + i).and_then(Dim::as_const).unwrap_or(1);
             let d = dil.get(i).or(dil.first()).copied().unwrap_or(1);
-            let total = d * (k - 1);
+            let total = d
+                .checked_mul(k - 1)
+                .ok_or_else(|| CompileError::Overflow("convolution padding".into()))?;
             *pad = total / 2;
             extra.push(total - 2 * (total / 2));
         }
@@ -853,7 +875,11 @@ fn group_norm(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
         .ok_or_else(|| CompileError::unsupported(n.op.key(), "group norm of a dynamic shape"))?;
     let nb = sizes.first().copied().unwrap_or(1);
     let c = sizes.get(1).copied().unwrap_or(1);
-    let hw: i64 = sizes.iter().skip(2).product();
+    let hw = sizes
+        .iter()
+        .skip(2)
+        .try_fold(1i64, |a, &b| a.checked_mul(b))
+        .ok_or_else(|| CompileError::Overflow("group norm size".into()))?;
     Ok(vec![first_of(
         rw,
         "aten::native_group_norm",
@@ -1236,6 +1262,8 @@ fn recurrent(
         .get(tdim as usize)
         .and_then(Dim::as_const)
         .ok_or_else(|| CompileError::unsupported(n.op.key(), "a dynamic sequence length"))?;
+    check_unroll(n, steps)?;
+    check_unroll(n, layers)?;
     let dirs = if bidirectional { 2 } else { 1 };
     let per = if has_biases { 4 } else { 2 };
     if params.len() as i64 != layers * dirs * per {

@@ -151,22 +151,38 @@ fn reduce_dims(sizes: &[Dim], dims: &[i64], keepdim: bool, op: &Op) -> Result<Ve
         .collect())
 }
 
-fn pool_out(size: &Dim, k: i64, s: i64, p: i64, d: i64, ceil: bool) -> Dim {
+/// Checked arithmetic on window parameters (they come from the archive).
+fn ck(v: Option<i64>, op: &Op) -> Result<i64> {
+    v.ok_or_else(|| CompileError::Overflow(format!("{}: window arithmetic", op.key())))
+}
+
+fn pool_out(size: &Dim, k: i64, s: i64, p: i64, d: i64, ceil: bool, op: &Op) -> Result<Dim> {
+    if s <= 0 || k <= 0 || d <= 0 || p < 0 {
+        return Err(bad(
+            op,
+            "kernel, stride and dilation must be positive, padding not negative",
+        ));
+    }
     // floor((size + 2p - d(k-1) - 1 + (ceil ? s-1 : 0)) / s) + 1
-    let num = Expr::sum(
-        size.to_expr(),
-        Expr::Const(2 * p - d * (k - 1) - 1 + if ceil { s - 1 } else { 0 }),
-    );
+    let span = ck(d.checked_mul(k - 1), op)?;
+    let c = ck(
+        p.checked_mul(2)
+            .and_then(|x| x.checked_sub(span))
+            .and_then(|x| x.checked_sub(1))
+            .and_then(|x| x.checked_add(if ceil { s - 1 } else { 0 })),
+        op,
+    )?;
+    let num = Expr::sum(size.to_expr(), Expr::Const(c));
     let mut out = Expr::sum(Expr::floordiv(num, Expr::Const(s)), Expr::Const(1));
     if ceil {
         // The last window must start inside the input or the left padding.
         if let (Some(o), Some(n)) = (out.as_const(), size.as_const()) {
-            if (o - 1) * s >= n + p {
+            if (o - 1).checked_mul(s) >= n.checked_add(p) {
                 out = Expr::Const(o - 1);
             }
         }
     }
-    Dim::from_expr(out)
+    Ok(Dim::from_expr(out))
 }
 
 /// Output descriptions of `op` applied to `args`.
@@ -398,7 +414,7 @@ pub fn infer(rw: &Rewriter<'_>, op: &Op, args: &[Arg]) -> Result<Vec<TensorMeta>
             let end = clampi(args.get(3).and_then(Arg::int).unwrap_or(n));
             let step = args.get(4).and_then(Arg::int).unwrap_or(1).max(1);
             let len = if end > start {
-                (end - start + step - 1) / step
+                (end - start).saturating_add(step - 1) / step
             } else {
                 0
             };
@@ -428,7 +444,8 @@ pub fn infer(rw: &Rewriter<'_>, op: &Op, args: &[Arg]) -> Result<Vec<TensorMeta>
                 .sizes
                 .get(d)
                 .and_then(Dim::as_const)
-                .ok_or_else(|| bad(op, "unbind of a dynamic dimension"))?;
+                .filter(|n| (0..=1 << 16).contains(n))
+                .ok_or_else(|| bad(op, "unbind of a dynamic or very large dimension"))?;
             let mut sizes = m.sizes.clone();
             sizes.remove(d);
             Ok((0..n).map(|_| contig(m.dtype, sizes.clone())).collect())
@@ -512,10 +529,16 @@ pub fn infer(rw: &Rewriter<'_>, op: &Op, args: &[Arg]) -> Result<Vec<TensorMeta>
                     let op_ = at(&out_pad, i, 0);
                     Dim::from_expr(Expr::sum(
                         Expr::product(Expr::sum(inp.to_expr(), Expr::Const(-1)), Expr::Const(s)),
-                        Expr::Const(-2 * p + d * (k - 1) + op_ + 1),
+                        Expr::Const(ck(
+                            d.checked_mul(k - 1)
+                                .and_then(|x| x.checked_sub(p.checked_mul(2)?))
+                                .and_then(|x| x.checked_add(op_))
+                                .and_then(|x| x.checked_add(1)),
+                            op,
+                        )?),
                     ))
                 } else {
-                    pool_out(&inp, k, s, p, d, false)
+                    pool_out(&inp, k, s, p, d, false, op)?
                 });
             }
             Ok(vec![contig(x.dtype, sizes)])
@@ -538,6 +561,9 @@ pub fn infer(rw: &Rewriter<'_>, op: &Op, args: &[Arg]) -> Result<Vec<TensorMeta>
             let at =
                 |v: &[i64], i: usize, dflt: i64| v.get(i).or(v.first()).copied().unwrap_or(dflt);
             let r = x.rank();
+            if r < 3 {
+                return Err(bad(op, "pooling needs a rank 3 or 4 input"));
+            }
             let mut sizes = x.sizes.clone();
             for i in 0..2 {
                 let idx = r - 2 + i;
@@ -551,7 +577,8 @@ pub fn infer(rw: &Rewriter<'_>, op: &Op, args: &[Arg]) -> Result<Vec<TensorMeta>
                         at(&p, i, 0),
                         at(&d, i, 1),
                         ceil,
-                    );
+                        op,
+                    )?;
                 }
             }
             let out = contig(x.dtype, sizes.clone());
@@ -566,6 +593,9 @@ pub fn infer(rw: &Rewriter<'_>, op: &Op, args: &[Arg]) -> Result<Vec<TensorMeta>
             let o = ints(args.get(1), op)?;
             let mut sizes = x.sizes.clone();
             let r = sizes.len();
+            if r < 3 {
+                return Err(bad(op, "pooling needs a rank 3 or 4 input"));
+            }
             for i in 0..2 {
                 if let Some(slot) = sizes.get_mut(r - 2 + i) {
                     *slot = Dim::Const(o.get(i).or(o.first()).copied().unwrap_or(1));
@@ -649,7 +679,7 @@ pub fn infer(rw: &Rewriter<'_>, op: &Op, args: &[Arg]) -> Result<Vec<TensorMeta>
                 }
                 let idx = r - 1 - i;
                 if let Some(s) = sizes.get_mut(idx) {
-                    let add = pair.iter().sum::<i64>();
+                    let add = ck(pair.iter().try_fold(0i64, |a, &b| a.checked_add(b)), op)?;
                     *s = Dim::from_expr(Expr::sum(s.to_expr(), Expr::Const(add)));
                 }
             }
@@ -671,6 +701,9 @@ pub fn infer(rw: &Rewriter<'_>, op: &Op, args: &[Arg]) -> Result<Vec<TensorMeta>
             let x = t(0)?;
             let mut sizes = x.sizes.clone();
             let r = sizes.len();
+            if r != 4 {
+                return Err(bad(op, "upsampling needs a rank 4 input"));
+            }
             match args.get(1) {
                 Some(Arg::Ints(_)) => {
                     for (i, v) in ints(args.get(1), op)?.into_iter().enumerate() {

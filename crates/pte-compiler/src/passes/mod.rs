@@ -124,8 +124,12 @@ impl<'a> Rewriter<'a> {
 
     /// The value that now stands for `v`.
     pub fn resolve(&self, mut v: ValueId) -> ValueId {
-        while let Some(&n) = self.subst.get(&v) {
-            v = n;
+        // Substitutions point from old values to newer ones; the bound is a guard.
+        for _ in 0..=self.subst.len() {
+            match self.subst.get(&v) {
+                Some(&n) => v = n,
+                None => break,
+            }
         }
         v
     }

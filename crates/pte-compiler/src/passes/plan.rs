@@ -301,7 +301,7 @@ fn shared_objects(items: &[(ValueId, u64, usize, usize)]) -> Result<(HashMap<Val
                     .map(|a| a.0 + a.1)
                     .max()
                     .unwrap_or(0);
-                if max_off > 0 && max_off + size <= o.size {
+                if max_off > 0 && max_off.checked_add(size).is_some_and(|end| end <= o.size) {
                     o.allocs.push((max_off, size, s, e));
                     picked = Some((i, max_off));
                     break;
