@@ -41,7 +41,8 @@ pub enum ConstantPlacement {
 struct Pool {
     /// Constant segment buffers; index 0 is the reserved placeholder.
     buffers: Vec<Vec<u8>>,
-    index: HashMap<Vec<u8>, u32>,
+    /// Buffers by a cheap fingerprint of their bytes; equal fingerprints are compared.
+    index: HashMap<u64, Vec<u32>>,
     /// Initial values of mutable buffers; index 0 is the placeholder.
     mutable: Vec<Vec<u8>>,
     /// `.ptd` entries (key -> layout, data).
@@ -57,24 +58,47 @@ impl Pool {
         }
     }
 
-    fn constant(&mut self, bytes: &[u8]) -> u32 {
-        if let Some(&i) = self.index.get(bytes) {
+    /// Hashes the length and up to 4 KiB sampled across the bytes: weights differ early,
+    /// and candidates with equal fingerprints are compared in full.
+    fn fingerprint(bytes: &[u8]) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        bytes.len().hash(&mut h);
+        let step = (bytes.len() / 4096).max(1);
+        bytes
+            .iter()
+            .step_by(step)
+            .take(4096)
+            .for_each(|b| b.hash(&mut h));
+        h.finish()
+    }
+
+    fn constant(&mut self, bytes: Vec<u8>) -> u32 {
+        let key = Self::fingerprint(&bytes);
+        let same = self.index.get(&key).and_then(|c| {
+            c.iter()
+                .copied()
+                .find(|&i| self.buffers.get(i as usize).is_some_and(|b| *b == bytes))
+        });
+        if let Some(i) = same {
             return i;
         }
         let i = self.buffers.len() as u32;
-        self.buffers.push(bytes.to_vec());
-        self.index.insert(bytes.to_vec(), i);
+        self.buffers.push(bytes);
+        self.index.entry(key).or_default().push(i);
         i
     }
 
     /// Adds an external entry, returning the key it is stored under.
-    fn external(&mut self, key: &str, layout: TensorLayout, bytes: &[u8]) -> String {
+    fn external(&mut self, key: &str, layout: TensorLayout, bytes: Vec<u8>) -> String {
         let mut k = key.to_owned();
         let mut n = 0;
         loop {
             match self.external.iter().find(|e| e.key == k) {
                 None => break,
-                Some(e) if e.layout.as_ref() == Some(&layout) && *e.data == *bytes => return k,
+                Some(e) if e.layout.as_ref() == Some(&layout) && *e.data == *bytes.as_slice() => {
+                    return k
+                }
                 Some(_) => {
                     n += 1;
                     k = format!("{key}_{n}");
@@ -84,7 +108,7 @@ impl Pool {
         self.external.push(DataEntry {
             key: k.clone(),
             layout: Some(layout),
-            data: Cow::Owned(bytes.to_vec()),
+            data: Cow::Owned(bytes),
             alignment: 16,
         });
         k
@@ -93,6 +117,8 @@ impl Pool {
 
 struct Method<'a> {
     p: &'a Program,
+    /// The program's constant data, taken as each constant is emitted.
+    constants: HashMap<ValueId, crate::archive::TensorData>,
     plan: &'a MemoryPlan,
     placement: ConstantPlacement,
     pool: &'a mut Pool,
@@ -168,21 +194,21 @@ impl Method<'_> {
                 memory_offset_high: (off >> 32) as u32,
             })
         });
-        if let Some(data) = self.p.constants.get(&v) {
+        if let Some(data) = self.constants.remove(&v) {
             if allocation_info.is_some() {
                 // A mutable buffer: its initial value.
                 data_buffer_idx = self.pool.mutable.len() as u32;
-                self.pool.mutable.push(data.bytes.clone());
+                self.pool.mutable.push(data.bytes);
             } else if self.placement == ConstantPlacement::External {
                 let key = self.fqn(v).unwrap_or_else(|| name.clone());
-                let key = self.pool.external(&key, layout, &data.bytes);
+                let key = self.pool.external(&key, layout, data.bytes);
                 extra = Some(Box::new(et::ExtraTensorInfo {
                     fully_qualified_name: Some(key),
                     location: et::TensorDataLocation::External,
                     ..Default::default()
                 }));
             } else {
-                data_buffer_idx = self.pool.constant(&data.bytes);
+                data_buffer_idx = self.pool.constant(data.bytes);
             }
         }
         let t = et::Tensor {
@@ -463,13 +489,16 @@ impl Method<'_> {
 
 /// One method's execution plan.
 fn method(
-    p: &Program,
+    p: &mut Program,
     plan: &MemoryPlan,
     placement: ConstantPlacement,
     pool: &mut Pool,
 ) -> Result<et::ExecutionPlan> {
+    let constants = std::mem::take(&mut p.constants);
+    let p = &*p;
     let mut m = Method {
         p,
+        constants,
         plan,
         placement,
         pool,
@@ -583,24 +612,22 @@ pub struct Output {
 
 /// Emits and serializes the methods.
 pub fn emit(
-    methods: &[(Program, MemoryPlan)],
+    mut methods: Vec<(Program, MemoryPlan)>,
     placement: ConstantPlacement,
     options: &WriteOptions,
 ) -> Result<Output> {
     let mut pool = Pool::new();
     let mut plans = Vec::new();
-    for (p, plan) in methods {
+    for (p, plan) in &mut methods {
         plans.push(method(p, plan, placement, &mut pool)?);
     }
     let program = et::Program {
         version: 0,
         execution_plan: Some(plans),
         constant_buffer: Some(
-            pool.buffers
-                .iter()
-                .map(|b| et::Buffer {
-                    storage: Some(b.clone()),
-                })
+            std::mem::take(&mut pool.buffers)
+                .into_iter()
+                .map(|b| et::Buffer { storage: Some(b) })
                 .collect(),
         ),
         backend_delegate_data: Some(Vec::new()),

@@ -75,8 +75,8 @@ impl Program {
     }
 }
 
-/// Imports one exported program as the method `method`.
-pub fn import(model: &Model, method: &str) -> Result<Program> {
+/// Imports one exported program as the method `method`, taking its tensors.
+pub fn import(model: &mut Model, method: &str) -> Result<Program> {
     let ep = &model.program;
     let mut ranges = Ranges::new();
     for (sym, r) in &ep.range_constraints {
@@ -107,18 +107,18 @@ pub fn import(model: &Model, method: &str) -> Result<Program> {
             json::InputSpec::UserInput { .. } => (InputKind::User, None),
             json::InputSpec::Parameter { parameter_name, .. } => (
                 InputKind::Parameter(parameter_name.clone()),
-                model.weights.get(parameter_name),
+                model.weights.remove(parameter_name),
             ),
             json::InputSpec::Buffer { buffer_name, .. } => (
                 InputKind::Buffer(buffer_name.clone()),
-                model.weights.get(buffer_name),
+                model.weights.remove(buffer_name),
             ),
             json::InputSpec::TensorConstant {
                 tensor_constant_name,
                 ..
             } => (
                 InputKind::Constant(tensor_constant_name.clone()),
-                model.constants.get(tensor_constant_name),
+                model.constants.remove(tensor_constant_name),
             ),
             json::InputSpec::CustomObj(_) => {
                 return Err(CompileError::unsupported(
@@ -154,7 +154,7 @@ pub fn import(model: &Model, method: &str) -> Result<Program> {
                     ),
                 ));
             }
-            constants.insert(value, data.clone());
+            constants.insert(value, data);
         }
         input_kinds.push(kind);
     }

@@ -151,18 +151,18 @@ impl Compiler {
     /// Reads an archive (every exported program becomes a method; a single program named
     /// `model`, as `torch.export.save` writes it, becomes `forward`).
     pub fn new(archive: &[u8], limits: &ArchiveLimits) -> Result<Self> {
-        let a = archive::read(archive, limits)?;
+        let mut a = archive::read(archive, limits)?;
         let single = a.models.len() == 1;
         let programs = a
             .models
-            .iter()
+            .iter_mut()
             .map(|m| {
                 let name = if single && m.name == "model" {
-                    "forward"
+                    "forward".to_owned()
                 } else {
-                    m.name.as_str()
+                    m.name.clone()
                 };
-                import::import(m, name)
+                import::import(m, &name)
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Compiler {
@@ -229,7 +229,7 @@ impl Compiler {
             .collect();
         let methods: Vec<(Program, MemoryPlan)> =
             self.programs.into_iter().zip(self.plans).collect();
-        let out = emit::emit(&methods, options.constants, &options.write)?;
+        let out = emit::emit(methods, options.constants, &options.write)?;
         Ok(Compiled {
             pte: out.pte,
             ptd: out.ptd,

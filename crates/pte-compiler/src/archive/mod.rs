@@ -305,6 +305,11 @@ fn read_payloads(
     let config: json::PayloadConfig = serde_json::from_slice(&text)
         .map_err(|e| CompileError::invalid(config_path, e.to_string()))?;
     let mut files: HashMap<String, Vec<u8>> = HashMap::new();
+    // How many tensors still view each storage: the last one may take its bytes.
+    let mut remaining: HashMap<&str, usize> = HashMap::new();
+    for meta in config.config.values() {
+        *remaining.entry(meta.path_name.as_str()).or_default() += 1;
+    }
     for (fqn, meta) in &config.config {
         let field = format!("{config_path}: {fqn}");
         if meta.use_pickle {
@@ -330,10 +335,19 @@ fn read_payloads(
             let data = zip.read(&format!("{dir}{}", meta.path_name), u64::MAX)?;
             files.insert(meta.path_name.clone(), data);
         }
-        let storage = files
-            .get(&meta.path_name)
-            .map(Vec::as_slice)
-            .unwrap_or_default();
+        let left = remaining.entry(meta.path_name.as_str()).or_default();
+        *left = left.saturating_sub(1);
+        // The last view of a storage may take its bytes (no copy when it covers them all).
+        let storage = if *left == 0 {
+            std::borrow::Cow::Owned(files.remove(&meta.path_name).unwrap_or_default())
+        } else {
+            std::borrow::Cow::Borrowed(
+                files
+                    .get(&meta.path_name)
+                    .map(Vec::as_slice)
+                    .unwrap_or_default(),
+            )
+        };
         out.insert(fqn.clone(), view_tensor(storage, tm, &field)?);
     }
     Ok(out)
@@ -352,7 +366,7 @@ fn static_ints(v: &[json::SymInt], field: &str, what: &str) -> Result<Vec<i64>> 
 
 /// Copies the view `meta` describes out of a storage's raw bytes, contiguously.
 pub(crate) fn view_tensor(
-    storage: &[u8],
+    storage: std::borrow::Cow<'_, [u8]>,
     meta: &json::TensorMeta,
     field: &str,
 ) -> Result<TensorData> {
@@ -438,16 +452,23 @@ pub(crate) fn view_tensor(
             ))
         }
     }
-    let mut bytes = Vec::new();
-    bytes
-        .try_reserve_exact(nbytes)
-        .map_err(|_| CompileError::Overflow(format!("{field}: {nbytes} bytes")))?;
     let mut expected = 1i64;
     let contiguous = sizes.iter().zip(&strides).rev().all(|(&s, &st)| {
         let ok = s == 1 || st == expected;
         expected = expected.saturating_mul(s);
         ok
     });
+    if contiguous && offset == 0 && storage.len() == nbytes {
+        return Ok(TensorData {
+            dtype,
+            sizes,
+            bytes: storage.into_owned(),
+        });
+    }
+    let mut bytes = Vec::new();
+    bytes
+        .try_reserve_exact(nbytes)
+        .map_err(|_| CompileError::Overflow(format!("{field}: {nbytes} bytes")))?;
     if contiguous {
         let start = offset as usize * esize;
         bytes.extend_from_slice(storage.get(start..start + nbytes).unwrap_or_default());

@@ -194,20 +194,21 @@ fn fold(rw: &mut Rewriter<'_>, node: &Node) -> Result<Option<ValueId>> {
     let Some(input) = node.args.first().and_then(Arg::tensor) else {
         return Ok(None);
     };
-    let Some(data) = rw.p.constants.get(&input).cloned() else {
-        return Ok(None);
-    };
     let Some(&out) = node.outputs.first() else {
         return Ok(None);
     };
     let Some(out_sizes) = rw.meta(out)?.static_sizes() else {
         return Ok(None);
     };
+    let Some(data) = rw.p.constants.get(&input) else {
+        return Ok(None);
+    };
+    let dtype = data.dtype;
     let bytes = if key == "aten::view_copy" {
-        data.bytes
+        data.bytes.clone()
     } else {
         let dims = node.args.get(1).and_then(Arg::ints).unwrap_or_default();
-        permute_bytes(&data, &dims)
+        permute_bytes(data, &dims)
             .ok_or_else(|| CompileError::invalid(key.clone(), "bad permutation"))?
     };
     let name = format!(
@@ -218,11 +219,31 @@ fn fold(rw: &mut Rewriter<'_>, node: &Node) -> Result<Option<ValueId>> {
     Ok(Some(rw.constant(
         &name,
         TensorData {
-            dtype: data.dtype,
+            dtype,
             sizes: out_sizes,
             bytes,
         },
     )))
+}
+
+/// `rows x cols` elements of `es` bytes, transposed in cache-sized tiles.
+fn transpose_2d(src: &[u8], rows: usize, cols: usize, es: usize) -> Option<Vec<u8>> {
+    const TILE: usize = 32;
+    if src.len() != rows.checked_mul(cols)?.checked_mul(es)? {
+        return None;
+    }
+    let mut out = vec![0u8; src.len()];
+    for r0 in (0..rows).step_by(TILE) {
+        for c0 in (0..cols).step_by(TILE) {
+            for r in r0..(r0 + TILE).min(rows) {
+                for c in c0..(c0 + TILE).min(cols) {
+                    let (s, d) = ((r * cols + c) * es, (c * rows + r) * es);
+                    out.get_mut(d..d + es)?.copy_from_slice(src.get(s..s + es)?);
+                }
+            }
+        }
+    }
+    Some(out)
 }
 
 // Indices stay below `rank` and the sizes, which the loop bounds.
@@ -233,6 +254,9 @@ fn permute_bytes(t: &TensorData, dims: &[i64]) -> Option<Vec<u8>> {
         return None;
     }
     let es = dtype::size_of(t.dtype);
+    if rank == 2 && dims.iter().map(|&d| d.rem_euclid(2)).eq([1, 0]) {
+        return transpose_2d(&t.bytes, t.sizes[0] as usize, t.sizes[1] as usize, es);
+    }
     let perm: Vec<usize> = dims
         .iter()
         .map(|&d| {
