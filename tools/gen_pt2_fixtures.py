@@ -143,6 +143,19 @@ def _dynamic_batch():
     )
 
 
+@fixture("dynamic_convnet")
+def _dynamic_convnet():
+    batch = Dim("batch", min=1, max=4)
+    height = Dim("height", min=8, max=24)
+    return dict(
+        description="The conv net with a dynamic batch (1..4) and height (8..24): symbolic sizes "
+        "through convolution, pooling and flatten.",
+        methods={"forward": (ConvNet().eval(), (torch.randn(2, 3, 16, 16),), ({0: batch, 2: height},))},
+        cases=[("forward", (torch.randn(b, 3, h, 16),)) for b, h in ((1, 8), (3, 16), (4, 24), (2, 13))],
+        tol=(1e-4, 1e-5),
+    )
+
+
 class Counter(nn.Module):
     def __init__(self):
         super().__init__()

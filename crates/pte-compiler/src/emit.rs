@@ -380,15 +380,15 @@ impl Method<'_> {
         })?;
         if key == "aten::view_copy.out" {
             let out = n.outputs.first().copied().unwrap_or_default();
-            if self.plan.aliases.contains_key(&out) {
-                self.tensor(out)?;
-                return Ok(());
-            }
             if self.p.graph.meta(out).is_some_and(|m| m.is_dynamic()) {
                 let a0 = self.arg(n.args.first().unwrap_or(&Arg::None), Some(&Ty::Tensor))?;
                 let a1 = self.arg(n.args.get(1).unwrap_or(&Arg::None), None)?;
                 let o = self.tensor(out)?;
                 return self.kernel("executorch_prim::et_view", "default", vec![a0, a1, o]);
+            }
+            if self.plan.aliases.contains_key(&out) {
+                self.tensor(out)?;
+                return Ok(());
             }
         }
         let mut args = Vec::with_capacity(n.args.len() + 1);

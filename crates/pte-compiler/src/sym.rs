@@ -124,23 +124,58 @@ impl Expr {
         }
     }
 
-    /// `a + b`, folded when both are numbers.
+    /// `a + b`, with nested sums flattened and numbers added up.
     pub fn sum(a: Expr, b: Expr) -> Expr {
-        match (a.as_const(), b.as_const()) {
-            (Some(x), Some(y)) if x.checked_add(y).is_some() => Expr::Const(x + y),
-            (Some(0), _) => b,
-            (_, Some(0)) => a,
-            _ => Expr::Add(vec![a, b]),
+        let mut terms = Vec::new();
+        let mut constant = 0i64;
+        for e in [a, b] {
+            let parts = match e {
+                Expr::Add(t) => t,
+                other => vec![other],
+            };
+            for p in parts {
+                match p.as_const().and_then(|c| constant.checked_add(c)) {
+                    Some(c) => constant = c,
+                    None => terms.push(p),
+                }
+            }
+        }
+        if constant != 0 || terms.is_empty() {
+            terms.push(Expr::Const(constant));
+        }
+        if terms.len() == 1 {
+            terms.pop().unwrap_or(Expr::Const(0))
+        } else {
+            Expr::Add(terms)
         }
     }
 
-    /// `a * b`, folded when both are numbers.
+    /// `a * b`, with nested products flattened and numbers multiplied.
     pub fn product(a: Expr, b: Expr) -> Expr {
-        match (a.as_const(), b.as_const()) {
-            (Some(x), Some(y)) if x.checked_mul(y).is_some() => Expr::Const(x * y),
-            (Some(1), _) => b,
-            (_, Some(1)) => a,
-            _ => Expr::Mul(vec![a, b]),
+        let mut factors = Vec::new();
+        let mut constant = 1i64;
+        for e in [a, b] {
+            let parts = match e {
+                Expr::Mul(t) => t,
+                other => vec![other],
+            };
+            for p in parts {
+                match p.as_const().and_then(|c| constant.checked_mul(c)) {
+                    Some(c) => constant = c,
+                    None => factors.push(p),
+                }
+            }
+        }
+        if constant == 0 {
+            return Expr::Const(0);
+        }
+        if constant != 1 || factors.is_empty() {
+            factors.insert(0, Expr::Const(constant));
+        }
+        if factors.len() == 1 {
+            factors.pop().unwrap_or(Expr::Const(1))
+        } else {
+            Expr::Mul(factors)
         }
     }
 
@@ -390,6 +425,11 @@ mod tests {
         r.insert("s0".into(), (Some(2), Some(11)));
         assert_eq!(f.upper_bound(&r), Some(5));
         assert_eq!(Expr::parse("s3").unwrap(), Expr::Sym("s3".into()));
+        let s = Expr::Sym("s0".into());
+        let e = Expr::sum(Expr::sum(s.clone(), Expr::Const(-1)), Expr::Const(1));
+        assert_eq!(e, s);
+        let m = Expr::product(Expr::Const(2), Expr::product(Expr::Const(4), s.clone()));
+        assert_eq!(m.to_string(), "8*s0");
     }
 
     #[test]

@@ -896,9 +896,20 @@ fn group_norm(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
     )?])
 }
 
+/// Global pooling (output 1x1) is a mean over the last two dimensions, as PyTorch's
+/// decomposition makes it (upstream's adaptive pooling kernel is wrong on dynamic shapes);
+/// other sizes keep `_adaptive_avg_pool2d`.
 fn adaptive_avg_pool2d(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
     let (x, ub) = batched(rw, t(n, 0)?, 4)?;
-    let y = rw.call1("aten::_adaptive_avg_pool2d", vec![Arg::Tensor(x), a(n, 1)])?;
+    let out = a(n, 1).ints().unwrap_or_default();
+    let y = if !out.is_empty() && out.iter().all(|&o| o == 1) {
+        rw.call1(
+            "aten::mean.dim",
+            vec![Arg::Tensor(x), ints([-1, -2]), Arg::Bool(true), Arg::None],
+        )?
+    } else {
+        rw.call1("aten::_adaptive_avg_pool2d", vec![Arg::Tensor(x), a(n, 1)])?
+    };
     Ok(vec![unbatched(rw, y, ub)?])
 }
 

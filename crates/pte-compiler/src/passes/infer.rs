@@ -733,39 +733,96 @@ pub fn infer(rw: &Rewriter<'_>, op: &Op, args: &[Arg]) -> Result<Vec<TensorMeta>
     }
 }
 
-/// Shapes of a value, as an int-list argument: numbers for static sizes, `sym_size.int`
-/// values read from `source` for symbolic ones (one `-1` is used when that suffices).
+/// Shapes of a value, as an int-list argument: numbers for static sizes, and for symbolic
+/// ones `SymInt` values computed at run time from `source`'s sizes (`sym_size.int`, then
+/// prim arithmetic for expressions). Upstream's `et_view` does not infer `-1`, so none is
+/// used.
 pub fn size_arg(rw: &mut Rewriter<'_>, sizes: &[Dim], source: ValueId) -> Result<Arg> {
-    let dynamic = sizes.iter().filter(|d| d.as_const().is_none()).count();
-    if dynamic <= 1 {
-        return Ok(Arg::Ints(
-            sizes
-                .iter()
-                .map(|d| IntArg::Const(d.as_const().unwrap_or(-1)))
-                .collect(),
-        ));
-    }
-    let src = rw.meta(source)?;
     let mut out = Vec::new();
+    let mut cache = Vec::new();
     for d in sizes {
         match d.as_const() {
             Some(c) => out.push(IntArg::Const(c)),
-            None => {
-                let pos = src.sizes.iter().position(|s| s == d).ok_or_else(|| {
-                    CompileError::unsupported(
-                        "view",
-                        format!("size {d} is not a size of the input"),
-                    )
-                })?;
-                let ids = rw.emit(
-                    Op::new("aten::sym_size", "int"),
-                    vec![Arg::Tensor(source), Arg::Int(pos as i64)],
-                    "sym_size",
-                    vec![crate::ir::ValueKind::SymInt(d.to_expr())],
-                );
-                out.extend(ids.first().map(|&v| IntArg::Sym(v)));
-            }
+            None => out.push(IntArg::Sym(materialize(
+                rw,
+                &d.to_expr(),
+                source,
+                &mut cache,
+                0,
+            )?)),
         }
     }
     Ok(Arg::Ints(out))
+}
+
+/// A `SymInt` value computing `e` from the sizes of `source`.
+fn materialize(
+    rw: &mut Rewriter<'_>,
+    e: &Expr,
+    source: ValueId,
+    cache: &mut Vec<(Expr, ValueId)>,
+    depth: usize,
+) -> Result<ValueId> {
+    let unsupported = || {
+        CompileError::unsupported(
+            "view",
+            format!("size {e} cannot be computed from the sizes of the input"),
+        )
+    };
+    if depth > 32 {
+        return Err(unsupported());
+    }
+    if let Some((_, v)) = cache.iter().find(|(x, _)| x == e) {
+        return Ok(*v);
+    }
+    let src = rw.meta(source)?;
+    let sym = |rw: &mut Rewriter<'_>, op: &str, args: Vec<Arg>| -> ValueId {
+        let ids = rw.emit(
+            Op::parse(op),
+            args,
+            "sym",
+            vec![crate::ir::ValueKind::SymInt(e.clone())],
+        );
+        ids.first().copied().unwrap_or_default()
+    };
+    let operand =
+        |rw: &mut Rewriter<'_>, x: &Expr, cache: &mut Vec<(Expr, ValueId)>| -> Result<Arg> {
+            Ok(match x.as_const() {
+                Some(c) => Arg::Int(c),
+                None => Arg::SymInt(materialize(rw, x, source, cache, depth + 1)?),
+            })
+        };
+    let v = if let Some(pos) = src.sizes.iter().position(|s| s.to_expr() == *e) {
+        sym(
+            rw,
+            "aten::sym_size.int",
+            vec![Arg::Tensor(source), Arg::Int(pos as i64)],
+        )
+    } else {
+        match e {
+            Expr::Add(t) | Expr::Mul(t) if t.len() >= 2 => {
+                let op = if matches!(e, Expr::Add(_)) {
+                    "executorch_prim::add.Scalar"
+                } else {
+                    "executorch_prim::mul.Scalar"
+                };
+                let mut acc = operand(rw, t.first().ok_or_else(unsupported)?, cache)?;
+                for x in t.iter().skip(1) {
+                    let b = operand(rw, x, cache)?;
+                    acc = Arg::SymInt(sym(rw, op, vec![acc, b]));
+                }
+                match acc {
+                    Arg::SymInt(v) => v,
+                    _ => return Err(unsupported()),
+                }
+            }
+            Expr::FloorDiv(a, b) => {
+                let (a, b) = (operand(rw, a, cache)?, operand(rw, b, cache)?);
+                sym(rw, "executorch_prim::floordiv.Scalar", vec![a, b])
+            }
+            _ => return Err(unsupported()),
+        }
+    };
+    cache.push((e.clone(), v));
+    Ok(v)
 }

@@ -5,7 +5,8 @@
 //!    after the other); a tensor lives from its first definition or use to its last use.
 //!    Method inputs start at 0, outputs and mutable buffers live to the end. A value that
 //!    a branch hands to a `torch.cond` output stays alive as long as that output.
-//! 2. Static `view_copy` results share their input's memory (no copy is made at run time).
+//! 2. `view_copy` results share their input's memory: no copy is made at run time (static
+//!    views are emitted as nothing, dynamic ones as `et_view`, which aliases).
 //! 3. Placement: sizes (upper bounds for dynamic shapes) rounded up to 16 bytes, placed
 //!    largest first at the lowest offset where they overlap no tensor alive at the same
 //!    time (best fit). Upstream's greedy algorithm (shared objects) is run too; the smaller
@@ -26,7 +27,7 @@ pub const ALIGNMENT: u64 = 16;
 pub struct MemoryPlan {
     /// Offset in the arena of every planned tensor value.
     pub offsets: HashMap<ValueId, u64>,
-    /// Static `view_copy` outputs that alias their input (no instruction is emitted).
+    /// `view_copy` outputs that alias their input.
     pub aliases: HashMap<ValueId, ValueId>,
     /// Arena size.
     pub total: u64,
@@ -76,13 +77,7 @@ impl Walker<'_> {
                 if let (Some(&out), Some(input)) =
                     (n.outputs.first(), n.args.first().and_then(Arg::tensor))
                 {
-                    let static_shapes = [out, input]
-                        .iter()
-                        .all(|&v| self.p.graph.meta(v).is_some_and(|m| !m.is_dynamic()));
-                    if static_shapes
-                        && !self.p.constants.contains_key(&input)
-                        && !self.is_mutable_buffer(input)
-                    {
+                    if !self.p.constants.contains_key(&input) && !self.is_mutable_buffer(input) {
                         self.aliases.insert(out, input);
                     }
                 }
