@@ -4,7 +4,7 @@
 //! ExportedProgram:
 //!   class GraphModule(torch.nn.Module):
 //!     def forward(self, p_linear_weight: "f32[5, 4]", x: "f32[3, 4]"):
-//!       permute: "f32[4, 5]" = aten.permute_copy.default(p_linear_weight, [1, 0])
+//!       permute: "f32[4, 5]" = torch.ops.aten.permute_copy.default(p_linear_weight, [1, 0])
 //!       ...
 //!       return (clamp,)
 //! ```
@@ -95,7 +95,7 @@ fn node(out: &mut String, g: &Graph, n: &Node, indent: &str, plan: Option<&Memor
         _ => format!("({}) = ", lhs.join(", ")),
     };
     let target = format!(
-        "{}.{}",
+        "torch.ops.{}.{}",
         n.op.name.replace("::", "."),
         if n.op.overload.is_empty() {
             "default"
