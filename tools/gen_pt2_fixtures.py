@@ -361,6 +361,40 @@ def _inplace():
     )
 
 
+class TinyGpt(nn.Module):
+    def __init__(self, vocab=50, d=32, heads=4, layers=2, ctx=16):
+        super().__init__()
+        self.tok = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(ctx, d)
+        self.blocks = nn.ModuleList(
+            nn.TransformerDecoderLayer(d, heads, 2 * d, batch_first=True, norm_first=True) for _ in range(layers)
+        )
+        self.ln = nn.LayerNorm(d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied weights share one storage in the archive
+
+    def forward(self, ids):
+        t = ids.shape[1]
+        x = self.tok(ids) + self.pos(torch.arange(t))
+        mask = torch.triu(torch.full((t, t), float("-inf")), diagonal=1)
+        for b in self.blocks:
+            x = b(x, x, tgt_mask=mask, memory_mask=mask)
+        return self.head(self.ln(x)).log_softmax(-1)
+
+
+@fixture("tiny_gpt")
+def _tiny_gpt():
+    ids = torch.randint(0, 50, (2, 12))
+    return dict(
+        description="A decoder-only language model: embeddings (tied to the output head), "
+        "arange positions, a causal float mask (triu), pre-norm TransformerDecoderLayers, "
+        "log_softmax.",
+        methods={"forward": (TinyGpt().eval(), (ids,), None)},
+        cases=[("forward", (ids,)), ("forward", (torch.randint(0, 50, (2, 12)),))],
+        tol=(1e-4, 1e-5),
+    )
+
+
 class TwoMethods(nn.Module):
     def __init__(self):
         super().__init__()
@@ -433,8 +467,32 @@ for _n in [
     "vgg11",
     "convnext_tiny",
     "vit_b_16",
+    "swin_t",
+    "mobilenet_v3_large",
+    "efficientnet_v2_s",
+    "resnext50_32x4d",
+    "maxvit_t",
 ]:
     MODELS[_n] = torchvision_model(_n)
+
+
+def segmentation_model(name):
+    def build():
+        import torchvision.models.segmentation as seg
+
+        m = getattr(seg, name)(weights=None, weights_backbone=None, aux_loss=False).eval()
+        return dict(
+            description=f"torchvision segmentation {name} (random weights), 1x3x128x128.",
+            methods={"forward": (m, (torch.randn(1, 3, 128, 128),), None)},
+            cases=[("forward", (torch.randn(1, 3, 128, 128),))],
+            tol=(1e-3, 1e-4),
+        )
+
+    return build
+
+
+MODELS["deeplabv3_mobilenet_v3_large"] = segmentation_model("deeplabv3_mobilenet_v3_large")
+MODELS["fcn_resnet50"] = segmentation_model("fcn_resnet50")
 
 
 @fixture("transformer_encoder_large", MODELS)

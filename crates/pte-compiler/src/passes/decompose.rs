@@ -203,6 +203,7 @@ pub fn rule(op: &Op) -> Option<Rule> {
         "aten::movedim.int" => movedim,
         "aten::sum" => sum_all,
         "aten::fill.Scalar" => fill_scalar,
+        "aten::triu" => triu,
         _ => return None,
     })
 }
@@ -458,6 +459,39 @@ fn clamp_one(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
         vec![a(n, 0), Arg::None, a(n, 1)]
     };
     Ok(vec![rw.call1("aten::clamp", args)?])
+}
+
+/// `triu(x, k)` keeps `x` where `column - row >= k`: a compile-time mask over the last two
+/// dimensions (upstream has no `triu` kernel).
+fn triu(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
+    let x = t(n, 0)?;
+    let m = rw.meta(x)?;
+    let k = n.args.get(1).and_then(Arg::int).unwrap_or(0);
+    let r = m.rank();
+    let (Some(rows), Some(cols)) = (
+        m.sizes.get(r.wrapping_sub(2)).and_then(Dim::as_const),
+        m.sizes.get(r.wrapping_sub(1)).and_then(Dim::as_const),
+    ) else {
+        return Err(CompileError::unsupported(n.op.key(), "triu of a dynamic or 1-D shape"));
+    };
+    if rows.checked_mul(cols).is_none_or(|c| !(0..=1 << 28).contains(&c)) {
+        return Err(CompileError::unsupported(n.op.key(), "a triu mask this large"));
+    }
+    let bytes: Vec<u8> = (0..rows)
+        .flat_map(|i| (0..cols).map(move |j| u8::from(j - i >= k)))
+        .collect();
+    let mask = rw.constant(
+        "triu_mask",
+        TensorData {
+            dtype: DType::Bool,
+            sizes: vec![rows, cols],
+            bytes,
+        },
+    );
+    Ok(vec![rw.call1(
+        "aten::where.self",
+        vec![Arg::Tensor(mask), Arg::Tensor(x), Arg::Int(0)],
+    )?])
 }
 
 /// `fill(x, v)` is `full_like(x, v)`, which every runtime has.
