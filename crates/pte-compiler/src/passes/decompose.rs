@@ -472,10 +472,19 @@ fn triu(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
         m.sizes.get(r.wrapping_sub(2)).and_then(Dim::as_const),
         m.sizes.get(r.wrapping_sub(1)).and_then(Dim::as_const),
     ) else {
-        return Err(CompileError::unsupported(n.op.key(), "triu of a dynamic or 1-D shape"));
+        return Err(CompileError::unsupported(
+            n.op.key(),
+            "triu of a dynamic or 1-D shape",
+        ));
     };
-    if rows.checked_mul(cols).is_none_or(|c| !(0..=1 << 28).contains(&c)) {
-        return Err(CompileError::unsupported(n.op.key(), "a triu mask this large"));
+    if rows
+        .checked_mul(cols)
+        .is_none_or(|c| !(0..=1 << 28).contains(&c))
+    {
+        return Err(CompileError::unsupported(
+            n.op.key(),
+            "a triu mask this large",
+        ));
     }
     let bytes: Vec<u8> = (0..rows)
         .flat_map(|i| (0..cols).map(move |j| u8::from(j - i >= k)))
