@@ -1,6 +1,9 @@
 //! The `pte` command line: a thin layer over the `pte-format`, `pte-runtime` and
 //! `pte-kernels` crates.
 
+// One `unsafe` call, mapping files for `--mmap`, allowed where it is made.
+#![deny(unsafe_code)]
+
 mod bench;
 mod compile;
 mod inspect;

@@ -106,7 +106,10 @@ pub fn load(args: &ProgramArgs, threads: Option<usize>) -> Result<(String, Metho
     let open = |path: &Path| -> Result<FileBytes> {
         let bytes = if args.mmap {
             // SAFETY: --mmap documents that the files must not change while pte runs.
-            unsafe { FileBytes::map(path) }
+            #[allow(unsafe_code)]
+            unsafe {
+                FileBytes::map(path)
+            }
         } else {
             FileBytes::read(path)
         };

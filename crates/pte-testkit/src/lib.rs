@@ -2,6 +2,8 @@
 //! live and what `tests/fixtures/manifest.json` (written by `tools/gen_fixtures.py`) says
 //! about each of them, and [`program::ProgramBuilder`] for programs made up in tests.
 
+#![forbid(unsafe_code)]
+
 pub mod program;
 
 use std::path::{Path, PathBuf};
