@@ -395,6 +395,32 @@ def _tiny_gpt():
     )
 
 
+class Einsum(nn.Module):
+    def forward(self, a, b, v):
+        return (
+            torch.einsum("bij,bjk->bik", a, b),
+            torch.einsum("b h i d, b h j d -> b h i j", a.unsqueeze(1), a.unsqueeze(1)),
+            torch.einsum("...ij,...kj->...ik", a, a),
+            torch.einsum("bij->bji", a),
+            torch.einsum("bij,j->bi", a, v),
+            torch.einsum("bij,bij->", a, a),
+            torch.einsum("i,j->ij", v, v),
+            torch.einsum("bij,bkl->bjl", a, b),
+        )
+
+
+@fixture("einsum")
+def _einsum():
+    args = (torch.randn(2, 3, 4), torch.randn(2, 4, 5), torch.randn(4))
+    return dict(
+        description="einsum: batched products, attention scores, ellipsis, transpose, "
+        "matrix-vector, full contraction, outer product, summed-out labels.",
+        methods={"forward": (Einsum(), args, None)},
+        cases=[("forward", args)],
+        tol=(1e-4, 1e-5),
+    )
+
+
 class TwoMethods(nn.Module):
     def __init__(self):
         super().__init__()

@@ -204,6 +204,7 @@ pub fn rule(op: &Op) -> Option<Rule> {
         "aten::sum" => sum_all,
         "aten::fill.Scalar" => fill_scalar,
         "aten::triu" => triu,
+        "aten::einsum" => einsum,
         _ => return None,
     })
 }
@@ -459,6 +460,167 @@ fn clamp_one(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
         vec![a(n, 0), Arg::None, a(n, 1)]
     };
     Ok(vec![rw.call1("aten::clamp", args)?])
+}
+
+/// `einsum` over one or two operands without repeated labels, as PyTorch computes it:
+/// labels only one operand has and the output lacks are summed first; the rest becomes
+/// `bmm([batch, left, contracted] x [batch, contracted, right])` between permutes and
+/// views. `...` stands for the leading dimensions not labelled.
+fn einsum(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
+    let unsupported = |why: &str| CompileError::unsupported(n.op.key(), why.to_owned());
+    let Some(Arg::Str(eq)) = n.args.first() else {
+        return Err(unsupported("no equation"));
+    };
+    let ops = tensors(n, 1)?;
+    let eq: String = eq.chars().filter(|c| !c.is_whitespace()).collect();
+    let (lhs, rhs) = match eq.split_once("->") {
+        Some((l, r)) => (l.to_owned(), Some(r.to_owned())),
+        None => (eq.clone(), None),
+    };
+    let specs: Vec<&str> = lhs.split(',').collect();
+    if specs.len() != ops.len() || ops.is_empty() || ops.len() > 2 {
+        return Err(unsupported("one or two operands"));
+    }
+    // Labels per operand, with `...` expanded to fresh upper-case labels.
+    let mut labels: Vec<Vec<char>> = Vec::new();
+    let mut ellipsis = 0usize;
+    for (spec, &op) in specs.iter().zip(&ops) {
+        let rank = rw.meta(op)?.rank();
+        let named = spec.replace("...", "").chars().count();
+        let fill = rank
+            .checked_sub(named)
+            .ok_or_else(|| unsupported("more labels than dimensions"))?;
+        ellipsis = ellipsis.max(if spec.contains("...") { fill } else { 0 });
+        let dots: String = (0..fill).map(|i| char::from(b'A' + i as u8)).collect();
+        let l: Vec<char> = spec.replace("...", &dots).chars().collect();
+        let repeated = l
+            .iter()
+            .enumerate()
+            .any(|(i, c)| l.iter().take(i).any(|d| d == c));
+        if l.len() != rank || repeated {
+            return Err(unsupported(
+                "repeated labels (diagonals) or a rank mismatch",
+            ));
+        }
+        labels.push(l);
+    }
+    let dots: String = (0..ellipsis).map(|i| char::from(b'A' + i as u8)).collect();
+    let out: Vec<char> = match &rhs {
+        Some(r) => r.replace("...", &dots).chars().collect(),
+        None => {
+            // Implicit output: the ellipsis, then labels seen once, sorted.
+            let mut once: Vec<char> = labels
+                .iter()
+                .flatten()
+                .copied()
+                .filter(|c| {
+                    c.is_ascii_lowercase()
+                        && labels.iter().flatten().filter(|d| *d == c).count() == 1
+                })
+                .collect();
+            once.sort_unstable();
+            dots.chars().chain(once).collect()
+        }
+    };
+    // Sum out labels that only one operand has and the output does not.
+    let mut vals = ops.clone();
+    let all = labels.clone();
+    for (i, (v, l)) in vals.iter_mut().zip(labels.iter_mut()).enumerate() {
+        let others: Vec<char> = all
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .flat_map(|(_, l)| l.clone())
+            .collect();
+        let needed = |c: &char| out.contains(c) || others.contains(c);
+        let drop: Vec<i64> = l
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !needed(c))
+            .map(|(d, _)| d as i64)
+            .collect();
+        if !drop.is_empty() {
+            *v = rw.call1(
+                "aten::sum.dim_IntList",
+                vec![Arg::Tensor(*v), ints(drop), Arg::Bool(false), Arg::None],
+            )?;
+            l.retain(|c| needed(c));
+        }
+    }
+    let size_of = |rw: &Rewriter<'_>, v: ValueId, l: &[char], c: char| -> Result<Dim> {
+        let pos = l
+            .iter()
+            .position(|&x| x == c)
+            .ok_or_else(|| unsupported("label"))?;
+        Ok(rw.meta(v)?.sizes.get(pos).cloned().unwrap_or(Dim::Const(1)))
+    };
+    let order = |l: &[char], want: &[char]| -> Vec<i64> {
+        want.iter()
+            .filter_map(|c| l.iter().position(|x| x == c))
+            .map(|p| p as i64)
+            .collect()
+    };
+    let prod = |ds: &[Dim]| {
+        Dim::from_expr(
+            ds.iter()
+                .fold(Expr::Const(1), |acc, d| Expr::product(acc, d.to_expr())),
+        )
+    };
+    let (a, b, la, lb) = match (vals.as_slice(), labels.as_slice()) {
+        ([v], [l]) => return Ok(vec![permute(rw, *v, order(l, &out))?]),
+        ([a, b], [la, lb]) => (*a, *b, la.clone(), lb.clone()),
+        _ => return Err(unsupported("one or two operands")),
+    };
+    let batch: Vec<char> = out
+        .iter()
+        .copied()
+        .filter(|c| la.contains(c) && lb.contains(c))
+        .collect();
+    let left: Vec<char> = out
+        .iter()
+        .copied()
+        .filter(|c| la.contains(c) && !lb.contains(c))
+        .collect();
+    let right: Vec<char> = out
+        .iter()
+        .copied()
+        .filter(|c| lb.contains(c) && !la.contains(c))
+        .collect();
+    let contracted: Vec<char> = la
+        .iter()
+        .copied()
+        .filter(|c| lb.contains(c) && !out.contains(c))
+        .collect();
+    let dims = |rw: &Rewriter<'_>, v: ValueId, l: &[char], cs: &[char]| -> Result<Vec<Dim>> {
+        cs.iter().map(|&c| size_of(rw, v, l, c)).collect()
+    };
+    let (bd, ld, rd, kd) = (
+        dims(rw, a, &la, &batch)?,
+        dims(rw, a, &la, &left)?,
+        dims(rw, b, &lb, &right)?,
+        dims(rw, a, &la, &contracted)?,
+    );
+    let a_order: Vec<char> = batch
+        .iter()
+        .chain(&left)
+        .chain(&contracted)
+        .copied()
+        .collect();
+    let b_order: Vec<char> = batch
+        .iter()
+        .chain(&contracted)
+        .chain(&right)
+        .copied()
+        .collect();
+    let ap = permute(rw, a, order(&la, &a_order))?;
+    let bp = permute(rw, b, order(&lb, &b_order))?;
+    let a3 = view(rw, ap, &[prod(&bd), prod(&ld), prod(&kd)])?;
+    let b3 = view(rw, bp, &[prod(&bd), prod(&kd), prod(&rd)])?;
+    let y = rw.call1("aten::bmm", vec![Arg::Tensor(a3), Arg::Tensor(b3)])?;
+    let y_labels: Vec<char> = batch.iter().chain(&left).chain(&right).copied().collect();
+    let y_sizes: Vec<Dim> = bd.into_iter().chain(ld).chain(rd).collect();
+    let y = view(rw, y, &y_sizes)?;
+    Ok(vec![permute(rw, y, order(&y_labels, &out))?])
 }
 
 /// `triu(x, k)` keeps `x` where `column - row >= k`: a compile-time mask over the last two
