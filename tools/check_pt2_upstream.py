@@ -56,7 +56,10 @@ def run_fixture(pte, d: Path, f, external: bool, tmp: Path):
     for i, case in enumerate(f["cases"]):
         if not f.get("sequential") and i > 0:
             module = _load_for_executorch(str(out), str(data) if data else None)
-        inputs = [torch.from_numpy(np.load(d / p)) for p in case["inputs"]]
+        kinds = case.get("input_kinds", ["tensor"] * len(case["inputs"]))
+        convert = {"tensor": torch.from_numpy, "int": lambda a: int(a.item()),
+                   "float": lambda a: float(a.item()), "bool": lambda a: bool(a.item())}
+        inputs = [convert[k](np.load(d / p)) for k, p in zip(kinds, case["inputs"])]
         got = module.run_method(case["method"], inputs)
         if len(got) != len(case["outputs"]):
             return f"case {i}: {len(got)} outputs, eager has {len(case['outputs'])}"

@@ -156,6 +156,26 @@ def _dynamic_convnet():
     )
 
 
+class ScalarIO(nn.Module):
+    def forward(self, x, n: int, s: float, flag: bool):
+        y = x * n + s
+        if flag:
+            y = y.relu()
+        return y, x.shape[0], x.shape[0] * 2 + 1
+
+
+@fixture("scalar_io")
+def _scalar_io():
+    batch = Dim("batch", min=1, max=6)
+    ex = (torch.randn(4, 3), 3, 0.5, True)
+    return dict(
+        description="Non-tensor inputs (int, float, bool: specialised at export, the runtime "
+        "requires the same values) and symbolic-integer outputs of a dynamic size.",
+        methods={"forward": (ScalarIO(), ex, ({0: batch}, None, None, None))},
+        cases=[("forward", ex), ("forward", (torch.randn(2, 3), 3, 0.5, True))],
+    )
+
+
 class Counter(nn.Module):
     def __init__(self):
         super().__init__()
@@ -568,17 +588,21 @@ def build(name, fn, root: Path):
     for i, (method, inputs) in enumerate(spec["cases"]):
         module = spec["methods"][method][0]
         with torch.no_grad():
-            outputs = flatten(module(*[t.clone() for t in inputs]))
+            outputs = flatten(module(*[t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]))
         cd = d / f"case{i}"
         cd.mkdir()
-        ins, outs = [], []
+        ins, outs, kinds = [], [], []
         for k, t in enumerate(inputs):
             save(t, cd / f"input_{k}.npy")
             ins.append(f"{name}/case{i}/input_{k}.npy")
+            kinds.append({bool: "bool", int: "int", float: "float"}.get(type(t), "tensor"))
         for k, t in enumerate(outputs):
             save(t, cd / f"output_{k}.npy")
             outs.append(f"{name}/case{i}/output_{k}.npy")
-        cases.append({"method": method, "inputs": ins, "outputs": outs})
+        case = {"method": method, "inputs": ins, "outputs": outs}
+        if any(k != "tensor" for k in kinds):
+            case["input_kinds"] = kinds
+        cases.append(case)
     rtol, atol = spec.get("tol", (1e-5, 1e-6))
     return {
         "name": name,

@@ -154,7 +154,7 @@ impl Method<'_> {
             InputKind::Parameter(f) | InputKind::Buffer(f) | InputKind::Constant(f) => {
                 Some(f.clone())
             }
-            InputKind::User => None,
+            InputKind::User | InputKind::Literal(_) => None,
         }
     }
 
@@ -523,6 +523,11 @@ fn method(
                         ))
                     }
                 };
+                inputs.push(id);
+            }
+            InputKind::Literal(a) => {
+                // Upstream's runtime checks that the caller passes this very value.
+                let id = m.arg(a, None)?;
                 inputs.push(id);
             }
             _ if used || m.plan.offsets.contains_key(&v) => {

@@ -28,6 +28,9 @@ pub enum InputKind {
     Buffer(String),
     /// A lifted tensor constant (name).
     Constant(String),
+    /// A number or flag given by the caller but specialised at export: the caller must
+    /// pass exactly this value.
+    Literal(Arg),
 }
 
 /// What a graph output is.
@@ -129,14 +132,21 @@ pub fn import(model: &mut Model, method: &str) -> Result<Program> {
             json::InputSpec::Token(_) => {
                 return Err(CompileError::unsupported(field, "effect tokens"))
             }
-            json::InputSpec::ConstantInput { name, .. } => {
-                return Err(CompileError::unsupported(
-                    field,
-                    format!("constant input {name}"),
-                ))
-            }
+            json::InputSpec::ConstantInput { value, .. } => (
+                InputKind::Literal(match value {
+                    json::ConstantValue::AsInt(v) => Arg::Int(*v),
+                    json::ConstantValue::AsFloat(f) => Arg::Float(f.0),
+                    json::ConstantValue::AsBool(b) => Arg::Bool(*b),
+                    json::ConstantValue::AsString(s) => Arg::Str(s.clone()),
+                    json::ConstantValue::AsNone(_) => Arg::None,
+                }),
+                None,
+            ),
         };
-        if kind != InputKind::User {
+        if matches!(
+            kind,
+            InputKind::Parameter(_) | InputKind::Buffer(_) | InputKind::Constant(_)
+        ) {
             let data = data.ok_or_else(|| {
                 CompileError::invalid(&field, "the archive has no data for this input")
             })?;
@@ -462,12 +472,13 @@ impl<'a> Importer<'a> {
                 let name = format!("unused_{}", self.g.values.len());
                 vec![self.g.add_value(&name, ValueKind::Unused)]
             }
-            // A constant (int, float, bool) graph input: the caller must pass that value.
-            json::Argument::AsInt(_) | json::Argument::AsFloat(_) | json::Argument::AsBool(_) => {
-                return Err(CompileError::unsupported(
-                    field,
-                    "non-tensor inputs specialised to a constant (pass them as tensors)",
-                ))
+            // A number specialised at export: a placeholder value; the signature says which.
+            json::Argument::AsInt(_)
+            | json::Argument::AsFloat(_)
+            | json::Argument::AsBool(_)
+            | json::Argument::AsString(_) => {
+                let name = format!("literal_{}", self.g.values.len());
+                vec![self.g.add_value(&name, ValueKind::Unused)]
             }
             other => {
                 return Err(CompileError::unsupported(

@@ -149,6 +149,7 @@ pub fn program(p: &Program, plan: Option<&MemoryPlan>) -> String {
             InputKind::Parameter(f) => format!("PARAMETER target='{f}'"),
             InputKind::Buffer(f) => format!("BUFFER target='{f}'"),
             InputKind::Constant(f) => format!("CONSTANT_TENSOR target='{f}'"),
+            InputKind::Literal(a) => format!("USER_INPUT specialised to {}", arg(g, a)),
         };
         let _ = writeln!(out, "    {}: {kind}", g.name(v));
     }

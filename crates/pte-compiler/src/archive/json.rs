@@ -271,8 +271,20 @@ pub enum InputSpec {
     Token(IgnoredAny),
     ConstantInput {
         name: String,
-        value: IgnoredAny,
+        value: ConstantValue,
     },
+}
+
+/// The value a non-tensor input was specialised to.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[allow(missing_docs)]
+pub enum ConstantValue {
+    AsNone(IgnoredAny),
+    AsInt(i64),
+    AsFloat(Float),
+    AsString(String),
+    AsBool(bool),
 }
 
 #[derive(Debug, Deserialize)]
