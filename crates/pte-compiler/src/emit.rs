@@ -256,6 +256,14 @@ impl Method<'_> {
             Arg::None => et::KernelTypes::Null(Box::new(et::Null {})),
             Arg::Tensor(v) => return self.tensor(*v),
             Arg::SymInt(v) | Arg::SymFloat(v) | Arg::SymBool(v) => return self.sym(*v),
+            // `Tensor?[]` given as a plain tensor list (e.g. `index.Tensor`'s indices).
+            Arg::Tensors(vs) if matches!(inner, Some(Ty::List(e, _)) if matches!(**e, Ty::Optional(_))) =>
+            {
+                let items = vs.iter().map(|&v| self.tensor(v)).collect::<Result<_>>()?;
+                et::KernelTypes::OptionalTensorList(Box::new(et::OptionalTensorList {
+                    items: Some(items),
+                }))
+            }
             Arg::Tensors(vs) => {
                 let items = vs.iter().map(|&v| self.tensor(v)).collect::<Result<_>>()?;
                 et::KernelTypes::TensorList(Box::new(et::TensorList { items: Some(items) }))
