@@ -329,3 +329,69 @@ fn shared_objects(items: &[(ValueId, u64, usize, usize)]) -> Result<(HashMap<Val
         .collect();
     Ok((out, total))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic tensors with random sizes and lifetimes.
+    fn items(n: usize, seed: u64) -> Vec<(ValueId, u64, usize, usize)> {
+        let mut s = seed;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut v: Vec<_> = (0..n)
+            .map(|i| {
+                let start = (next() % 50) as usize;
+                let len = (next() % 20) as usize;
+                let size = (next() % 64 + 1) * ALIGNMENT;
+                (i, size, start, start + len)
+            })
+            .collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.cmp(&b.2)).then(a.0.cmp(&b.0)));
+        v
+    }
+
+    fn check(items: &[(ValueId, u64, usize, usize)], at: &HashMap<ValueId, u64>, total: u64) {
+        for (i, a) in items.iter().enumerate() {
+            let oa = at[&a.0];
+            assert!(oa + a.1 <= total);
+            assert_eq!(oa % ALIGNMENT, 0);
+            for b in items.iter().skip(i + 1) {
+                if overlaps((a.2, a.3), (b.2, b.3)) {
+                    let ob = at[&b.0];
+                    assert!(
+                        oa + a.1 <= ob || ob + b.1 <= oa,
+                        "{a:?} at {oa} and {b:?} at {ob} overlap"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn plans_never_overlap_live_tensors() {
+        for seed in 1..40u64 {
+            let it = items(60, seed * 7919);
+            let (bf, bt) = best_fit(&it).unwrap();
+            check(&it, &bf, bt);
+            let (so, st) = shared_objects(&it).unwrap();
+            check(&it, &so, st);
+            // Never above the sum of all sizes; the lower bound is the largest live set.
+            assert!(bt <= it.iter().map(|x| x.1).sum::<u64>());
+            let peak = (0..70)
+                .map(|t| {
+                    it.iter()
+                        .filter(|x| x.2 <= t && t <= x.3)
+                        .map(|x| x.1)
+                        .sum::<u64>()
+                })
+                .max()
+                .unwrap();
+            assert!(bt >= peak && st >= peak);
+        }
+    }
+}
