@@ -773,6 +773,74 @@ fn bench_conv(o: &Opts, name: &str, layers: &[Layer]) {
     );
 }
 
+/// NHWC convolutions on the benchmark shapes: (name, c_in, c_out, groups, size, k,
+/// stride, pad), ReLU fused.
+fn bench_nhwc(o: &Opts) {
+    use pte_compute::nhwc::{ConvNhwc, ConvWeights};
+    type Shape = (
+        &'static str,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+    );
+    let shapes: &[Shape] = &[
+        ("mbv2 dw 32 112 s1", 32, 32, 32, 112, 3, 1, 1),
+        ("mbv2 dw 96 112 s2", 96, 96, 96, 112, 3, 2, 1),
+        ("mbv2 dw 144 56 s1", 144, 144, 144, 56, 3, 1, 1),
+        ("mbv2 dw 384 14 s1", 384, 384, 384, 14, 3, 1, 1),
+        ("mbv2 dw 960 7 s1", 960, 960, 960, 7, 3, 1, 1),
+        ("mbv2 pw 32->16 112", 32, 16, 1, 112, 1, 1, 0),
+        ("mbv2 pw 24->144 56", 24, 144, 1, 56, 1, 1, 0),
+        ("mbv2 pw 144->24 56", 144, 24, 1, 56, 1, 1, 0),
+        ("mbv2 pw 384->64 14", 384, 64, 1, 14, 1, 1, 0),
+        ("mbv2 pw 320->1280 7", 320, 1280, 1, 7, 1, 1, 0),
+        ("r18 3x3 64 56", 64, 64, 1, 56, 3, 1, 1),
+        ("r18 3x3 128 28", 128, 128, 1, 28, 3, 1, 1),
+        ("r18 3x3 256 14", 256, 256, 1, 14, 3, 1, 1),
+        ("r18 3x3 512 7", 512, 512, 1, 7, 3, 1, 1),
+        ("stem 3x3 s2 3->32 224", 3, 32, 1, 224, 3, 2, 1),
+        ("stem 7x7 s2 3->64 224", 3, 64, 1, 224, 7, 2, 3),
+    ];
+    println!(
+        "## NHWC convolutions, milliseconds per layer (median of {} rounds)\n",
+        o.rounds
+    );
+    println!("| layer | algorithm | 1T | 2T |");
+    println!("|---|---|---:|---:|");
+    let g = Gemm::with_isa(o.isa).unwrap();
+    let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
+    for &(name, ci, co, groups, size, k, s, pad) in shapes {
+        let p = layer(ci, co, groups, size, k, s, pad);
+        let w = values(co * ci / groups * k * k);
+        let bias = values(co);
+        let conv =
+            ConvNhwc::new(g, p, ConvWeights::Oihw(&w), Some(&bias), Activation::RELU).unwrap();
+        let (xl, yl) = conv.io_len(1).unwrap();
+        let x = values(xl);
+        let mut ys = [vec![0.0; yl], vec![0.0; yl]];
+        let mut sc = [
+            vec![0.0; conv.scratch_len().unwrap()],
+            vec![0.0; conv.scratch_len().unwrap()],
+        ];
+        let [y0, y1] = &mut ys;
+        let [s0, s1] = &mut sc;
+        let mut f0 = || conv.run(&pools[0], &x, 1, None, y0, s0).unwrap();
+        let mut f1 = || conv.run(&pools[1], &x, 1, None, y1, s1).unwrap();
+        let t = race(&mut [&mut f0, &mut f1], o.rounds, o.min);
+        println!(
+            "| {name} | {} | {:.3} | {:.3} |",
+            conv.algorithm(),
+            t[0] * 1e3,
+            t[1] * 1e3
+        );
+    }
+    println!();
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -828,6 +896,9 @@ fn main() {
         bench_conv(&o, "resnet18", &resnet18());
         bench_conv(&o, "mobilenet_v2", &mobilenet_v2());
         println!("\\* without the depthwise layers, which the baseline column skips.\n");
+    }
+    if what == "nhwc" || what == "all" {
+        bench_nhwc(&o);
     }
     if what == "attention" || what == "all" {
         bench_attention(&o);
@@ -904,11 +975,18 @@ fn main() {
             let p = layer(ci, co, g, size, k, s, pad);
             let w = values(co * ci / g * k * k);
             let gemm = Gemm::with_isa(o.isa).unwrap();
-            let conv = pte_compute::Conv2dNhwc::new(gemm, p, &w, None, Activation::RELU).unwrap();
+            let conv = pte_compute::nhwc::ConvNhwc::new(
+                gemm,
+                p,
+                pte_compute::nhwc::ConvWeights::Oihw(&w),
+                None,
+                Activation::RELU,
+            )
+            .unwrap();
             let pool = ThreadPool::new(threads).unwrap();
             let (xl, yl) = conv.io_len(1).unwrap();
             let (x, mut y) = (values(xl), vec![0.0; yl]);
-            let mut scratch = vec![0.0; conv.scratch_len(threads).unwrap()];
+            let mut scratch = vec![0.0; conv.scratch_len().unwrap()];
             let t = Clock::start();
             let mut runs = 0;
             while t.elapsed() < Duration::from_secs(3) {

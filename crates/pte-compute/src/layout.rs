@@ -1,98 +1,75 @@
-//! Conversions between the NCHW layout of programs and the NHWC (channels last) layout
-//! that a chain of [`crate::Conv2dNhwc`] layers keeps between its ends.
+//! Batched 2-D transposes: the conversions between the NCHW layout of programs and the
+//! NHWC (channels last) layout of [`crate::nhwc`] — NCHW to NHWC transposes each image's
+//! `channels × pixels`, NHWC to NCHW its `pixels × channels` — and any transpose an
+//! XNNPACK graph asks for on elements of any size.
 
-use crate::arch::{multiversion, Isa};
 use crate::error::{self, Error, Result};
+use crate::pool::ThreadPool;
 
-/// Channels moved at once: one cache line of the NHWC side.
+/// Output rows written at once: one cache line of `f32` read from each input row.
 const BLOCK: usize = 16;
 
-fn check(x: usize, y: usize, batch: usize, channels: usize, pixels: usize) -> Result<usize> {
-    let image = error::mul(channels, pixels, "image")?;
-    let len = error::mul(image, batch, "images")?;
-    if x != len || y != len {
+/// Elements below which a transpose stays on the calling thread.
+const PARALLEL: usize = 1 << 15;
+
+/// `y[n][c][r] = x[n][r][c]` for `batch` matrices of `rows × cols`, split over the
+/// pool's threads when large.
+pub fn transpose<T: Copy + Send + Sync>(
+    pool: &ThreadPool,
+    x: &[T],
+    batch: usize,
+    rows: usize,
+    cols: usize,
+    y: &mut [T],
+) -> Result {
+    let image = error::mul(rows, cols, "transpose")?;
+    let len = error::mul(image, batch, "transpose")?;
+    if x.len() != len || y.len() != len {
         return Err(Error::ShapeMismatch {
             what: format!(
-                "{x} and {y} values for {batch} images of {channels} channels × {pixels} pixels"
+                "transpose of {} values into {} for {batch} matrices of {rows} × {cols}",
+                x.len(),
+                y.len()
             ),
         });
     }
-    Ok(image)
-}
-
-multiversion! {
-    fn to_nhwc<const FMA: bool>(x: &[f32], channels: usize, pixels: usize, y: &mut [f32]) {
-        let mut c0 = 0;
-        while c0 < channels {
-            let cb = BLOCK.min(channels - c0);
-            let planes: [&[f32]; BLOCK] = std::array::from_fn(|i| {
-                if i < cb {
-                    x.get((c0 + i) * pixels..(c0 + i + 1) * pixels).unwrap_or_default()
-                } else {
-                    &[]
-                }
-            });
-            for (p, px) in y.chunks_exact_mut(channels).enumerate() {
-                for (o, plane) in px.iter_mut().skip(c0).take(cb).zip(&planes) {
-                    *o = plane.get(p).copied().unwrap_or(0.0);
-                }
-            }
-            c0 += cb;
-        }
-    }
-}
-
-multiversion! {
-    fn to_nchw<const FMA: bool>(x: &[f32], channels: usize, pixels: usize, y: &mut [f32]) {
-        let mut c0 = 0;
-        while c0 < channels {
-            let cb = BLOCK.min(channels - c0);
-            for (i, plane) in y.chunks_exact_mut(pixels).skip(c0).take(cb).enumerate() {
-                for (o, px) in plane.iter_mut().zip(x.chunks_exact(channels)) {
-                    *o = px.get(c0 + i).copied().unwrap_or(0.0);
-                }
-            }
-            c0 += cb;
-        }
-    }
-}
-
-/// `y[n][p][c] = x[n][c][p]` for `batch` images of `channels × pixels`.
-pub fn nchw_to_nhwc(
-    isa: Isa,
-    x: &[f32],
-    batch: usize,
-    channels: usize,
-    pixels: usize,
-    y: &mut [f32],
-) -> Result {
-    let image = check(x.len(), y.len(), batch, channels, pixels)?;
-    if image == 0 {
+    if len == 0 {
         return Ok(());
     }
-    for (xi, yi) in x.chunks_exact(image).zip(y.chunks_exact_mut(image)) {
-        to_nhwc(isa, xi, channels, pixels, yi);
-    }
-    Ok(())
-}
-
-/// `y[n][c][p] = x[n][p][c]` for `batch` images of `pixels × channels`.
-pub fn nhwc_to_nchw(
-    isa: Isa,
-    x: &[f32],
-    batch: usize,
-    channels: usize,
-    pixels: usize,
-    y: &mut [f32],
-) -> Result {
-    let image = check(x.len(), y.len(), batch, channels, pixels)?;
-    if image == 0 {
+    if len < PARALLEL || pool.threads() == 1 {
+        transpose_rows(x, rows, cols, 0, y);
         return Ok(());
     }
-    for (xi, yi) in x.chunks_exact(image).zip(y.chunks_exact_mut(image)) {
-        to_nchw(isa, xi, channels, pixels, yi);
+    pool.parallel_chunks(y, BLOCK * rows, &mut [0u8; 0], 0, |i, chunk, _| {
+        transpose_rows(x, rows, cols, i * BLOCK, chunk);
+    })
+}
+
+/// Output rows `g0..` (row `g` is column `g % cols` of matrix `g / cols`) into `y`,
+/// which holds whole rows: up to [`BLOCK`] of them at a time, the input read row by
+/// row.
+fn transpose_rows<T: Copy>(x: &[T], rows: usize, cols: usize, g0: usize, y: &mut [T]) {
+    let image = rows * cols;
+    let mut g = g0;
+    let mut out = y;
+    while !out.is_empty() {
+        let (n, c0) = (g / cols, g % cols);
+        let cb = BLOCK.min(cols - c0).min(out.len() / rows);
+        if cb == 0 {
+            return;
+        }
+        let (head, tail) = out.split_at_mut(cb * rows);
+        let src = x.get(n * image..(n + 1) * image).unwrap_or_default();
+        for (r, line) in src.chunks_exact(cols).enumerate() {
+            for (i, &v) in line.iter().skip(c0).take(cb).enumerate() {
+                if let Some(o) = head.get_mut(i * rows + r) {
+                    *o = v;
+                }
+            }
+        }
+        g += cb;
+        out = tail;
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -100,12 +77,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn conversions_are_inverse_transposes() {
-        for isa in Isa::available() {
-            for (batch, c, p) in [(1, 3, 50176), (2, 17, 9), (1, 40, 1), (3, 1, 5)] {
+    fn transposes_match_the_definition() {
+        for threads in [1, 2] {
+            let pool = ThreadPool::new(threads).unwrap();
+            for (batch, c, p) in [
+                (1, 3, 50176),
+                (2, 17, 9),
+                (1, 40, 1),
+                (3, 1, 5),
+                (2, 33, 999),
+            ] {
                 let x: Vec<f32> = (0..batch * c * p).map(|i| i as f32).collect();
                 let mut y = vec![0.0; x.len()];
-                nchw_to_nhwc(isa, &x, batch, c, p, &mut y).unwrap();
+                transpose(&pool, &x, batch, c, p, &mut y).unwrap();
                 for n in 0..batch {
                     for ch in 0..c {
                         for px in 0..p {
@@ -114,10 +98,10 @@ mod tests {
                     }
                 }
                 let mut back = vec![0.0; x.len()];
-                nhwc_to_nchw(isa, &y, batch, c, p, &mut back).unwrap();
+                transpose(&pool, &y, batch, p, c, &mut back).unwrap();
                 assert_eq!(back, x);
             }
+            assert!(transpose(&pool, &[0.0; 5], 1, 2, 3, &mut [0.0; 6]).is_err());
         }
-        assert!(nchw_to_nhwc(Isa::Generic, &[0.0; 5], 1, 2, 3, &mut [0.0; 6]).is_err());
     }
 }

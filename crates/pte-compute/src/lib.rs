@@ -70,6 +70,9 @@
 //!   are fused. Weights are packed once by [`Conv2d::new`]. [`ConvTranspose2d`]: one
 //!   product per image and group with the transposed weights packed once, then
 //!   col2im (output padding, groups, dilation).
+//! - [`nhwc`]: convolution (indirect products, depthwise), transposed convolution
+//!   and pooling on channels-last images, for the XNNPACK delegate and for chains of
+//!   convolutions the kernels keep channels last; [`layout`] converts at the ends.
 //! - [`pooling`]: max pooling on the same window engine (NaN propagating), with
 //!   indices, average pooling (PyTorch's divisors, `ceil_mode`), global average.
 //! - [`elementwise`]: activations, binary operations with a per-channel vector,
@@ -101,15 +104,15 @@
 //!
 //! # Not done
 //!
-//! Winograd convolution, a blocked channel layout (NCHWc/NHWC) kept across layers,
-//! f16/bf16 and quantized types. NEON is compiled and
-//! type-checked only (no aarch64 machine to run it).
+//! Winograd convolution, a blocked channel layout (NCHWc), f16/bf16 products. NEON
+//! is compiled and type-checked only (no aarch64 machine to run it).
 
 #![deny(clippy::indexing_slicing)]
 // Tests index their reference data directly; a panic there is a test failure.
 #![cfg_attr(test, allow(clippy::indexing_slicing))]
 
 pub mod arch;
+pub mod broadcast;
 pub mod conv;
 pub mod elementwise;
 mod error;
@@ -117,12 +120,15 @@ pub mod gemm;
 pub mod layout;
 mod mat;
 mod math;
+pub mod nhwc;
 pub mod pool;
 pub mod pooling;
+pub mod qgemm;
+pub mod unary;
 mod window;
 
 pub use arch::Isa;
-pub use conv::{Conv2d, Conv2dNhwc, Conv2dParams, ConvTranspose2d, ConvTranspose2dParams};
+pub use conv::{Conv2d, Conv2dParams, ConvTranspose2d, ConvTranspose2dParams};
 pub use elementwise::Activation;
 pub use error::{Error, Result};
 pub use gemm::{BatchMut, BatchRef, Bias, Epilogue, Gemm, Lhs, PackedA, PackedB, Rhs};

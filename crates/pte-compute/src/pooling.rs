@@ -40,6 +40,42 @@ pub struct AvgOptions {
 }
 
 impl Pool2dParams {
+    /// The same windows for [`crate::nhwc::pool2d`]: PyTorch's output size, a
+    /// `ceil_mode` extra row or column as padding at the bottom or right (no max
+    /// reads it: every window starts inside the input or its top/left padding).
+    pub fn nhwc_geometry(&self) -> Result<crate::nhwc::Geometry> {
+        let out = self.output()?;
+        // Padded extent the output's last window reaches, beyond the input and its
+        // leading padding (never less than the trailing padding PyTorch adds).
+        let extra = |out: usize, s: usize, k: usize, d: usize, i: usize, p: usize| {
+            (out - 1)
+                .checked_mul(s)
+                .and_then(|v| v.checked_add((k - 1).checked_mul(d)?))
+                .and_then(|v| v.checked_add(1))
+                .map(|reach| reach.saturating_sub(i + p).max(p))
+                .ok_or(Error::SizeOverflow {
+                    what: "pooling window",
+                })
+        };
+        let (s, k, d, i, p) = (
+            self.stride,
+            self.kernel,
+            self.dilation,
+            self.input,
+            self.padding,
+        );
+        let bottom = extra(out[0], s[0], k[0], d[0], i[0], p[0])?;
+        let right = extra(out[1], s[1], k[1], d[1], i[1], p[1])?;
+        let [ph, pw] = self.padding;
+        Ok(crate::nhwc::Geometry {
+            input: self.input,
+            kernel: self.kernel,
+            stride: self.stride,
+            dilation: self.dilation,
+            padding: [ph, right, bottom, pw],
+        })
+    }
+
     /// Output height and width, PyTorch's `pooling_output_shape`.
     pub fn output(&self) -> Result<[usize; 2]> {
         let axis = |i: usize, k: usize, s: usize, p: usize, d: usize| {
@@ -73,14 +109,14 @@ impl Pool2dParams {
     }
 
     fn window(&self, out: [usize; 2]) -> Window {
-        Window {
-            input: self.input,
-            kernel: self.kernel,
-            stride: self.stride,
-            dilation: self.dilation,
-            pad: self.padding,
+        Window::new(
+            self.input,
+            self.kernel,
+            self.stride,
+            self.dilation,
+            self.padding,
             out,
-        }
+        )
     }
 
     /// Scratch (f32 elements) [`max_pool2d`] needs on `threads` threads.
@@ -312,128 +348,6 @@ pub fn global_avg_pool(isa: Isa, x: &[f32], plane_len: usize, y: &mut [f32]) -> 
     Ok(())
 }
 
-/// Channels reduced at once by the NHWC loops.
-const NHWC_BLOCK: usize = 64;
-
-multiversion! {
-    /// One output row `oy` of an NHWC max pooling.
-    fn max_row_nhwc<const FMA: bool>(p: &Pool2dParams, out: [usize; 2], channels: usize, x: &[f32], oy: usize, y: &mut [f32]) {
-        let ([h, w], [kh, kw]) = (p.input, p.kernel);
-        for (ox, y_px) in y.chunks_exact_mut(channels).enumerate().take(out[1]) {
-            let mut c0 = 0;
-            while c0 < channels {
-                let cb = NHWC_BLOCK.min(channels - c0);
-                let mut best = [f32::NEG_INFINITY; NHWC_BLOCK];
-                let best = best.get_mut(..cb).unwrap_or_default();
-                for ky in 0..kh {
-                    let Some(iy) = (oy * p.stride[0] + ky * p.dilation[0])
-                        .checked_sub(p.padding[0])
-                        .filter(|&iy| iy < h)
-                    else {
-                        continue;
-                    };
-                    for kx in 0..kw {
-                        let Some(ix) = (ox * p.stride[1] + kx * p.dilation[1])
-                            .checked_sub(p.padding[1])
-                            .filter(|&ix| ix < w)
-                        else {
-                            continue;
-                        };
-                        let at = (iy * w + ix) * channels + c0;
-                        for (b, &v) in best.iter_mut().zip(x.get(at..at + cb).unwrap_or_default()) {
-                            // NaN wins (as PyTorch).
-                            *b = if v > *b || v.is_nan() { v } else { *b };
-                        }
-                    }
-                }
-                if let Some(dst) = y_px.get_mut(c0..c0 + cb) {
-                    dst.copy_from_slice(best);
-                }
-                c0 += cb;
-            }
-        }
-    }
-}
-
-/// Max pooling of `batch` NHWC images (`h × w × channels`) into `y` (`oh × ow ×
-/// channels` each); a NaN in a window gives NaN, as PyTorch.
-pub fn max_pool2d_nhwc(
-    isa: Isa,
-    pool: &ThreadPool,
-    p: &Pool2dParams,
-    batch: usize,
-    channels: usize,
-    x: &[f32],
-    y: &mut [f32],
-) -> Result {
-    let out = p.output()?;
-    let image = error::mul(p.input[0] * p.input[1], channels, "pooling input")?;
-    let row = error::mul(out[1], channels, "pooling output")?;
-    let y_len = error::mul(
-        error::mul(row, out[0], "pooling output")?,
-        batch,
-        "pooling output",
-    )?;
-    if x.len() != error::mul(image, batch, "pooling input")? || y.len() != y_len {
-        return Err(Error::ShapeMismatch {
-            what: format!(
-                "NHWC pooling of {} values into {} for {batch} images of {:?} × {channels}",
-                x.len(),
-                y.len(),
-                p.input
-            ),
-        });
-    }
-    pool.parallel_chunks(y, row, &mut [0u8; 0], 0, |r, y_row, _| {
-        let (n, oy) = (r / out[0], r % out[0]);
-        let src = x.get(n * image..(n + 1) * image).unwrap_or_default();
-        max_row_nhwc(isa, p, out, channels, src, oy, y_row);
-    })
-}
-
-multiversion! {
-    fn sum_pixels<const FMA: bool>(x: &[f32], channels: usize, y: &mut [f32]) {
-        y.fill(0.0);
-        for px in x.chunks_exact(channels) {
-            for (o, &v) in y.iter_mut().zip(px) {
-                *o += v;
-            }
-        }
-    }
-}
-
-/// Mean over the `pixels` of each of `batch` NHWC images: `y[n][c]`.
-pub fn global_avg_pool_nhwc(
-    isa: Isa,
-    x: &[f32],
-    batch: usize,
-    pixels: usize,
-    channels: usize,
-    y: &mut [f32],
-) -> Result {
-    let image = error::mul(pixels, channels, "pooling input")?;
-    if pixels == 0
-        || x.len() != error::mul(image, batch, "pooling input")?
-        || y.len() != error::mul(batch, channels, "pooling output")?
-    {
-        return Err(Error::ShapeMismatch {
-            what: format!(
-                "{} values as {batch} images of {pixels} × {channels}",
-                x.len()
-            ),
-        });
-    }
-    let inv = 1.0 / pixels as f32;
-    for (xi, yi) in x
-        .chunks_exact(image.max(1))
-        .zip(y.chunks_exact_mut(channels.max(1)))
-    {
-        sum_pixels(isa, xi, channels, yi);
-        yi.iter_mut().for_each(|v| *v *= inv);
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 #[allow(clippy::needless_range_loop)] // index arithmetic mirrors the definition
 mod tests {
@@ -588,6 +502,7 @@ mod tests {
 
     #[test]
     fn nhwc_pooling_matches_nchw() {
+        use crate::nhwc::{global_avg_pool as global_nhwc, pool2d, PoolKind};
         let pool = ThreadPool::new(2).unwrap();
         for isa in Isa::available() {
             for (n, p) in cases().into_iter().enumerate() {
@@ -600,11 +515,26 @@ mod tests {
                 let mut scratch = vec![0.0; p.scratch_len(2).unwrap()];
                 max_pool2d(isa, &pool, &p, &x, &mut want, None, &mut scratch).unwrap();
                 let mut xn = vec![0.0; x.len()];
-                crate::layout::nchw_to_nhwc(isa, &x, batch, c, hw, &mut xn).unwrap();
+                crate::layout::transpose(&pool, &x, batch, c, hw, &mut xn).unwrap();
                 let mut yn = vec![0.0; want.len()];
-                max_pool2d_nhwc(isa, &pool, &p, batch, c, &xn, &mut yn).unwrap();
+                let g = p.nhwc_geometry().unwrap();
+                assert_eq!(g.output().unwrap(), [oh, ow], "case {n}");
+                let (lo, hi) = (f32::NEG_INFINITY, f32::INFINITY);
+                pool2d(
+                    isa,
+                    &pool,
+                    PoolKind::Max,
+                    &g,
+                    c,
+                    batch,
+                    &xn,
+                    &mut yn,
+                    lo,
+                    hi,
+                )
+                .unwrap();
                 let mut got = vec![0.0; want.len()];
-                crate::layout::nhwc_to_nchw(isa, &yn, batch, c, ohw, &mut got).unwrap();
+                crate::layout::transpose(&pool, &yn, batch, ohw, c, &mut got).unwrap();
                 for (o, (a, b)) in got.iter().zip(&want).enumerate() {
                     assert!(
                         a == b || (a.is_nan() && b.is_nan()),
@@ -612,7 +542,7 @@ mod tests {
                     );
                 }
                 let mut g = vec![0.0; batch * c];
-                global_avg_pool_nhwc(isa, &xn, batch, hw, c, &mut g).unwrap();
+                global_nhwc(isa, batch, hw, c, &xn, &mut g, lo, hi).unwrap();
                 let mut w = vec![0.0; batch * c];
                 global_avg_pool(isa, &x, hw, &mut w).unwrap();
                 for (a, b) in g.iter().zip(&w) {

@@ -18,7 +18,6 @@
 //! without a copy.
 
 mod engine;
-mod num;
 mod ops;
 
 use pte_runtime::{Args, DType, KernelError, KernelRegistry, KernelResult, Scalar};
@@ -27,6 +26,8 @@ use smallvec::SmallVec;
 use engine::{check_out, float_type, map_any, map_compare, map_float, map_int, result_type};
 use engine::{Compare, FloatOp, IntOp, Operand};
 use ops::*;
+
+use crate::num::Int;
 
 /// Operands 0 and 1 (tensors or scalars).
 fn two(args: &Args<'_>) -> KernelResult<[Operand; 2]> {
@@ -182,10 +183,23 @@ fn clamp_in(
     };
     let operands = [
         Operand::Tensor(0),
-        lo.unwrap_or(unused),
-        hi.unwrap_or(unused),
+        saturate(lo, compute).unwrap_or(unused),
+        saturate(hi, compute).unwrap_or(unused),
     ];
     map_any(args, operands, 3, compute, &op)
+}
+
+/// An integer scalar bound limited to the range of an integer compute type: PyTorch
+/// compares before narrowing (`clamp(uint8, -2, 3)` keeps 0, not 254).
+fn saturate(bound: Option<Operand>, compute: DType) -> Option<Operand> {
+    match bound {
+        Some(Operand::Scalar(Scalar::Int(v))) if compute.is_int() => {
+            let (lo, hi) =
+                crate::dispatch_int!(compute, T => (T::MIN_I64, T::MAX_I64), (i64::MIN, i64::MAX));
+            Some(Operand::Scalar(Scalar::Int(v.clamp(lo, hi))))
+        }
+        other => other,
+    }
 }
 
 /// A function of one tensor in its own dtype; `bools` allows bool inputs.
@@ -277,6 +291,12 @@ pub fn register(r: &mut KernelRegistry) {
         r.register_fn(&name("bitwise_xor"), |a| bitwise(a, BitXor));
     }
     r.register_fn("aten::bitwise_not.out", bitwise_not);
+    for overload in ["Tensor_out", "Tensor_Scalar_out"] {
+        let name = |d: &str| format!("aten::bitwise_{d}_shift.{overload}");
+        r.register_fn(&name("left"), |a| bitwise(a, ShiftLeft));
+        r.register_fn(&name("right"), |a| bitwise(a, ShiftRight));
+    }
+    r.register_fn("aten::floor_divide.out", |a| binary(a, 2, DivFloor));
     r.register_fn("aten::logical_and.out", |a| logical(a, BitAnd));
     r.register_fn("aten::logical_or.out", |a| logical(a, BitOr));
     r.register_fn("aten::logical_xor.out", |a| logical(a, BitXor));
@@ -311,6 +331,19 @@ pub fn register(r: &mut KernelRegistry) {
     r.register_fn("aten::sin.out", |a| unary_float(a, 1, Sin));
     r.register_fn("aten::cos.out", |a| unary_float(a, 1, Cos));
     r.register_fn("aten::tan.out", |a| unary_float(a, 1, Tan));
+    r.register_fn("aten::asin.out", |a| unary_float(a, 1, Asin));
+    r.register_fn("aten::acos.out", |a| unary_float(a, 1, Acos));
+    r.register_fn("aten::atan.out", |a| unary_float(a, 1, Atan));
+    r.register_fn("aten::sinh.out", |a| unary_float(a, 1, Sinh));
+    r.register_fn("aten::cosh.out", |a| unary_float(a, 1, Cosh));
+    r.register_fn("aten::asinh.out", |a| unary_float(a, 1, Asinh));
+    r.register_fn("aten::acosh.out", |a| unary_float(a, 1, Acosh));
+    r.register_fn("aten::atanh.out", |a| unary_float(a, 1, Atanh));
+    // logit(self, eps?, out).
+    r.register_fn("aten::logit.out", |a| {
+        let eps = a.opt_double(1)?;
+        unary_float(a, 2, Logit(eps))
+    });
     r.register_fn("aten::tanh.out", |a| unary_float(a, 1, Tanh));
     r.register_fn("aten::sigmoid.out", |a| unary_float(a, 1, Sigmoid));
     r.register_fn("aten::erf.out", |a| unary_float(a, 1, Erf));

@@ -7,7 +7,8 @@
 //! tensor against its dimension before moving anything (PyTorch's advanced indexing wraps
 //! negative indices once; `index_select`, `embedding`, `gather` and `scatter` reject
 //! them), then moves elements by offset. Moves are dtype-agnostic (elements travel as
-//! unsigned integers of their size); only accumulation and scalar fills are typed.
+//! unsigned integers of their size); only accumulation and scalar fills are typed. Data
+//! tensors of any dim order are seen in row-major order ([`Dense`]).
 //!
 //! Nothing is allocated in steady state: advanced indexing (`index.Tensor`, `index_put`)
 //! plans its offsets, factored as (leading dims, broadcast indices, trailing dims), in
@@ -15,15 +16,17 @@
 //! their index tensor in place.
 
 use pte_runtime::{Arg, Args, DType, Dims, KernelError, KernelRegistry, KernelResult};
-use pte_runtime::{TensorData, TensorInfo};
+use pte_runtime::{Charge, MemoryError, TensorInfo};
 use smallvec::SmallVec;
 
-use crate::shape::strided::{
-    self, as_dtype, as_dtype_piece, by_elem_size, row_major, scalar_as, typed, typed_mut, Layout,
+use crate::layout::{
+    as_dtype, as_dtype_piece, by_elem_size, copy, row_major, typed, typed_mut, window, Dense,
+    Layout,
 };
-use crate::shape::{dim_of, numel_of, same_dtype, slice_bounds, window, wrap_index};
-use crate::util::{broadcast_shapes, broadcast_strides, for_each_broadcast, prod, Elem};
-use crate::util::{Scratch, Stateful};
+use crate::num::Elem;
+use crate::util::{broadcast_shapes, broadcast_strides, dim_of, for_each_broadcast, numel_of};
+use crate::util::{oob, prod, same_dtype, scalar_as, slice_bounds, split_at_dim, to_size};
+use crate::util::{wrap_index, Checked, Stateful};
 
 /// The values of an int64 or int32 index tensor, read in place.
 #[derive(Clone, Copy)]
@@ -33,12 +36,18 @@ enum IndexData<'a> {
 }
 
 impl<'a> IndexData<'a> {
-    fn of(t: &TensorData<'a>) -> KernelResult<Self> {
-        check_index_dtype(&t.info)?;
-        Ok(match t.info.dtype {
-            DType::I64 => IndexData::I64(typed(t.bytes())?),
-            _ => IndexData::I32(typed(t.bytes())?),
+    fn of(info: &TensorInfo, bytes: &'a [u8]) -> KernelResult<Self> {
+        check_index_dtype(info)?;
+        Ok(match info.dtype {
+            DType::I64 => IndexData::I64(typed(bytes)?),
+            _ => IndexData::I32(typed(bytes)?),
         })
+    }
+
+    /// Input `k` of a [`Dense`] view.
+    fn input(io: &Dense<'a>, k: usize) -> KernelResult<Self> {
+        let (info, bytes) = io.inputs.get(k).ok_or_else(oob)?;
+        Self::of(info, bytes)
     }
 
     fn len(self) -> usize {
@@ -69,15 +78,46 @@ fn check_index_dtype(t: &TensorInfo) -> KernelResult {
     }
 }
 
+/// Makes room for `additional` more elements in `v`, charging the growth to `charge`
+/// first (the buffers of advanced indexing grow with the index tensors they hold).
+fn reserve<T>(v: &mut Vec<T>, additional: usize, charge: &mut Charge) -> KernelResult {
+    let needed = v.len().checked_add(additional).ok_or_else(too_many)?;
+    if needed <= v.capacity() {
+        return Ok(());
+    }
+    let bytes = (needed - v.capacity())
+        .checked_mul(std::mem::size_of::<T>())
+        .ok_or_else(too_many)? as u64;
+    let memory = |source| KernelError::Memory {
+        what: "indexing plan".into(),
+        source,
+    };
+    charge
+        .grow(charge.bytes().saturating_add(bytes))
+        .map_err(memory)?;
+    v.try_reserve_exact(needed - v.len())
+        .map_err(|_| memory(MemoryError::AllocFailed { requested: bytes }))
+}
+
+fn too_many() -> KernelError {
+    KernelError::invalid("indexing plan size overflows")
+}
+
 /// Appends the values of the index tensor `a` to `values`; returns its sizes.
-fn read_indices(args: &Args<'_>, a: Arg, values: &mut Vec<i64>) -> KernelResult<Dims> {
+fn read_indices(
+    args: &Args<'_>,
+    a: Arg,
+    values: &mut Vec<i64>,
+    charge: &mut Charge,
+) -> KernelResult<Dims> {
     let t = args.read(a)?;
     if !t.info.is_contiguous() {
         return Err(KernelError::invalid(
             "index tensors must have the default dim order",
         ));
     }
-    values.extend(IndexData::of(&t)?.iter());
+    reserve(values, t.info.numel(), charge)?;
+    values.extend(IndexData::of(&t.info, t.bytes())?.iter());
     Ok(t.info.sizes)
 }
 
@@ -94,9 +134,16 @@ fn in_range(v: i64, size: usize) -> KernelResult<usize> {
 }
 
 /// Sets `out` to the offsets of every element of `sizes` (row-major) under `strides`.
-fn offsets_of(sizes: &[usize], strides: &[usize], out: &mut Vec<usize>) {
+fn offsets_of(
+    sizes: &[usize],
+    strides: &[usize],
+    out: &mut Vec<usize>,
+    charge: &mut Charge,
+) -> KernelResult {
     out.clear();
+    reserve(out, numel_of(sizes)?, charge)?;
     for_each_broadcast(sizes, [strides], |_, [o]| out.push(o));
+    Ok(())
 }
 
 /// Moves elements: `dst[d] = src[s]` for each `(s, d)` pair, checked.
@@ -128,6 +175,8 @@ struct Buffers {
     /// Offsets along the dims before and after the indexed ones in the result.
     pre: Vec<usize>,
     post: Vec<usize>,
+    /// The memory the buffers hold, charged to the method's budget.
+    charge: Option<Charge>,
 }
 
 /// An index tensor of advanced indexing: the dim it indexes, its sizes, and where its
@@ -136,13 +185,6 @@ struct Indexed {
     dim: usize,
     sizes: Dims,
     start: usize,
-}
-
-/// The result of advanced indexing: element `(p, b, q)` of the result (`pre`, broadcast
-/// index and `post` dims, flattened) comes from offset `pre[p] + base[b] + post[q]` of the
-/// (contiguous) indexed tensor, from the [`Buffers`] it was planned in.
-struct Advanced {
-    sizes: Dims,
 }
 
 impl Buffers {
@@ -154,27 +196,55 @@ impl Buffers {
                 .flat_map(move |&b| self.post.iter().map(move |&q| p + b + q))
         })
     }
+}
 
-    /// The source offset of element `i` of a non-empty result.
-    fn offset(&self, i: usize) -> Option<usize> {
-        let (nb, nq) = (self.base.len(), self.post.len());
-        let p = self.pre.get(i / nb.checked_mul(nq).filter(|&n| n > 0)?)?;
-        Some(p + self.base.get(i / nq % nb)? + self.post.get(i % nq)?)
+/// Appends the coordinates of the non-zero elements of a mask (of `sizes`, row-major
+/// bytes) to `values`, one run of `count` per mask dim; returns `count`.
+fn mask_coordinates(
+    mask: &[u8],
+    sizes: &[usize],
+    values: &mut Vec<i64>,
+    charge: &mut Charge,
+) -> KernelResult<usize> {
+    let set = || {
+        mask.iter()
+            .enumerate()
+            .filter(|(_, &f)| f != 0)
+            .map(|(i, _)| i)
+    };
+    let count = set().count();
+    let total = count.checked_mul(sizes.len()).ok_or_else(too_many)?;
+    reserve(values, total, charge)?;
+    let strides = row_major(sizes);
+    for (&n, &st) in sizes.iter().zip(&strides) {
+        values.extend(set().map(|flat| ((flat / st.max(1) as usize) % n.max(1)) as i64));
     }
+    Ok(count)
 }
 
 /// Plans `x[indices]` for the optional-tensor list at argument `list` into `bufs`: bool
 /// masks stand for their nonzero coordinates, index tensors broadcast together, and the
 /// broadcast shape replaces the indexed dims when they are adjacent, else leads the
-/// result.
+/// result. Returns the result's sizes.
 fn advanced(
     args: &Args<'_>,
     x: &TensorInfo,
     list: usize,
     bufs: &mut Buffers,
-) -> KernelResult<Advanced> {
+) -> KernelResult<Dims> {
     let st = row_major(&x.sizes);
     let mut indexed: SmallVec<[Indexed; 6]> = SmallVec::new();
+    if bufs.charge.is_none() {
+        let charge = args
+            .budget()
+            .charge(0)
+            .map_err(|source| KernelError::Memory {
+                what: "indexing plan".into(),
+                source,
+            })?;
+        bufs.charge = Some(charge);
+    }
+    let charge = bufs.charge.as_mut().ok_or_else(oob)?;
     bufs.values.clear();
     let mut dim = 0;
     for j in 0..args.list_len(list)? {
@@ -196,17 +266,8 @@ fn advanced(
                     ));
                 }
                 // The mask's nonzero coordinates, one index tensor per mask dim.
-                let mst = row_major(&m.sizes);
-                let set = data.bytes().iter().enumerate().filter(|(_, &f)| f != 0);
-                let count = set.clone().count();
                 let start = bufs.values.len();
-                bufs.values.resize(start + k * count, 0);
-                for (n, (flat, _)) in set.enumerate() {
-                    for t in 0..k {
-                        let c = (flat / mst[t] as usize) % m.sizes[t];
-                        bufs.values[start + t * count + n] = c as i64;
-                    }
-                }
+                let count = mask_coordinates(data.bytes(), &m.sizes, &mut bufs.values, charge)?;
                 for t in 0..k {
                     indexed.push(Indexed {
                         dim: dim + t,
@@ -218,7 +279,7 @@ fn advanced(
             }
             Some(_) => {
                 let start = bufs.values.len();
-                let sizes = read_indices(args, Arg::Item(list, j), &mut bufs.values)?;
+                let sizes = read_indices(args, Arg::Item(list, j), &mut bufs.values, charge)?;
                 indexed.push(Indexed { dim, sizes, start });
                 dim += 1;
             }
@@ -232,48 +293,66 @@ fn advanced(
     }
     let Some(first) = indexed.first().map(|ix| ix.dim) else {
         // Nothing indexed: the tensor itself.
-        bufs.pre.clear();
+        for v in [&mut bufs.pre, &mut bufs.base, &mut bufs.post] {
+            v.clear();
+            reserve(v, 1, charge)?;
+        }
         bufs.pre.push(0);
-        bufs.base.clear();
         bufs.base.push(0);
-        bufs.post.clear();
+        reserve(&mut bufs.post, x.numel(), charge)?;
         bufs.post.extend(0..x.numel());
-        return Ok(Advanced {
-            sizes: x.sizes.clone(),
-        });
+        return Ok(x.sizes.clone());
     };
     let mut bshape = Dims::new();
     for ix in &indexed {
         bshape = broadcast_shapes(&bshape, &ix.sizes)?;
     }
     bufs.base.clear();
-    bufs.base.resize(numel_of(&bshape)?, 0);
+    let count = numel_of(&bshape)?;
+    reserve(&mut bufs.base, count, charge)?;
+    bufs.base.resize(count, 0);
     for ix in &indexed {
         let bst = broadcast_strides(&ix.sizes, &bshape);
-        let values = &bufs.values[ix.start..];
-        let (base, d) = (&mut bufs.base, ix.dim);
+        let values = bufs.values.get(ix.start..).unwrap_or_default();
+        let (size, stride) = (*x.sizes.at(ix.dim)?, *st.at(ix.dim)? as usize);
         let mut err = None;
-        for_each_broadcast(&bshape, [&bst], |b, [o]| {
-            match wrap_index(values[o], x.sizes[d], d) {
-                Ok(i) => base[b] += i * st[d] as usize,
-                Err(e) => err = err.take().or(Some(e)),
+        let mut base = bufs.base.iter_mut();
+        for_each_broadcast(&bshape, [&bst], |_, [o]| {
+            let picked = values.get(o).ok_or_else(oob);
+            match (
+                base.next(),
+                picked.and_then(|&v| wrap_index(v, size, ix.dim)),
+            ) {
+                (Some(b), Ok(i)) => *b += i * stride,
+                (_, Err(e)) => err = err.take().or(Some(e)),
+                (None, Ok(_)) => err = err.take().or(Some(oob())),
             }
         });
         if let Some(e) = err {
             return Err(e);
         }
     }
-    let adjacent = indexed.windows(2).all(|w| w[1].dim == w[0].dim + 1);
+    let adjacent = indexed.windows(2).all(|w| match w {
+        [a, b] => b.dim == a.dim + 1,
+        _ => true,
+    });
     let is_indexed = |d: usize| indexed.iter().any(|ix| ix.dim == d);
     let rest = (0..x.rank()).filter(|&d| !is_indexed(d));
     let (pre, post): (Dims, Dims) = rest.partition(|&d| adjacent && d < first);
-    let part = |ds: &Dims, offsets: &mut Vec<usize>| -> Dims {
-        let sizes: Dims = ds.iter().map(|&d| x.sizes[d]).collect();
-        let strides: Dims = ds.iter().map(|&d| st[d] as usize).collect();
-        offsets_of(&sizes, &strides, offsets);
-        sizes
+    let part = |ds: &Dims, offsets: &mut Vec<usize>, charge: &mut Charge| -> KernelResult<Dims> {
+        let sizes: Dims = ds
+            .iter()
+            .map(|&d| x.sizes.at(d).copied())
+            .collect::<KernelResult<_>>()?;
+        let strides: Dims = ds
+            .iter()
+            .map(|&d| st.at(d).map(|&s| s as usize))
+            .collect::<KernelResult<_>>()?;
+        offsets_of(&sizes, &strides, offsets, charge)?;
+        Ok(sizes)
     };
-    let (pre_sizes, post_sizes) = (part(&pre, &mut bufs.pre), part(&post, &mut bufs.post));
+    let pre_sizes = part(&pre, &mut bufs.pre, charge)?;
+    let post_sizes = part(&post, &mut bufs.post, charge)?;
     let sizes: Dims = pre_sizes
         .iter()
         .chain(&bshape)
@@ -281,33 +360,32 @@ fn advanced(
         .copied()
         .collect();
     numel_of(&sizes)?;
-    Ok(Advanced { sizes })
+    Ok(sizes)
 }
 
 /// `index.Tensor_out(self, indices, out)`.
 fn index_tensor(args: &mut Args<'_>, bufs: &mut Buffers) -> KernelResult {
     let x = args.tensor(0)?;
-    let adv = advanced(args, &x, 1, bufs)?;
-    args.resize(2, &adv.sizes)?;
+    let sizes = advanced(args, &x, 1, bufs)?;
+    args.resize(2, &sizes)?;
     same_dtype(x.dtype, args.tensor(2)?.dtype)?;
-    let mut io = args.io(&[0.into()], &[2.into()])?;
-    let (inputs, outputs) = (&io.inputs, &mut io.outputs);
+    let mut io = Dense::io(args, &[0.into()], &[2.into()], &[])?;
+    let src = io.bytes(0)?;
     move_elems(
         x.dtype.size(),
-        inputs[0].bytes(),
-        outputs[0].bytes_mut(),
+        src,
+        io.bytes_mut(0)?,
         bufs.offsets().zip(0..),
-    )
+    )?;
+    io.finish()
 }
 
 /// `a + b` in a tensor's dtype (bools: or).
 fn add<T: Elem>(a: T, b: T, is_bool: bool) -> T {
     if is_bool {
         T::from_i64(i64::from(a != T::default() || b != T::default()))
-    } else if T::FLOAT {
-        T::from_f64(a.to_f64() + b.to_f64())
     } else {
-        T::from_i64(a.to_i64().wrapping_add(b.to_i64()))
+        T::of_acc(crate::num::Ring::add(a.acc(), b.acc()))
     }
 }
 
@@ -318,41 +396,45 @@ fn index_put(args: &mut Args<'_>, bufs: &mut Buffers, out: usize) -> KernelResul
     let v = args.tensor(2)?;
     let accumulate = args.bool(3)?;
     same_dtype(x.dtype, v.dtype)?;
-    let adv = advanced(args, &x, 1, bufs)?;
-    if broadcast_shapes(&v.sizes, &adv.sizes)? != adv.sizes {
+    let sizes = advanced(args, &x, 1, bufs)?;
+    if broadcast_shapes(&v.sizes, &sizes)? != sizes {
         return Err(KernelError::invalid(format!(
             "values of shape {:?} do not broadcast to the indexed shape {:?}",
             v.sizes.as_slice(),
-            adv.sizes.as_slice()
+            sizes.as_slice()
         )));
     }
-    let vst = broadcast_strides(&v.sizes, &adv.sizes);
+    let vst = broadcast_strides(&v.sizes, &sizes);
     args.resize(out, &x.sizes)?;
     same_dtype(x.dtype, args.tensor(out)?.dtype)?;
     let reads: &[Arg] = if out == 0 {
         &[Arg::At(2)]
     } else {
-        &[Arg::At(0), Arg::At(2)]
+        &[Arg::At(2), Arg::At(0)]
     };
-    let mut io = args.io(reads, &[out.into()])?;
-    let (inputs, outputs) = (&io.inputs, &mut io.outputs);
+    let mut io = Dense::io(args, reads, &[out.into()], &[])?;
+    let values = io.bytes(0)?;
     if out != 0 {
-        outputs[0].bytes_mut().copy_from_slice(inputs[0].bytes());
+        let src = io.bytes(1)?;
+        io.bytes_mut(0)?.copy_from_slice(src);
     }
-    let values = inputs[reads.len() - 1].bytes();
     let is_bool = x.dtype == DType::Bool;
     crate::dispatch_all!(x.dtype, T => {
         let vals = typed::<T>(values)?;
-        let dst = typed_mut::<T>(outputs[0].bytes_mut())?;
+        let dst = io.output::<T>(0)?;
         let mut ok = true;
-        for_each_broadcast(&adv.sizes, [&vst], |i, [o]| {
-            match (bufs.offset(i).and_then(|at| dst.get_mut(at)), vals.get(o)) {
+        let mut targets = bufs.offsets();
+        for_each_broadcast(&sizes, [&vst], |_, [o]| {
+            match (targets.next().and_then(|at| dst.get_mut(at)), vals.get(o)) {
                 (Some(d), Some(&v)) => *d = if accumulate { add(*d, v, is_bool) } else { v },
                 _ => ok = false,
             }
         });
-        if ok { Ok(()) } else { Err(KernelError::invalid("index_put: element out of range")) }
-    }, Err(KernelError::dtypes(&[x.dtype])))
+        if !ok {
+            return Err(KernelError::invalid("index_put: element out of range"));
+        }
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
 }
 
 /// `dst[o][j] = src[o][rows[j]]` over `outer` blocks of rows of `row` bytes, `rows`
@@ -378,10 +460,7 @@ fn copy_rows(
     {
         for (d, r) in block.chunks_exact_mut(row).zip(rows.iter()) {
             let at = (o * src_rows + r as usize) * row;
-            let s = src
-                .get(at..at + row)
-                .ok_or_else(|| KernelError::invalid(format!("row {r} is out of range")))?;
-            d.copy_from_slice(s);
+            d.copy_from_slice(src.span(at, row)?);
         }
     }
     Ok(())
@@ -398,7 +477,6 @@ fn index_select(args: &mut Args<'_>) -> KernelResult {
             "index_select takes a 0-D or 1-D index",
         ));
     }
-    let size = x.sizes.get(dim).copied().unwrap_or(1);
     let mut sizes = x.sizes.clone();
     match sizes.get_mut(dim) {
         Some(s) => *s = idx.numel(),
@@ -411,45 +489,37 @@ fn index_select(args: &mut Args<'_>) -> KernelResult {
     }
     args.resize(3, &sizes)?;
     same_dtype(x.dtype, args.tensor(3)?.dtype)?;
-    let (outer, inner) = match x.rank() {
-        0 => (1, 1),
-        _ => (prod(&x.sizes[..dim]), prod(&x.sizes[dim + 1..])),
-    };
-    let mut io = args.io(&[0.into(), 2.into()], &[3.into()])?;
-    let (inputs, outputs) = (&io.inputs, &mut io.outputs);
+    let (outer, size, inner) = split_at_dim(&x.sizes, dim);
+    let mut io = Dense::io(args, &[0.into(), 2.into()], &[3.into()], &[])?;
+    let (src, index) = (io.bytes(0)?, IndexData::input(&io, 1)?);
     copy_rows(
         inner * x.dtype.size(),
-        inputs[0].bytes(),
+        src,
         size,
-        outputs[0].bytes_mut(),
+        io.bytes_mut(0)?,
         outer,
-        IndexData::of(&inputs[1])?,
-    )
+        index,
+    )?;
+    io.finish()
 }
 
 /// `embedding.out(weight, indices, padding_idx, scale_grad_by_freq, sparse, out)`: rows
 /// of `weight` (the training-only arguments do not matter here).
 fn embedding(args: &mut Args<'_>) -> KernelResult {
     let w = args.tensor(0)?;
-    if w.rank() != 2 {
+    let &[rows, cols] = w.sizes.as_slice() else {
         return Err(KernelError::invalid("embedding weight must be 2-D"));
-    }
+    };
     let idx = args.tensor(1)?;
     check_index_dtype(&idx)?;
     let mut sizes = idx.sizes.clone();
-    sizes.push(w.sizes[1]);
+    sizes.push(cols);
     args.resize(5, &sizes)?;
     same_dtype(w.dtype, args.tensor(5)?.dtype)?;
-    let mut io = args.io(&[0.into(), 1.into()], &[5.into()])?;
-    let (inputs, outputs) = (&io.inputs, &mut io.outputs);
-    copy_rows(
-        w.sizes[1] * w.dtype.size(),
-        inputs[0].bytes(),
-        w.sizes[0],
-        outputs[0].bytes_mut(),
-        1,
-        IndexData::of(&inputs[1])?,
-    )
+    let mut io = Dense::io(args, &[0.into(), 1.into()], &[5.into()], &[])?;
+    let (src, index) = (io.bytes(0)?, IndexData::input(&io, 1)?);
+    copy_rows(cols * w.dtype.size(), src, rows, io.bytes_mut(0)?, 1, index)?;
+    io.finish()
 }
 
 /// Where `gather`/`scatter` along `dim` find their elements in `x`: the index's sizes (a
@@ -462,30 +532,39 @@ struct AlongDim {
     len: usize,
 }
 
+/// Sizes with a 0-d tensor seen as one element of one dim.
+fn at_least_1d(sizes: &[usize]) -> Dims {
+    if sizes.is_empty() {
+        smallvec::smallvec![1]
+    } else {
+        sizes.into()
+    }
+}
+
 fn along_dim(x: &TensorInfo, dim: usize, index: &TensorInfo) -> KernelResult<AlongDim> {
     check_index_dtype(index)?;
-    let one: Dims = smallvec::smallvec![1];
-    let xs = if x.rank() == 0 { &one } else { &x.sizes };
-    let is = if index.rank() == 0 {
-        one.clone()
-    } else {
-        index.sizes.clone()
-    };
-    if is.len() != xs.len() || (0..xs.len()).any(|d| d != dim && is[d] > xs[d]) {
+    let (xs, is) = (at_least_1d(&x.sizes), at_least_1d(&index.sizes));
+    let fits = is.len() == xs.len()
+        && is
+            .iter()
+            .zip(&xs)
+            .enumerate()
+            .all(|(d, (i, x))| d == dim || i <= x);
+    if !fits {
         return Err(KernelError::invalid(format!(
             "index of shape {:?} does not fit a tensor of shape {:?} along dim {dim}",
             index.sizes.as_slice(),
             x.sizes.as_slice()
         )));
     }
-    let st: Dims = row_major(xs).iter().map(|&s| s as usize).collect();
+    let st: Dims = row_major(&xs).iter().map(|&s| s as usize).collect();
     let mut walk = st.clone();
-    walk[dim] = 0;
+    *walk.as_mut_slice().at_mut(dim)? = 0;
     Ok(AlongDim {
         sizes: is,
         walk,
-        step: st[dim],
-        len: xs[dim],
+        step: *st.at(dim)?,
+        len: *xs.at(dim)?,
     })
 }
 
@@ -526,18 +605,19 @@ fn gather(args: &mut Args<'_>) -> KernelResult {
     let along = along_dim(&x, dim, &idx)?;
     args.resize(4, &idx.sizes)?;
     same_dtype(x.dtype, args.tensor(4)?.dtype)?;
-    let mut io = args.io(&[0.into(), 2.into()], &[4.into()])?;
-    let (inputs, outputs) = (&io.inputs, &mut io.outputs);
-    let index = IndexData::of(&inputs[1])?;
+    let mut io = Dense::io(args, &[0.into(), 2.into()], &[4.into()], &[])?;
+    let (src, index) = (io.bytes(0)?, IndexData::input(&io, 1)?);
+    let dst = io.bytes_mut(0)?;
     by_elem_size!(x.dtype.size(), E => {
-        let (src, dst) = (typed::<E>(inputs[0].bytes())?, typed_mut::<E>(outputs[0].bytes_mut())?);
+        let (src, dst) = (typed::<E>(src)?, typed_mut::<E>(dst)?);
         let mut ok = true;
         along.each(index, &along.contiguous(), |at, i| match (src.get(at), dst.get_mut(i)) {
             (Some(&v), Some(d)) => *d = v,
             _ => ok = false,
         })?;
         if ok { Ok(()) } else { Err(KernelError::invalid("gather: element out of range")) }
-    })
+    })?;
+    io.finish()
 }
 
 /// `scatter.src_out(self, dim, index, src, out)` and `scatter.value_out(self, dim, index,
@@ -555,26 +635,22 @@ fn scatter(args: &mut Args<'_>) -> KernelResult {
     same_dtype(x.dtype, args.tensor(4)?.dtype)?;
     let Some(s) = src else {
         let value = args.scalar(3)?;
-        let mut io = args.io(&[0.into(), 2.into()], &[4.into()])?;
-        let (inputs, outputs) = (&io.inputs, &mut io.outputs);
-        outputs[0].bytes_mut().copy_from_slice(inputs[0].bytes());
-        let index = IndexData::of(&inputs[1])?;
-        return crate::dispatch_all!(x.dtype, T => {
+        let mut io = Dense::io(args, &[0.into(), 2.into()], &[4.into()], &[])?;
+        let (input, index) = (io.bytes(0)?, IndexData::input(&io, 1)?);
+        io.bytes_mut(0)?.copy_from_slice(input);
+        crate::dispatch_all!(x.dtype, T => {
             let v = scalar_as::<T>(value, x.dtype == DType::Bool);
-            let dst = typed_mut::<T>(outputs[0].bytes_mut())?;
+            let dst = io.output::<T>(0)?;
             along.each(index, &along.contiguous(), |at, _| {
                 if let Some(d) = dst.get_mut(at) {
                     *d = v;
                 }
-            })
-        }, Err(KernelError::dtypes(&[x.dtype])));
+            })?;
+        }, return Err(KernelError::dtypes(&[x.dtype])));
+        return io.finish();
     };
     same_dtype(x.dtype, s.dtype)?;
-    let ss = if s.rank() == 0 {
-        smallvec::smallvec![1]
-    } else {
-        s.sizes.clone()
-    };
+    let ss = at_least_1d(&s.sizes);
     if ss.len() != along.sizes.len() || along.sizes.iter().zip(&ss).any(|(i, s)| i > s) {
         return Err(KernelError::invalid(format!(
             "scatter: src of shape {:?} is smaller than the index",
@@ -583,19 +659,20 @@ fn scatter(args: &mut Args<'_>) -> KernelResult {
     }
     // Each index element takes src at the same position.
     let sst: Dims = row_major(&ss).iter().map(|&v| v as usize).collect();
-    let mut io = args.io(&[0.into(), 2.into(), 3.into()], &[4.into()])?;
-    let (inputs, outputs) = (&io.inputs, &mut io.outputs);
-    outputs[0].bytes_mut().copy_from_slice(inputs[0].bytes());
-    let index = IndexData::of(&inputs[1])?;
+    let mut io = Dense::io(args, &[0.into(), 2.into(), 3.into()], &[4.into()], &[])?;
+    let (input, index, src) = (io.bytes(0)?, IndexData::input(&io, 1)?, io.bytes(2)?);
+    let dst = io.bytes_mut(0)?;
+    dst.copy_from_slice(input);
     by_elem_size!(x.dtype.size(), E => {
-        let (src, dst) = (typed::<E>(inputs[2].bytes())?, typed_mut::<E>(outputs[0].bytes_mut())?);
+        let (src, dst) = (typed::<E>(src)?, typed_mut::<E>(dst)?);
         let mut ok = true;
         along.each(index, &sst, |at, from| match (src.get(from), dst.get_mut(at)) {
             (Some(&v), Some(d)) => *d = v,
             _ => ok = false,
         })?;
         if ok { Ok(()) } else { Err(KernelError::invalid("scatter: element out of range")) }
-    })
+    })?;
+    io.finish()
 }
 
 /// Output `out` as a copy of `self` with `src` (converted to its dtype) written into the
@@ -617,19 +694,22 @@ fn embed(
     }
     args.resize(out, &x.sizes)?;
     same_dtype(x.dtype, args.tensor(out)?.dtype)?;
-    let mut io = args.io(&[0.into(), src.into()], &[out.into()])?;
-    let (inputs, outputs) = (&io.inputs, &mut io.outputs);
-    outputs[0].bytes_mut().copy_from_slice(inputs[0].bytes());
-    let mut scratch = Scratch::new(io.scratch, &[as_dtype_piece(&inputs[1].info, x.dtype)])?;
-    let data = as_dtype(&inputs[1], x.dtype, &mut scratch)?;
-    strided::copy(
+    let piece = as_dtype_piece(&s, x.dtype);
+    let mut io = Dense::io(args, &[0.into(), src.into()], &[out.into()], &[piece])?;
+    let input = io.bytes(0)?;
+    io.bytes_mut(0)?.copy_from_slice(input);
+    let (info, bytes) = io.inputs.get(1).cloned().ok_or_else(oob)?;
+    let data = as_dtype(&info, bytes, x.dtype, &mut io.scratch)?;
+    let dense = Layout::contiguous(sizes);
+    copy(
         x.dtype.size(),
         sizes,
         data,
-        &Layout::contiguous(sizes),
-        outputs[0].bytes_mut(),
+        &dense,
+        io.bytes_mut(0)?,
         layout,
-    )
+    )?;
+    io.finish()
 }
 
 /// `slice_scatter.out(self, src, dim, start, end, step, out)`.
@@ -637,8 +717,9 @@ fn slice_scatter(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;
     let dim = dim_of(&x, args.int(2)?)?;
     let step = args.int(5)?;
-    let (start, len) = slice_bounds(x.sizes[dim], args.opt_int(3)?, args.opt_int(4)?, step)?;
-    let (sizes, layout) = window(&x, dim, start, len, step as usize, false);
+    let size = *x.sizes.at(dim)?;
+    let (start, len) = slice_bounds(size, args.opt_int(3)?, args.opt_int(4)?, step)?;
+    let (sizes, layout) = window(&x.sizes, dim, start, len, step as usize, false)?;
     embed(args, 1, 6, &sizes, &layout)
 }
 
@@ -646,8 +727,8 @@ fn slice_scatter(args: &mut Args<'_>) -> KernelResult {
 fn select_scatter(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;
     let dim = dim_of(&x, args.int(2)?)?;
-    let index = wrap_index(args.int(3)?, x.sizes[dim], dim)?;
-    let (sizes, layout) = window(&x, dim, index, 1, 1, true);
+    let index = wrap_index(args.int(3)?, *x.sizes.at(dim)?, dim)?;
+    let (sizes, layout) = window(&x.sizes, dim, index, 1, 1, true)?;
     embed(args, 1, 4, &sizes, &layout)
 }
 
@@ -666,16 +747,24 @@ fn masked_fill(args: &mut Args<'_>) -> KernelResult {
         broadcast_strides(&x.sizes, &sizes),
         broadcast_strides(&m.sizes, &sizes),
     );
-    let mut io = args.io(&[0.into(), 1.into()], &[3.into()])?;
-    let (inputs, outputs) = (&io.inputs, &mut io.outputs);
-    let mask = typed::<u8>(inputs[1].bytes())?;
+    let mut io = Dense::io(args, &[0.into(), 1.into()], &[3.into()], &[])?;
+    let mask = io.input::<u8>(1)?;
     crate::dispatch_all!(x.dtype, T => {
         let v = scalar_as::<T>(value, x.dtype == DType::Bool);
-        let src = typed::<T>(inputs[0].bytes())?;
-        let dst = typed_mut::<T>(outputs[0].bytes_mut())?;
-        for_each_broadcast(&sizes, [&xs, &ms], |i, [a, b]| dst[i] = if mask[b] != 0 { v } else { src[a] });
-        Ok(())
-    }, Err(KernelError::dtypes(&[x.dtype])))
+        let src = io.input::<T>(0)?;
+        let mut dst = io.output::<T>(0)?.iter_mut();
+        let mut ok = true;
+        for_each_broadcast(&sizes, [&xs, &ms], |_, [a, b]| {
+            match (dst.next(), src.get(a), mask.get(b)) {
+                (Some(d), Some(&s), Some(&f)) => *d = if f != 0 { v } else { s },
+                _ => ok = false,
+            }
+        });
+        if !ok {
+            return Err(oob());
+        }
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
 }
 
 /// PyTorch's nearest source index for output index `o` (`nearest_idx`), computed in
@@ -690,34 +779,30 @@ fn nearest(o: usize, input: usize, output: usize, scale: Option<f64>) -> usize {
             Some(s) if s > 0.0 => (1.0 / s) as f32,
             _ => input as f32 / output as f32,
         };
-        ((o as f32 * s).floor() as usize).min(input - 1)
+        ((o as f32 * s).floor() as usize).min(input.saturating_sub(1))
     }
 }
 
 /// `upsample_nearest2d.vec_out(input, output_size?, scale_factors?, out)` on NCHW input.
 fn upsample_nearest2d(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;
-    if x.rank() != 4 {
+    let &[n, c, h, w] = x.sizes.as_slice() else {
         return Err(KernelError::invalid(
             "upsample_nearest2d expects a 4-D input",
         ));
-    }
-    let (h, w) = (x.sizes[2], x.sizes[3]);
+    };
     let output_size = args.opt_int_list(1)?;
     let scales = if args.is_none(2)? {
         None
     } else {
         Some(args.double_list(2)?)
     };
-    let ((oh, ow), (sh, sw)) = match (output_size, scales) {
-        (Some(os), None) if os.len() == 2 => (
-            (
-                crate::util::to_size(os[0], "output size")?,
-                crate::util::to_size(os[1], "output size")?,
-            ),
+    let ((oh, ow), (sh, sw)) = match (output_size.as_deref(), scales) {
+        (Some(&[a, b]), None) => (
+            (to_size(a, "output size")?, to_size(b, "output size")?),
             (None, None),
         ),
-        (None, Some(sf)) if sf.len() == 2 => {
+        (None, Some(&[fa, fb])) => {
             let size = |n: usize, f: f64| {
                 let v = (n as f64 * f).floor();
                 if v.is_finite() && v >= 0.0 && v < usize::MAX as f64 {
@@ -726,10 +811,7 @@ fn upsample_nearest2d(args: &mut Args<'_>) -> KernelResult {
                     Err(KernelError::invalid(format!("scale factor {f} is invalid")))
                 }
             };
-            (
-                (size(h, sf[0])?, size(w, sf[1])?),
-                (Some(sf[0]), Some(sf[1])),
-            )
+            ((size(h, fa)?, size(w, fb)?), (Some(fa), Some(fb)))
         }
         _ => {
             return Err(KernelError::invalid(
@@ -742,37 +824,24 @@ fn upsample_nearest2d(args: &mut Args<'_>) -> KernelResult {
             "upsample_nearest2d: sizes {h}x{w} -> {oh}x{ow} must be positive"
         )));
     }
-    let sizes = [x.sizes[0], x.sizes[1], oh, ow];
+    let sizes = [n, c, oh, ow];
     numel_of(&sizes)?;
     args.resize(3, &sizes)?;
     same_dtype(x.dtype, args.tensor(3)?.dtype)?;
-    let planes = x.sizes[0] * x.sizes[1];
-    let mut io = args.io(&[0.into()], &[3.into()])?;
-    // The source row of each output row and the source column of each output column.
-    let pieces = [Scratch::piece::<usize>(oh), Scratch::piece::<usize>(ow)];
-    let mut scratch = Scratch::new(io.scratch, &pieces)?;
-    let (ys, xs) = (scratch.take::<usize>(oh)?, scratch.take::<usize>(ow)?);
-    ys.iter_mut()
-        .enumerate()
-        .for_each(|(o, y)| *y = nearest(o, h, oh, sh));
-    xs.iter_mut()
-        .enumerate()
-        .for_each(|(o, x)| *x = nearest(o, w, ow, sw));
-    let (ys, xs) = (&*ys, &*xs);
-    let (inputs, outputs) = (&io.inputs, &mut io.outputs);
+    let planes = prod(&[n, c]);
+    let mut io = Dense::io(args, &[0.into()], &[3.into()], &[])?;
+    let src = io.bytes(0)?;
     let pairs = (0..planes).flat_map(|p| {
-        ys.iter().enumerate().flat_map(move |(oy, &y)| {
-            xs.iter()
-                .enumerate()
-                .map(move |(ox, &xx)| ((p * h + y) * w + xx, (p * oh + oy) * ow + ox))
+        (0..oh).flat_map(move |oy| {
+            let y = nearest(oy, h, oh, sh);
+            (0..ow).map(move |ox| {
+                let xx = nearest(ox, w, ow, sw);
+                ((p * h + y) * w + xx, (p * oh + oy) * ow + ox)
+            })
         })
     });
-    move_elems(
-        x.dtype.size(),
-        inputs[0].bytes(),
-        outputs[0].bytes_mut(),
-        pairs,
-    )
+    move_elems(x.dtype.size(), src, io.bytes_mut(0)?, pairs)?;
+    io.finish()
 }
 
 /// Registers this module's kernels.
@@ -805,5 +874,14 @@ mod tests {
         assert_eq!(idx(3, 6, None), [0, 0, 1, 1, 2, 2]);
         assert_eq!(idx(4, 6, Some(1.5)), [0, 0, 1, 2, 2, 3]);
         assert_eq!(idx(5, 3, None), [0, 1, 3]);
+    }
+
+    #[test]
+    fn mask_coordinates_are_row_major() {
+        let mut v = Vec::new();
+        let mut charge = pte_runtime::MemoryBudget::new(1 << 20).charge(0).unwrap();
+        let count = mask_coordinates(&[0, 1, 1, 0, 0, 1], &[2, 3], &mut v, &mut charge).unwrap();
+        assert_eq!(count, 3);
+        assert_eq!(v, [0, 0, 1, 1, 2, 2]);
     }
 }

@@ -6,22 +6,48 @@
 //! promotion, negative dims, keepdim, empty tensors); a dtype combination a kernel does
 //! not implement is an error naming the operator and the dtypes.
 //!
-//! Modules group kernels by kind: [`prim`] (scalar and size ops), [`elementwise`],
-//! [`shape`] (views, copies, concatenation, creation), [`reduce`], [`index`] (gather and
-//! scatter), [`linalg`] (matrix products) and [`nn`] (convolution, pooling,
-//! normalization, softmax). Float32 products, convolutions and pooling take fast paths
-//! on `pte-compute` where a call allows (`fast`), with convolution, batch normalization
-//! and activation chains fused at load.
+//! Modules group kernels by kind: `prim` (scalar and size ops), `elementwise`, `shape`
+//! (views, copies, concatenation, creation), `reduce`, `index` (gather and scatter),
+//! `linalg` (matrix products) and `nn` (convolution, pooling, normalization, softmax).
+//! They all build on the same lower layers, which never import them: `num` (the one
+//! hierarchy of numeric traits), `util` (dispatch, promotion, broadcasting, scratch
+//! memory), `layout` (strided copies, dim orders) and `product` (matrix products).
+//! Float32 products, convolutions, pooling and common row operations take fast paths
+//! on `pte-compute` where a call allows (`fast`), with convolution, batch normalization,
+//! residual and activation chains fused at load and runs of convolutions kept channels
+//! last.
+//!
+//! No kernel panics on any input: the crate denies `unwrap`, `expect`, `panic!`,
+//! `unreachable!` and unchecked indexing, and forbids `unsafe` code.
 
-pub mod elementwise;
+#![forbid(unsafe_code)]
+#![deny(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::unreachable
+)]
+// Tests index their reference data directly; a panic there is a test failure.
+#![cfg_attr(
+    test,
+    allow(clippy::unwrap_used, clippy::expect_used, clippy::indexing_slicing)
+)]
+
+mod num;
+mod util;
+
+mod layout;
+mod product;
+
+mod elementwise;
 mod fast;
-pub mod index;
-pub mod linalg;
-pub mod nn;
-pub mod prim;
-pub mod reduce;
-pub mod shape;
-pub mod util;
+mod index;
+mod linalg;
+mod nn;
+mod prim;
+mod reduce;
+mod shape;
 
 use pte_runtime::KernelRegistry;
 

@@ -1,5 +1,6 @@
 //! Reductions (`sum`, `mean`, `prod`, `amax`/`amin`, `any`, `var`, `max`/`min` with
-//! indices, `argmax`/`argmin`) and the dim-wise scans and selections `cumsum` and `topk`.
+//! indices, `argmax`/`argmin`) and the dim-wise scans and selections `cumsum` and `topk`,
+//! on inputs of any dim order (seen in row-major order through [`Dense`]).
 //!
 //! Every reduction goes through one plan: normalize the reduced dims, view the input as
 //! `outer × reduced × inner` (when the reduced dims are not adjacent, the input is first
@@ -14,14 +15,13 @@
 
 use std::cmp::Ordering;
 
-use pte_runtime::{
-    Args, DType, Dims, KernelError, KernelRegistry, KernelResult, Scalar, TensorDataMut, TensorInfo,
-};
+use pte_runtime::TensorInfo;
+use pte_runtime::{Arg, Args, DType, Dims, KernelError, KernelRegistry, KernelResult, Scalar};
 use smallvec::SmallVec;
 
-use crate::shape::strided::{self, typed, typed_mut, Layout};
-use crate::shape::{dim_set, same_dtype};
-use crate::util::{convert, Elem, Scratch};
+use crate::layout::{copy, row_major, typed, typed_mut, Dense, Layout};
+use crate::num::Elem;
+use crate::util::{convert, dim_set, oob, same_dtype, split_at_dim, Checked, Scratch};
 
 /// A reduction's input as `outer × red × inner` elements, row-major.
 #[derive(Clone, Copy, Debug)]
@@ -74,10 +74,12 @@ fn adjacent(x: &TensorInfo, reduced: &[bool]) -> Option<Block> {
     let first = dims.iter().position(|d| d.1).unwrap_or(dims.len());
     let last = dims.iter().rposition(|d| d.1).map_or(first, |l| l + 1);
     let size = |ds: &[(usize, bool)]| ds.iter().map(|d| d.0).product::<usize>();
-    dims[first..last].iter().all(|d| d.1).then(|| Block {
-        outer: size(&dims[..first]),
-        red: size(&dims[first..last]),
-        inner: size(&dims[last..]),
+    let (head, rest) = dims.split_at_checked(first)?;
+    let (mid, tail) = rest.split_at_checked(last - first)?;
+    mid.iter().all(|d| d.1).then(|| Block {
+        outer: size(head),
+        red: size(mid),
+        inner: size(tail),
     })
 }
 
@@ -91,9 +93,9 @@ fn gather_piece(x: &TensorInfo, reduced: &[bool]) -> (usize, usize) {
     Scratch::piece::<u8>(bytes)
 }
 
-/// The input's bytes as a [`Block`]: its own when the reduced dims are adjacent, else
-/// gathered with the kept dims first into the piece of `scratch` that [`gather_piece`]
-/// declared.
+/// The input's bytes (row-major) as a [`Block`]: its own when the reduced dims are
+/// adjacent, else gathered with the kept dims first into the piece of `scratch` that
+/// [`gather_piece`] declared.
 fn arrange<'a>(
     bytes: &'a [u8],
     x: &TensorInfo,
@@ -103,15 +105,23 @@ fn arrange<'a>(
     if let Some(block) = adjacent(x, reduced) {
         return Ok((block, bytes));
     }
-    let st = strided::row_major(&x.sizes);
+    let st = row_major(&x.sizes);
+    let is_reduced = |d: usize| reduced.get(d).copied().unwrap_or(false);
     let order: Dims = (0..x.rank())
-        .filter(|&d| !reduced[d])
-        .chain((0..x.rank()).filter(|&d| reduced[d]))
+        .filter(|&d| !is_reduced(d))
+        .chain((0..x.rank()).filter(|&d| is_reduced(d)))
         .collect();
-    let walk: Dims = order.iter().map(|&d| x.sizes[d]).collect();
-    let src = Layout::new(0, order.iter().map(|&d| st[d]));
+    let walk: Dims = order
+        .iter()
+        .map(|&d| x.sizes.at(d).copied())
+        .collect::<KernelResult<_>>()?;
+    let strides: SmallVec<[isize; 8]> = order
+        .iter()
+        .map(|&d| st.at(d).copied())
+        .collect::<KernelResult<_>>()?;
     let buf = scratch.take::<u8>(bytes.len())?;
-    strided::copy(
+    let src = Layout::new(0, strides);
+    copy(
         x.dtype.size(),
         &walk,
         bytes,
@@ -119,7 +129,8 @@ fn arrange<'a>(
         buf,
         &Layout::contiguous(&walk),
     )?;
-    let (kept, red) = walk.split_at(x.rank() - reduced.iter().filter(|&&r| r).count());
+    let kept = x.rank() - reduced.iter().filter(|&&r| r).count();
+    let (kept, red) = walk.split_at_checked(kept).ok_or_else(oob)?;
     let block = Block {
         outer: kept.iter().product(),
         red: red.iter().product(),
@@ -158,23 +169,22 @@ fn fold<T: Copy, A: Copy>(
         for i0 in (0..b.inner).step_by(LANES) {
             let w = LANES.min(b.inner - i0);
             let mut accs = [init; LANES];
-            let accs = &mut accs[..w];
             for (r, row) in chunk.chunks_exact(b.inner).enumerate() {
-                let run = &row[i0..i0 + w];
+                let run = row.iter().skip(i0).take(w);
                 accs.iter_mut().zip(run).for_each(|(a, &x)| step(a, x, r));
             }
             accs.iter()
+                .take(w)
                 .enumerate()
                 .for_each(|(i, &a)| emit(o * b.inner + i0 + i, a));
         }
     }
 }
 
-/// Writes computed values to an output of any dtype.
-fn write<S: Elem>(vals: &[S], out: &mut TensorDataMut<'_>) -> KernelResult {
-    let dtype = out.info.dtype;
+/// Writes computed values to an output (bytes) of any dtype.
+fn write<S: Elem>(vals: &[S], out: &mut [u8], dtype: DType) -> KernelResult {
     crate::dispatch_all!(dtype, D => {
-        convert(vals, typed_mut::<D>(out.bytes_mut())?, dtype == DType::Bool);
+        convert(vals, typed_mut::<D>(out)?, dtype == DType::Bool);
         Ok(())
     }, Err(KernelError::dtypes(&[dtype])))
 }
@@ -204,40 +214,47 @@ fn arith(
             "mean needs a floating-point output, got {od}"
         )));
     }
-    let mut io = args.io(&[0.into()], &[out.into()])?;
-    let n = io.outputs[0].info.numel();
+    let n = args.tensor(out)?.numel();
     // Results accumulate as f64 or i64 (same size).
     let pieces = [gather_piece(&x, &p.reduced), Scratch::piece::<f64>(n)];
-    let mut scratch = Scratch::new(io.scratch, &pieces)?;
-    let (block, data) = arrange(io.inputs[0].bytes(), &x, &p.reduced, &mut scratch)?;
-    let out = &mut io.outputs[0];
+    let mut io = Dense::io(args, &[0.into()], &[out.into()], &pieces)?;
+    let (block, data) = arrange(io.bytes(0)?, &x, &p.reduced, &mut io.scratch)?;
     crate::dispatch_all!(x.dtype, T => {
         let src = typed::<T>(data)?;
         let in_bool = x.dtype == DType::Bool;
         if od.is_float() {
-            let res = scratch.take::<f64>(n)?;
+            let res = io.scratch.take::<f64>(n)?;
             let (init, f): (f64, fn(f64, f64) -> f64) = match op {
                 Arith::Prod => (1.0, |a, b| a * b),
                 _ => (0.0, |a, b| a + b),
             };
-            fold(src, block, init, |a, v, _| *a = f(*a, v.to_f64()), |i, a| res[i] = a);
+            fold(src, block, init, |a, v, _| *a = f(*a, v.to_f64()), |i, a| {
+                if let Some(r) = res.get_mut(i) {
+                    *r = a;
+                }
+            });
             if op == Arith::Mean {
                 res.iter_mut().for_each(|v| *v /= block.red as f64);
             }
-            write(res, out)
+            write(res, io.bytes_mut(0)?, od)?;
         } else {
             // A bool output sums (or multiplies) the inputs as bools.
             let as_bool = od == DType::Bool || in_bool;
-            let res = scratch.take::<i64>(n)?;
+            let res = io.scratch.take::<i64>(n)?;
             let (init, f): (i64, fn(i64, i64) -> i64) = match op {
                 Arith::Prod => (1, i64::wrapping_mul),
                 _ => (0, i64::wrapping_add),
             };
             let elem = |v: T| if as_bool { i64::from(v != T::default()) } else { v.to_i64() };
-            fold(src, block, init, |a, v, _| *a = f(*a, elem(v)), |i, a| res[i] = a);
-            write(res, out)
+            fold(src, block, init, |a, v, _| *a = f(*a, elem(v)), |i, a| {
+                if let Some(r) = res.get_mut(i) {
+                    *r = a;
+                }
+            });
+            write(res, io.bytes_mut(0)?, od)?;
         }
-    }, Err(KernelError::dtypes(&[x.dtype])))
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
 }
 
 /// `sum.IntList_out` / `mean.out`: `(self, dim?, keepdim, dtype?, out)`.
@@ -279,8 +296,7 @@ fn extreme(
     op: &str,
 ) -> KernelResult {
     let x = args.tensor(0)?;
-    let writes: SmallVec<[pte_runtime::Arg; 2]> =
-        values.iter().chain(&indices).map(|&i| i.into()).collect();
+    let writes: SmallVec<[Arg; 2]> = values.iter().chain(&indices).map(|&i| i.into()).collect();
     for &w in &writes {
         args.resize(w, &p.out_sizes)?;
     }
@@ -290,72 +306,57 @@ fn extreme(
     if let Some(i) = indices {
         same_dtype(DType::I64, args.tensor(i)?.dtype)?;
     }
-    let mut io = args.io(&[0.into()], &writes)?;
-    let mut scratch = Scratch::new(io.scratch, &[gather_piece(&x, &p.reduced)])?;
-    let (block, data) = arrange(io.inputs[0].bytes(), &x, &p.reduced, &mut scratch)?;
+    let mut io = Dense::io(args, &[0.into()], &writes, &[gather_piece(&x, &p.reduced)])?;
+    let (block, data) = arrange(io.bytes(0)?, &x, &p.reduced, &mut io.scratch)?;
     check_nonempty(block, op)?;
-    let mut outs = io.outputs.iter_mut();
-    let vout = values.and_then(|_| outs.next());
-    let iout = indices.and_then(|_| outs.next());
     crate::dispatch_all!(x.dtype, T => {
         let src = typed::<T>(data)?;
-        let mut vals = vout.map(|o| typed_mut::<T>(o.bytes_mut())).transpose()?;
-        let mut idxs = iout.map(|o| typed_mut::<i64>(o.bytes_mut())).transpose()?;
+        let mut outs = io.outputs.iter_mut();
+        let mut vals = match values {
+            Some(_) => Some(typed_mut::<T>(outs.next().ok_or_else(oob)?.1)?),
+            None => None,
+        };
+        let mut idxs = match indices {
+            Some(_) => Some(typed_mut::<i64>(outs.next().ok_or_else(oob)?.1)?),
+            None => None,
+        };
         let step = |a: &mut (T, usize), v: T, r: usize| {
             if r == 0 || better(v, a.0, largest) {
                 *a = (v, r);
             }
         };
         fold(src, block, (T::default(), 0), step, |i, (v, r)| {
-            if let Some(s) = vals.as_deref_mut() {
-                s[i] = v;
+            if let Some(s) = vals.as_deref_mut().and_then(|s| s.get_mut(i)) {
+                *s = v;
             }
-            if let Some(s) = idxs.as_deref_mut() {
-                s[i] = r as i64;
+            if let Some(s) = idxs.as_deref_mut().and_then(|s| s.get_mut(i)) {
+                *s = r as i64;
             }
         });
-        Ok(())
-    }, Err(KernelError::dtypes(&[x.dtype])))
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
 }
 
 /// `amax.out` / `amin.out`: `(self, dim[], keepdim, out)`; an empty list reduces all.
 fn amax(args: &mut Args<'_>, largest: bool) -> KernelResult {
     let dims = args.int_list(1)?;
     let p = plan(&args.tensor(0)?, all_if_empty(Some(&dims)), args.bool(2)?)?;
-    extreme(
-        args,
-        &p,
-        largest,
-        Some(3),
-        None,
-        if largest { "amax" } else { "amin" },
-    )
+    let op = if largest { "amax" } else { "amin" };
+    extreme(args, &p, largest, Some(3), None, op)
 }
 
 /// `max.dim_max` / `min.dim_min`: `(self, dim, keepdim, values, indices, returns)`.
 fn max_dim(args: &mut Args<'_>, largest: bool) -> KernelResult {
     let p = plan(&args.tensor(0)?, Some(&[args.int(1)?]), args.bool(2)?)?;
-    extreme(
-        args,
-        &p,
-        largest,
-        Some(3),
-        Some(4),
-        if largest { "max" } else { "min" },
-    )
+    let op = if largest { "max" } else { "min" };
+    extreme(args, &p, largest, Some(3), Some(4), op)
 }
 
 /// `max.unary_out` / `min.unary_out`: `(self, out)`, over every element.
 fn max_all(args: &mut Args<'_>, largest: bool) -> KernelResult {
     let p = plan(&args.tensor(0)?, None, false)?;
-    extreme(
-        args,
-        &p,
-        largest,
-        Some(1),
-        None,
-        if largest { "max" } else { "min" },
-    )
+    let op = if largest { "max" } else { "min" };
+    extreme(args, &p, largest, Some(1), None, op)
 }
 
 /// `argmax.out` / `argmin.out`: `(self, dim?, keepdim, out)`; no dim means the flattened
@@ -364,14 +365,8 @@ fn argmax(args: &mut Args<'_>, largest: bool) -> KernelResult {
     let x = args.tensor(0)?;
     let dim = args.opt_int(1)?;
     let p = plan(&x, dim.as_ref().map(std::slice::from_ref), args.bool(2)?)?;
-    extreme(
-        args,
-        &p,
-        largest,
-        None,
-        Some(3),
-        if largest { "argmax" } else { "argmin" },
-    )
+    let op = if largest { "argmax" } else { "argmin" };
+    extreme(args, &p, largest, None, Some(3), op)
 }
 
 /// `any` of input 0 over a plan into output `out` (bool or uint8).
@@ -382,15 +377,23 @@ fn any(args: &mut Args<'_>, p: Plan, out: usize) -> KernelResult {
     if !matches!(od, DType::Bool | DType::U8) {
         return Err(KernelError::dtypes(&[x.dtype, od]));
     }
-    let mut io = args.io(&[0.into()], &[out.into()])?;
-    let mut scratch = Scratch::new(io.scratch, &[gather_piece(&x, &p.reduced)])?;
-    let (block, data) = arrange(io.inputs[0].bytes(), &x, &p.reduced, &mut scratch)?;
-    let dst = typed_mut::<u8>(io.outputs[0].bytes_mut())?;
+    let mut io = Dense::io(
+        args,
+        &[0.into()],
+        &[out.into()],
+        &[gather_piece(&x, &p.reduced)],
+    )?;
+    let (block, data) = arrange(io.bytes(0)?, &x, &p.reduced, &mut io.scratch)?;
+    let dst = io.output::<u8>(0)?;
     crate::dispatch_all!(x.dtype, T => {
         let src = typed::<T>(data)?;
-        fold(src, block, false, |a, v, _| *a |= v != T::default(), |i, a| dst[i] = u8::from(a));
-        Ok(())
-    }, Err(KernelError::dtypes(&[x.dtype])))
+        fold(src, block, false, |a, v, _| *a |= v != T::default(), |i, a| {
+            if let Some(d) = dst.get_mut(i) {
+                *d = u8::from(a);
+            }
+        });
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
 }
 
 /// `var.correction_out` (`correction`) and `var.out` (`unbiased`): `(self, dim?, ..,
@@ -404,12 +407,11 @@ fn var(args: &mut Args<'_>, correction: f64) -> KernelResult {
     if !x.dtype.is_float() || !od.is_float() {
         return Err(KernelError::dtypes(&[x.dtype, od]));
     }
-    let mut io = args.io(&[0.into()], &[4.into()])?;
-    let n = io.outputs[0].info.numel();
+    let n = args.tensor(4)?.numel();
     let pieces = [gather_piece(&x, &p.reduced), Scratch::piece::<f64>(n)];
-    let mut scratch = Scratch::new(io.scratch, &pieces)?;
-    let (block, data) = arrange(io.inputs[0].bytes(), &x, &p.reduced, &mut scratch)?;
-    let res = scratch.take::<f64>(n)?;
+    let mut io = Dense::io(args, &[0.into()], &[4.into()], &pieces)?;
+    let (block, data) = arrange(io.bytes(0)?, &x, &p.reduced, &mut io.scratch)?;
+    let res = io.scratch.take::<f64>(n)?;
     crate::dispatch_float!(x.dtype, T => {
         let src = typed::<T>(data)?;
         let step = |(n, mean, m2): &mut (f64, f64, f64), v: T, _| {
@@ -419,9 +421,14 @@ fn var(args: &mut Args<'_>, correction: f64) -> KernelResult {
             *mean += delta / *n;
             *m2 += delta * (v - *mean);
         };
-        fold(src, block, (0.0, 0.0, 0.0), step, |i, (n, _, m2)| res[i] = m2 / (n - correction).max(0.0));
+        fold(src, block, (0.0, 0.0, 0.0), step, |i, (n, _, m2)| {
+            if let Some(r) = res.get_mut(i) {
+                *r = m2 / (n - correction).max(0.0);
+            }
+        });
     }, return Err(KernelError::dtypes(&[x.dtype])));
-    write(res, &mut io.outputs[0])
+    write(res, io.bytes_mut(0)?, od)?;
+    io.finish()
 }
 
 /// `cumsum.out(self, dim, dtype?, out)`: running sums along a dim, accumulated like
@@ -431,32 +438,25 @@ fn cumsum(args: &mut Args<'_>) -> KernelResult {
     let dim = x.dim(args.int(1)?)?;
     args.resize(3, &x.sizes)?;
     let od = args.tensor(3)?.dtype;
-    let (outer, red, inner) = match x.rank() {
-        0 => (1, 1, 1),
-        _ => (
-            crate::util::prod(&x.sizes[..dim]),
-            x.sizes[dim],
-            crate::util::prod(&x.sizes[dim + 1..]),
-        ),
-    };
-    let mut io = args.io(&[0.into()], &[3.into()])?;
+    let geom = split_at_dim(&x.sizes, dim);
     let n = x.numel();
     // Sums accumulate as f64 or i64 (same size).
-    let mut scratch = Scratch::new(io.scratch, &[Scratch::piece::<f64>(n)])?;
+    let mut io = Dense::io(args, &[0.into()], &[3.into()], &[Scratch::piece::<f64>(n)])?;
     crate::dispatch_all!(x.dtype, T => {
-        let src = typed::<T>(io.inputs[0].bytes())?;
+        let src = io.input::<T>(0)?;
         if od.is_float() {
-            let res = scratch.take::<f64>(n)?;
-            scan(src, res, (outer, red, inner), |v| v.to_f64(), |a, b| a + b);
-            write(res, &mut io.outputs[0])
+            let res = io.scratch.take::<f64>(n)?;
+            scan(src, res, geom, |v| v.to_f64(), |a, b| a + b);
+            write(res, io.bytes_mut(0)?, od)?;
         } else {
             let as_bool = od == DType::Bool || x.dtype == DType::Bool;
-            let res = scratch.take::<i64>(n)?;
+            let res = io.scratch.take::<i64>(n)?;
             let elem = |v: T| if as_bool { i64::from(v != T::default()) } else { v.to_i64() };
-            scan(src, res, (outer, red, inner), elem, i64::wrapping_add);
-            write(res, &mut io.outputs[0])
+            scan(src, res, geom, elem, i64::wrapping_add);
+            write(res, io.bytes_mut(0)?, od)?;
         }
-    }, Err(KernelError::dtypes(&[x.dtype])))
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
 }
 
 /// Inclusive scan of `outer × red × inner` data along `red`, each row adding to the one
@@ -479,8 +479,14 @@ fn scan<T: Copy, A: Copy + Default>(
     {
         let mut prev: Option<&[A]> = None;
         for (srow, drow) in s.chunks_exact(inner).zip(d.chunks_exact_mut(inner)) {
-            for (i, (o, &v)) in drow.iter_mut().zip(srow).enumerate() {
-                *o = add(prev.map_or(A::default(), |p| p[i]), elem(v));
+            let before = prev
+                .into_iter()
+                .flatten()
+                .copied()
+                .map(Some)
+                .chain(std::iter::repeat(None));
+            for ((o, &v), p) in drow.iter_mut().zip(srow).zip(before) {
+                *o = add(p.unwrap_or_default(), elem(v));
             }
             prev = Some(drow);
         }
@@ -504,14 +510,7 @@ fn topk(args: &mut Args<'_>) -> KernelResult {
     let k = args.int(1)?;
     let dim = x.dim(args.int(2)?)?;
     let largest = args.bool(3)?;
-    let (outer, red, inner) = match x.rank() {
-        0 => (1, 1, 1),
-        _ => (
-            crate::util::prod(&x.sizes[..dim]),
-            x.sizes[dim],
-            crate::util::prod(&x.sizes[dim + 1..]),
-        ),
-    };
+    let (outer, red, inner) = split_at_dim(&x.sizes, dim);
     let k = usize::try_from(k)
         .ok()
         .filter(|&k| k <= red)
@@ -528,20 +527,16 @@ fn topk(args: &mut Args<'_>) -> KernelResult {
     args.resize(6, &sizes)?;
     same_dtype(x.dtype, args.tensor(5)?.dtype)?;
     same_dtype(DType::I64, args.tensor(6)?.dtype)?;
-    let mut io = args.io(&[0.into()], &[5.into(), 6.into()])?;
-    let (inputs, outputs) = (&io.inputs, &mut io.outputs);
-    let [vout, iout] = &mut outputs[..] else {
-        return Err(KernelError::invalid("topk has two outputs"));
-    };
     // One lane's positions along the dim, sorted by value.
-    let lane = Scratch::new(io.scratch, &[Scratch::piece::<usize>(red)])?.take::<usize>(red)?;
+    let pieces = [Scratch::piece::<usize>(red)];
+    let mut io = Dense::io(args, &[0.into()], &[5.into(), 6.into()], &pieces)?;
+    let lane = io.scratch.take::<usize>(red)?;
     crate::dispatch_all!(x.dtype, T => {
-        let src = typed::<T>(inputs[0].bytes())?;
-        let vals = typed_mut::<T>(vout.bytes_mut())?;
-        let idxs = typed_mut::<i64>(iout.bytes_mut())?;
+        let src = io.input::<T>(0)?;
+        let (vals, idxs) = io.outputs2::<T, i64>()?;
         for o in 0..outer {
             for i in 0..inner {
-                let at = |r: usize| src[(o * red + r) * inner + i];
+                let at = |r: usize| src.get((o * red + r) * inner + i).copied().unwrap_or_default();
                 lane.iter_mut().enumerate().for_each(|(r, p)| *p = r);
                 // Equal values keep index order.
                 lane.sort_unstable_by(|&a, &b| {
@@ -554,13 +549,13 @@ fn topk(args: &mut Args<'_>) -> KernelResult {
                 });
                 for (j, &r) in lane.iter().take(k).enumerate() {
                     let to = (o * k + j) * inner + i;
-                    vals[to] = at(r);
-                    idxs[to] = r as i64;
+                    *vals.at_mut(to)? = at(r);
+                    *idxs.at_mut(to)? = r as i64;
                 }
             }
         }
-        Ok(())
-    }, Err(KernelError::dtypes(&[x.dtype])))
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
 }
 
 /// Registers this module's kernels.

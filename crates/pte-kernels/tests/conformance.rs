@@ -5,7 +5,8 @@
 //! A case runs one program on stored inputs and compares with eager PyTorch's outputs:
 //! output kinds, dtypes and shapes exactly; integers and bools bit for bit; floats within
 //! the case's tolerance (`|a - b| <= atol + rtol * |b|`, NaN matches NaN, infinities must
-//! be equal, and signs of zeros too where the case says `signed_zeros`). Random operators
+//! be equal, and signs of zeros too where the case says `signed_zeros`), complex numbers
+//! part by part. Random operators
 //! are checked by the statistics the manifest records. A case whose step says
 //! `expect_error` passes when loading or running returns an error (a panic never passes).
 //!
@@ -90,7 +91,7 @@ struct Dropout {
     kept_fraction: [f64; 2],
 }
 
-const DTYPES: [DType; 13] = [
+const DTYPES: [DType; 16] = [
     DType::U8,
     DType::I8,
     DType::I16,
@@ -104,6 +105,9 @@ const DTYPES: [DType; 13] = [
     DType::U16,
     DType::U32,
     DType::U64,
+    DType::C32,
+    DType::C64,
+    DType::C128,
 ];
 
 fn dtype_named(name: &str) -> Result<DType, String> {
@@ -194,7 +198,8 @@ fn floats(t: &Tensor) -> Result<Vec<f64>, String> {
 }
 
 fn compare_values(got: &Tensor, want: &Tensor, case: &Case) -> Result<(), String> {
-    if got.dtype().is_float() {
+    // Complex values compare as their real and imaginary parts, one after the other.
+    if got.dtype().is_float() || got.dtype().is_complex() {
         let (a, b) = (floats(got)?, floats(want)?);
         let tol = &case.tolerance;
         let bad = a.iter().zip(&b).position(|(&x, &y)| {

@@ -413,27 +413,28 @@ impl<'a> Args<'a> {
         resize_slot(t, sizes)
     }
 
-    /// Sets a scalar output (a prim op's result). The value keeps the kind it was
-    /// declared with when the scalar can be converted to it.
+    /// Sets a scalar output (a prim op's result). The value takes the scalar's own kind,
+    /// whatever scalar kind the program declared (the exporter declares every symbolic
+    /// scalar an `Int`, including those holding floats), as upstream's prim ops do.
     pub fn set_scalar(&mut self, i: usize, value: Scalar) -> KernelResult {
         let id = self.id(i)?;
         let slot = self
             .values
             .get_mut(id)
             .ok_or_else(|| KernelError::invalid(format!("value {id} does not exist")))?;
-        *slot = match (&*slot, value) {
-            (Slot::Int(_), v) => Slot::Int(v.to_i64()),
-            (Slot::Double(_), v) => Slot::Double(v.to_f64()),
-            (Slot::Bool(_), v) => Slot::Bool(v.to_bool()),
-            (Slot::None, Scalar::Int(v)) => Slot::Int(v),
-            (Slot::None, Scalar::Double(v)) => Slot::Double(v),
-            (Slot::None, Scalar::Bool(v)) => Slot::Bool(v),
-            (other, _) => {
+        match slot {
+            Slot::Int(_) | Slot::Double(_) | Slot::Bool(_) | Slot::None => {}
+            other => {
                 return Err(KernelError::invalid(format!(
                     "argument {i} is {}, cannot hold a scalar result",
                     other.kind()
                 )))
             }
+        }
+        *slot = match value {
+            Scalar::Int(v) => Slot::Int(v),
+            Scalar::Double(v) => Slot::Double(v),
+            Scalar::Bool(v) => Slot::Bool(v),
         };
         Ok(())
     }

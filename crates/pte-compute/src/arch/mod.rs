@@ -16,8 +16,13 @@
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
 mod generic;
+mod indirect;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+
+pub(crate) use indirect::{
+    depthwise_pixels, indirect_microkernel, IndirectRows, PixelTaps, MAX_TAPS as INDIRECT_TAPS,
+};
 
 use crate::error::{Error, Result};
 use crate::mat::MatMut;
@@ -237,125 +242,6 @@ fn raw_post(post: Option<&Post<'_>>, rows: usize, nr: usize) -> Option<RawPost> 
             })
         }
     }
-}
-
-/// Most segments (kernel taps) one indirect table holds.
-pub(crate) const MAX_SEGMENTS: usize = 16;
-/// Largest mr of any micro-kernel.
-const MAX_MR: usize = 12;
-/// An offset of [`RowTable::new`] that reads the row of zeros.
-pub(crate) const ZERO_ROW: usize = usize::MAX;
-
-/// Whether `isa` has an indirect micro-kernel (see [`indirect_microkernel`]).
-pub(crate) fn has_indirect(isa: Isa) -> bool {
-    cfg!(target_arch = "x86_64") && matches!(isa, Isa::Avx2 | Isa::Avx512)
-}
-
-/// The rows of A an indirect micro-kernel reads: for each of `segments` segments of `k`
-/// depths and each of `rows` tile rows, `k` values inside the input slice (or the row
-/// of zeros), checked when the table is built. Built once per tile and reused for every
-/// panel of B.
-pub(crate) struct RowTable {
-    ptrs: [*const f32; MAX_SEGMENTS * MAX_MR],
-    segments: usize,
-    k: usize,
-    rows: usize,
-    mr: usize,
-}
-
-impl RowTable {
-    /// Row `r` of segment `t` is `x[offsets[t * mr + r]..][..k]`, or `zero` (at least
-    /// `k` long) for [`ZERO_ROW`]; None if an offset or length is off.
-    pub(crate) fn new(
-        isa: Isa,
-        x: &[f32],
-        zero: &[f32],
-        offsets: &[usize],
-        (segments, k, rows): (usize, usize, usize),
-    ) -> Option<RowTable> {
-        let mr = isa.gemm_tile().0;
-        if segments > MAX_SEGMENTS || rows > mr || mr > MAX_MR {
-            return None;
-        }
-        // Entries past `rows` are never read (the kernel reads `rows` rows).
-        let mut ptrs = [std::ptr::null(); MAX_SEGMENTS * MAX_MR];
-        for t in 0..segments {
-            for r in 0..rows {
-                let at = t * mr + r;
-                let p = match *offsets.get(at)? {
-                    ZERO_ROW => zero.get(..k)?.as_ptr(),
-                    o => x.get(o..o.checked_add(k)?)?.as_ptr(),
-                };
-                *ptrs.get_mut(at)? = p;
-            }
-        }
-        Some(RowTable {
-            ptrs,
-            segments,
-            k,
-            rows,
-            mr,
-        })
-    }
-}
-
-/// One call of an indirect micro-kernel on the tile of `c` at `(i, j)` of `table.rows
-/// × nr`: `C (+)= Σ_t Σ_p A_t[r][p] · b[(t·k + p)·nr + s]` over the table's segments,
-/// A's rows read where they are (the receptive fields of `mr` pixels of a
-/// channels-last convolution) instead of packed; then `post` if given.
-///
-/// Checks the lengths first; errors on an instruction set without such a kernel
-/// ([`has_indirect`]) or a table built for another.
-pub(crate) fn indirect_microkernel(
-    isa: Isa,
-    table: &RowTable,
-    b: &[f32],
-    c: &mut MatMut<'_>,
-    (i, j): (usize, usize),
-    accumulate: bool,
-    post: Option<&Post<'_>>,
-) -> Result {
-    let (mr, nr) = isa.gemm_tile();
-    let (rows, taps, k) = (table.rows, table.segments, table.k);
-    let tile = c.tile_ptr(i, j, rows, nr);
-    let raw = raw_post(post, rows, nr);
-    let ok = has_indirect(isa)
-        && table.mr == mr
-        && raw.is_some()
-        && taps
-            .checked_mul(k)
-            .and_then(|v| v.checked_mul(nr))
-            .is_some_and(|l| b.len() >= l);
-    let Some((c, rs)) = tile.filter(|_| ok && isa.is_available()) else {
-        return Err(Error::InvalidParameter {
-            what: format!(
-                "indirect micro-kernel call: {rows} rows (mr {mr}) at ({i}, {j}) of a {}x{} output, {taps} segments of {k}, b {}",
-                c.rows(),
-                c.cols(),
-                b.len(),
-            ),
-        });
-    };
-    let Some(post) = raw else {
-        return Ok(());
-    };
-    let (a, b) = (table.ptrs.as_ptr(), b.as_ptr());
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: every row pointer of the table holds k values (checked when it was
-        // built, for this mr), b and the tile checked above, the instruction set is
-        // available.
-        Isa::Avx2 => unsafe { x86::avx2_indirect(rows, taps, k, a, b, c, rs, accumulate, post) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx512 => unsafe {
-            x86::avx512_indirect(rows, taps, k, a, b, c, rs, accumulate, post)
-        },
-        _ => {
-            let _ = (a, b, c, rs, accumulate, post);
-        }
-    }
-    Ok(())
 }
 
 /// Depthwise 3×3 convolution of one NHWC output row on a hand-written kernel, for the

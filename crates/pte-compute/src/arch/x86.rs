@@ -1,4 +1,5 @@
-//! x86-64 GEMM micro-kernels: AVX2+FMA 6×16 and AVX-512F 12×32.
+//! x86-64 GEMM micro-kernels (AVX2+FMA 6×16 and AVX-512F 12×32) and the AVX2 row
+//! kernel of 3×3 depthwise convolutions in NHWC.
 //!
 //! Each keeps `rows × (nr / lanes)` accumulators in vector registers; a step of `p` loads
 //! `nr / lanes` vectors of the B panel and broadcasts each of the `rows` values of the A
@@ -15,13 +16,10 @@ pub(crate) const AVX2_NR: usize = 16;
 pub(crate) const AVX512_MR: usize = 12;
 pub(crate) const AVX512_NR: usize = 32;
 
-/// Generates, over `$v` vectors, the packed kernel `$name::<R>` with its dispatcher on
-/// `rows`, and the indirect kernel `$iname::<R>` (A read through row pointers, see
-/// [`super::indirect_microkernel`]) with its dispatcher.
+/// Generates a kernel over `$v` vectors: `$name::<R>` plus a dispatcher on `rows`.
 macro_rules! kernel {
-    ($feat:literal, $name:ident, $dispatch:ident, $iname:ident, $idispatch:ident,
-     $v:ty, $mr:expr, $nr:expr, $lanes:expr,
-     $zero:ident, $load:ident, $storeu:ident, $set1:ident, $fmadd:ident, $add:ident, $max:ident, $min:ident,
+    ($feat:literal, $name:ident, $dispatch:ident, $v:ty, $mr:expr, $nr:expr, $lanes:expr,
+     $zero:ident, $load:ident, $store:ident, $set1:ident, $fmadd:ident, $add:ident, $max:ident, $min:ident,
      [$($r:literal)*]) => {
         /// # Safety
         /// The CPU has the features; `a` holds `kc * MR` values, `b` `kc * NR`, and
@@ -54,31 +52,27 @@ macro_rules! kernel {
                     }
                 }
             }
-            // Stores the tile: `C (+)= acc`, then `post` (inline: a call would keep the
-            // accumulators in memory during the loop).
-            {
-                let (lo, hi) = ($set1(post.min), $set1(post.max));
-                for (i, row) in acc.iter().enumerate() {
-                    // SAFETY: a row bias holds at least R values (checked by the caller).
-                    let rb = (post.on && !post.rows.is_null()).then(|| unsafe { $set1(*post.rows.add(i)) });
-                    for (v, &x) in row.iter().enumerate() {
-                        // SAFETY: i < R, v * lanes < NR: inside the tile; a column bias
-                        // holds NR values.
-                        unsafe {
-                            let cp = c.add(i * rs + v * $lanes);
-                            let mut x = if accumulate { $add(x, $load(cp)) } else { x };
-                            if post.on {
-                                if let Some(rb) = rb {
-                                    x = $add(x, rb);
-                                }
-                                if !post.cols.is_null() {
-                                    x = $add(x, $load(post.cols.add(v * $lanes)));
-                                }
-                                // max(lo, x) and min(hi, x) return x when it is NaN.
-                                x = $min(hi, $max(lo, x));
+            let (lo, hi) = ($set1(post.min), $set1(post.max));
+            for (i, row) in acc.iter().enumerate() {
+                // SAFETY: a row bias holds at least R values (checked by the caller).
+                let rb = (post.on && !post.rows.is_null()).then(|| unsafe { $set1(*post.rows.add(i)) });
+                for (v, &x) in row.iter().enumerate() {
+                    // SAFETY: i < R, v * lanes < NR: inside the tile; a column bias
+                    // holds NR values.
+                    unsafe {
+                        let cp = c.add(i * rs + v * $lanes);
+                        let mut x = if accumulate { $add(x, $load(cp)) } else { x };
+                        if post.on {
+                            if let Some(rb) = rb {
+                                x = $add(x, rb);
                             }
-                            $storeu(cp, x);
+                            if !post.cols.is_null() {
+                                x = $add(x, $load(post.cols.add(v * $lanes)));
+                            }
+                            // max(lo, x) and min(hi, x) return x when it is NaN.
+                            x = $min(hi, $max(lo, x));
                         }
+                        $store(cp, x);
                     }
                 }
             }
@@ -105,98 +99,6 @@ macro_rules! kernel {
                 }
             }
         }
-
-        /// `C (+)= Σ_t Σ_p a[t][i][p] · b[(t·k + p)·NR + j]`: for each of `taps`
-        /// segments, row `i` of A is `k` contiguous values at `a[t * MR + i]`.
-        ///
-        /// # Safety
-        /// The CPU has the features; every pointer `a[t * MR + i]` (`t < taps`, `i <
-        /// R`) holds `k` values, `b` holds `taps * k * NR`, `c` the tile as for the
-        /// packed kernel.
-        #[target_feature(enable = $feat)]
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn $iname<const R: usize>(
-            taps: usize,
-            k: usize,
-            a: *const *const f32,
-            b: *const f32,
-            c: *mut f32,
-            rs: usize,
-            accumulate: bool,
-            post: RawPost,
-        ) {
-            const V: usize = $nr / $lanes;
-            let mut acc = [[$zero(); V]; R];
-            let mut bp = b;
-            for t in 0..taps {
-                // SAFETY: t < taps: the pointer table holds taps * MR entries.
-                let rows: [*const f32; R] = std::array::from_fn(|i| unsafe { *a.add(t * $mr + i) });
-                for p in 0..k {
-                    // SAFETY: p < k and bp stays within taps * k * NR values of `b`.
-                    unsafe {
-                        let bv: [$v; V] = std::array::from_fn(|v| $load(bp.add(v * $lanes)));
-                        bp = bp.add($nr);
-                        for (row, &ap) in acc.iter_mut().zip(&rows) {
-                            let av = $set1(*ap.add(p));
-                            for (x, &y) in row.iter_mut().zip(&bv) {
-                                *x = $fmadd(av, y, *x);
-                            }
-                        }
-                    }
-                }
-            }
-            // Stores the tile: `C (+)= acc`, then `post` (inline: a call would keep the
-            // accumulators in memory during the loop).
-            {
-                let (lo, hi) = ($set1(post.min), $set1(post.max));
-                for (i, row) in acc.iter().enumerate() {
-                    // SAFETY: a row bias holds at least R values (checked by the caller).
-                    let rb = (post.on && !post.rows.is_null()).then(|| unsafe { $set1(*post.rows.add(i)) });
-                    for (v, &x) in row.iter().enumerate() {
-                        // SAFETY: i < R, v * lanes < NR: inside the tile; a column bias
-                        // holds NR values.
-                        unsafe {
-                            let cp = c.add(i * rs + v * $lanes);
-                            let mut x = if accumulate { $add(x, $load(cp)) } else { x };
-                            if post.on {
-                                if let Some(rb) = rb {
-                                    x = $add(x, rb);
-                                }
-                                if !post.cols.is_null() {
-                                    x = $add(x, $load(post.cols.add(v * $lanes)));
-                                }
-                                // max(lo, x) and min(hi, x) return x when it is NaN.
-                                x = $min(hi, $max(lo, x));
-                            }
-                            $storeu(cp, x);
-                        }
-                    }
-                }
-            }
-        }
-
-        /// # Safety
-        /// As the indirect kernel, with `1 <= rows <= MR`.
-        #[allow(clippy::too_many_arguments)]
-        pub(crate) unsafe fn $idispatch(
-            rows: usize,
-            taps: usize,
-            k: usize,
-            a: *const *const f32,
-            b: *const f32,
-            c: *mut f32,
-            rs: usize,
-            accumulate: bool,
-            post: RawPost,
-        ) {
-            // SAFETY: forwarded contract.
-            unsafe {
-                match rows {
-                    $($r => $iname::<$r>(taps, k, a, b, c, rs, accumulate, post),)*
-                    _ => $iname::<$mr>(taps, k, a, b, c, rs, accumulate, post),
-                }
-            }
-        }
     };
 }
 
@@ -204,8 +106,6 @@ kernel!(
     "avx2,fma",
     avx2_tile,
     avx2_kernel,
-    avx2_itile,
-    avx2_indirect,
     __m256,
     AVX2_MR,
     AVX2_NR,
@@ -225,8 +125,6 @@ kernel!(
     "avx512f,avx2,fma",
     avx512_tile,
     avx512_kernel,
-    avx512_itile,
-    avx512_indirect,
     __m512,
     AVX512_MR,
     AVX512_NR,

@@ -17,10 +17,8 @@
 //! caller ([`Conv2d::scratch_len`]); a run allocates nothing.
 
 mod depthwise;
-mod nhwc;
 mod transposed;
 
-pub use nhwc::Conv2dNhwc;
 pub use transposed::{ConvTranspose2d, ConvTranspose2dParams};
 
 use crate::arch::Isa;
@@ -93,11 +91,51 @@ impl Conv2dParams {
         Ok(out)
     }
 
-    fn channels_per_group(&self) -> (usize, usize) {
+    pub(crate) fn channels_per_group(&self) -> (usize, usize) {
         (
             self.in_channels / self.groups,
             self.out_channels / self.groups,
         )
+    }
+
+    /// Kernel taps, depth of one group's product (`taps · in_channels / groups`), and
+    /// the weights' length; errors if `weights` is not that long.
+    pub(crate) fn weight_dims(&self, weights: usize) -> Result<(usize, usize)> {
+        let taps = error::mul(self.kernel[0], self.kernel[1], "convolution kernel")?;
+        let k = error::mul(self.channels_per_group().0, taps, "convolution depth")?;
+        let w_len = error::mul(self.out_channels, k, "convolution weights")?;
+        if weights != w_len {
+            return Err(Error::ShapeMismatch {
+                what: format!("convolution weights of {weights} elements, {w_len} expected"),
+            });
+        }
+        Ok((taps, k))
+    }
+
+    /// Elements of the input and output of a batch of `batch` images (either layout).
+    pub fn io_len(&self, batch: usize) -> Result<(usize, usize)> {
+        let [oh, ow] = self.output()?;
+        let x = error::mul(
+            error::mul(self.input[0], self.input[1], "input")?,
+            self.in_channels,
+            "input",
+        )?;
+        let y = error::mul(error::mul(oh, ow, "output")?, self.out_channels, "output")?;
+        Ok((
+            error::mul(x, batch, "input")?,
+            error::mul(y, batch, "output")?,
+        ))
+    }
+}
+
+/// A bias of `channels` values (zeros when there is none), checked.
+pub(crate) fn bias_or_zeros(bias: Option<&[f32]>, channels: usize) -> Result<Vec<f32>> {
+    match bias {
+        Some(b) if b.len() == channels => Ok(b.to_vec()),
+        Some(b) => Err(Error::ShapeMismatch {
+            what: format!("bias of {} values for {channels} output channels", b.len()),
+        }),
+        None => Ok(vec![0.0; channels]),
     }
 }
 
@@ -144,30 +182,8 @@ impl Conv2d {
     ) -> Result<Self> {
         let out = p.output()?;
         let (cig, cog) = p.channels_per_group();
-        let taps = error::mul(p.kernel[0], p.kernel[1], "convolution kernel")?;
-        let k = error::mul(cig, taps, "convolution depth")?;
-        let w_len = error::mul(p.out_channels, k, "convolution weights")?;
-        if weights.len() != w_len {
-            return Err(Error::ShapeMismatch {
-                what: format!(
-                    "convolution weights of {} elements, {w_len} expected",
-                    weights.len()
-                ),
-            });
-        }
-        let bias = match bias {
-            Some(b) if b.len() == p.out_channels => b.to_vec(),
-            Some(b) => {
-                return Err(Error::ShapeMismatch {
-                    what: format!(
-                        "bias of {} values for {} output channels",
-                        b.len(),
-                        p.out_channels
-                    ),
-                })
-            }
-            None => vec![0.0; p.out_channels],
-        };
+        let (_, k) = p.weight_dims(weights.len())?;
+        let bias = bias_or_zeros(bias, p.out_channels)?;
         let algo = if cig == 1 && p.groups > 1 && depthwise::window(&p, out).supported() {
             Algo::Depthwise {
                 weights: weights.to_vec(),
@@ -222,21 +238,7 @@ impl Conv2d {
 
     /// Elements of the input and output of a batch of `batch`.
     pub fn io_len(&self, batch: usize) -> Result<(usize, usize)> {
-        let p = &self.p;
-        let x = error::mul(
-            error::mul(p.input[0], p.input[1], "input")?,
-            p.in_channels,
-            "input",
-        )?;
-        let y = error::mul(
-            error::mul(self.out[0], self.out[1], "output")?,
-            p.out_channels,
-            "output",
-        )?;
-        Ok((
-            error::mul(x, batch, "input")?,
-            error::mul(y, batch, "output")?,
-        ))
+        self.p.io_len(batch)
     }
 
     /// Scratch (f32 elements) a run needs on `threads` threads.

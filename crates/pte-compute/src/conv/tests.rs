@@ -215,13 +215,20 @@ fn nhwc_convolutions_match_the_reference() {
             let w = values(p.out_channels * cig * p.kernel[0] * p.kernel[1], i as u32);
             let bias = values(p.out_channels, 100 + i as u32);
             let act = [Activation::Identity, Activation::RELU6, Activation::Silu][i % 3];
-            let conv = Conv2dNhwc::new(gemm, *p, &w, Some(&bias), act).unwrap();
+            let conv = crate::nhwc::ConvNhwc::new(
+                gemm,
+                *p,
+                crate::nhwc::ConvWeights::Oihw(&w),
+                Some(&bias),
+                act,
+            )
+            .unwrap();
             let (x_len, y_len) = conv.io_len(batch).unwrap();
             let x = values(x_len, 200 + i as u32);
             let [oh, ow] = conv.output_size();
             let pixels = (p.input[0] * p.input[1], oh * ow);
             let mut x_nhwc = vec![0.0; x_len];
-            crate::layout::nchw_to_nhwc(isa, &x, batch, p.in_channels, pixels.0, &mut x_nhwc)
+            crate::layout::transpose(&pools[0], &x, batch, p.in_channels, pixels.0, &mut x_nhwc)
                 .unwrap();
             // With a residual: act(conv + bias + r), r shaped as the output.
             let residual = values(y_len, 300 + i as u32);
@@ -247,8 +254,8 @@ fn nhwc_convolutions_match_the_reference() {
                     want
                 };
                 let mut r_nhwc = vec![0.0; y_len];
-                crate::layout::nchw_to_nhwc(
-                    isa,
+                crate::layout::transpose(
+                    &pools[1],
                     &residual,
                     batch,
                     p.out_channels,
@@ -260,22 +267,22 @@ fn nhwc_convolutions_match_the_reference() {
                     let mut y = vec![f32::NAN; y_len];
                     let r = with_residual.then_some(&r_nhwc[..]);
                     if from_nchw {
-                        let len = conv.nchw_scratch_len(batch, pool.threads()).unwrap();
+                        let len = conv.nchw_scratch_len(batch).unwrap();
                         let mut scratch = vec![f32::NAN; len];
                         conv.run_nchw(pool, &x, batch, r, &mut y, &mut scratch)
                             .unwrap();
                     } else {
-                        let mut scratch = vec![f32::NAN; conv.scratch_len(pool.threads()).unwrap()];
+                        let mut scratch = vec![f32::NAN; conv.scratch_len().unwrap()];
                         conv.run(pool, &x_nhwc, batch, r, &mut y, &mut scratch)
                             .unwrap();
                     }
                     let mut y_nchw = vec![0.0; y_len];
-                    crate::layout::nhwc_to_nchw(
-                        isa,
+                    crate::layout::transpose(
+                        pool,
                         &y,
                         batch,
-                        p.out_channels,
                         pixels.1,
+                        p.out_channels,
                         &mut y_nchw,
                     )
                     .unwrap();

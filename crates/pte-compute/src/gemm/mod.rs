@@ -23,7 +23,7 @@ mod pack;
 
 pub use batched::{BatchMut, BatchRef};
 
-pub(crate) use pack::{pack_rows, Lines};
+pub(crate) use pack::Lines;
 
 use crate::arch::{self, multiversion, Isa, Post, TileBias};
 use crate::elementwise::{self, Activation};

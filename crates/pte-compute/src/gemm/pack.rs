@@ -85,8 +85,9 @@ impl Lines for MatRef<'_> {
 const D: usize = 8;
 
 /// One panel of `W` lines (`valid` of them real) transposed from rows contiguous along
-/// the depth.
+/// the depth, `D` depths at a time through a register-sized block.
 #[inline(always)]
+#[allow(clippy::indexing_slicing)] // d < D and l < W index arrays of those lengths
 fn transpose_panel<const W: usize>(
     src: &MatRef<'_>,
     first: usize,
@@ -115,17 +116,9 @@ fn transpose_panel<const W: usize>(
         }
         return;
     }
-    interleave(&rows.map(Option::unwrap_or_default), kc, panel);
-}
-
-/// Interleaves `W` rows of `n` values into `out` (`n × W`: `out[p * W + l] =
-/// rows[l][p]`), `D` depths at a time through a register-sized block; a row shorter
-/// than `n` (an empty one: a row of padding) reads as zeros past its end.
-#[inline(always)]
-#[allow(clippy::indexing_slicing)] // d < D and l < W index arrays of those lengths
-fn interleave<const W: usize>(rows: &[&[f32]; W], n: usize, out: &mut [f32]) {
-    let whole = n / D * D;
-    for (p0, block) in (0..whole).step_by(D).zip(out.chunks_exact_mut(D * W)) {
+    let rows: [&[f32]; W] = rows.map(Option::unwrap_or_default);
+    let whole = kc / D * D;
+    for (p0, block) in (0..whole).step_by(D).zip(panel.chunks_exact_mut(D * W)) {
         let mut t = [[0f32; W]; D];
         for (l, row) in rows.iter().enumerate() {
             if let Some(r) = row
@@ -135,18 +128,14 @@ fn interleave<const W: usize>(rows: &[&[f32]; W], n: usize, out: &mut [f32]) {
                 for d in 0..D {
                     t[d][l] = r[d];
                 }
-            } else {
-                for (d, t) in t.iter_mut().enumerate() {
-                    t[l] = row.get(p0 + d).copied().unwrap_or(0.0);
-                }
             }
         }
-        for (o, t) in block.chunks_exact_mut(W).zip(&t) {
-            o.copy_from_slice(t);
+        for (out, t) in block.chunks_exact_mut(W).zip(&t) {
+            out.copy_from_slice(t);
         }
     }
-    for (p, o) in out.chunks_exact_mut(W).enumerate().take(n).skip(whole) {
-        for (o, row) in o.iter_mut().zip(rows) {
+    for (p, out) in panel.chunks_exact_mut(W).enumerate().skip(whole) {
+        for (o, row) in out.iter_mut().zip(&rows) {
             *o = row.get(p).copied().unwrap_or(0.0);
         }
     }
@@ -174,33 +163,6 @@ multiversion! {
                 }
             }
         }
-    }
-}
-
-multiversion! {
-    /// Interleaves `rows.len()` rows of `n` values into `out` (`n × rows.len()`, see
-    /// `interleave`): one panel's depths from rows gathered by the caller, e.g. the
-    /// pixels of an NHWC convolution's receptive fields, one kernel tap at a time.
-    pub(crate) fn pack_rows<const FMA: bool>(rows: &[&[f32]], n: usize, out: &mut [f32]) {
-        macro_rules! fixed {
-            ($($w:literal)*) => {
-                match rows.len() {
-                    $($w => {
-                        if let Ok(r) = <&[&[f32]; $w]>::try_from(rows) {
-                            interleave::<$w>(r, n, out);
-                        }
-                    })*
-                    w => {
-                        for (p, o) in out.chunks_exact_mut(w.max(1)).enumerate().take(n) {
-                            for (o, row) in o.iter_mut().zip(rows) {
-                                *o = row.get(p).copied().unwrap_or(0.0);
-                            }
-                        }
-                    }
-                }
-            };
-        }
-        fixed!(4 6 8 12 16 32);
     }
 }
 

@@ -3,24 +3,27 @@
 //! element operation on the compute dtype.
 //!
 //! Evaluation: when every operand has the output's shape or a single element, the output
-//! is one flat run (split across threads when large); otherwise it is walked row by row
-//! along the last dimension, after merging the dimensions every operand steps through
-//! uniformly, each operand's row being contiguous or one repeated value.
+//! is one flat run (split across the pool's threads when large); otherwise it is walked
+//! row by row along the last dimension, after merging the dimensions every operand steps
+//! through uniformly, each operand's row being contiguous or one repeated value.
 //! Runs are processed in blocks where a repeated value is read from a filled buffer, so
-//! the inner loop is a plain zip of slices the compiler can vectorize. Operands converted
-//! to the compute type, and results bound for an output of another dtype, live in the
-//! method's scratch memory, so a steady-state run allocates nothing.
+//! the inner loop is a plain zip of slices the compiler can vectorize. Operands of the
+//! output's shape and dim order are read in memory order, so tensors that share any dim
+//! order need no copy; others of another dim order are gathered in row-major order
+//! first. Operands converted to the compute type, and results bound for an output of
+//! another dtype, live in the method's scratch memory, so a steady-state run allocates
+//! nothing.
 
 use std::array::from_fn;
 
-use pte_runtime::{Arg, Args, DType, Dims, KernelError, KernelResult, Scalar};
-use pte_runtime::{TensorData, TensorDataMut, TensorInfo};
-use rayon::prelude::*;
+use pte_runtime::{Arg, Args, DType, Dims, KernelError, KernelResult, Scalar, TensorInfo};
 use smallvec::SmallVec;
 
-use super::num::{Float, Int};
+use crate::layout::{typed, typed_mut, Dense};
+use crate::num::{Elem, Int, Real};
 use crate::util::{
-    broadcast_shapes, broadcast_strides, convert, for_each_broadcast, promote, Elem, Scratch,
+    broadcast_shapes, broadcast_strides, compute_error, convert, for_each_broadcast, oob, promote,
+    scalar_as, Scratch,
 };
 
 /// An operand of an elementwise operator: a tensor argument or a scalar.
@@ -44,7 +47,7 @@ impl Operand {
 
 /// An element operation on floats, computed in `f32` (also for the half types) or `f64`.
 pub trait FloatOp<const N: usize>: Sync {
-    fn float<F: Float>(&self, x: [F; N]) -> F;
+    fn float<F: Real>(&self, x: [F; N]) -> F;
 }
 
 /// An element operation on integers, computed in their own type (bools as 0/1 bytes).
@@ -155,7 +158,9 @@ pub fn map_int<const N: usize, O: IntOp<N>>(
     op: &O,
 ) -> KernelResult {
     if O::DIVIDES {
-        check_divisor(args, operands[N - 1])?;
+        if let Some(&divisor) = operands.last() {
+            check_divisor(args, divisor)?;
+        }
     }
     if compute == DType::Bool {
         // Bools compute as 0/1 bytes; a non-zero result is true.
@@ -225,7 +230,7 @@ fn check_divisor(args: &Args<'_>, divisor: Operand) -> KernelResult {
 /// Computes `out[i] = f(operands at i)` over the broadcast shape of the operands, which
 /// are read as `C` (converted unless their dtype is `load_as`). `R` holds results of
 /// dtype `result`, converted when the output has another dtype.
-fn map<C: Elem, R: Elem, const N: usize>(
+fn map<C: Elem + Send + Sync, R: Elem + Send, const N: usize>(
     args: &mut Args<'_>,
     operands: [Operand; N],
     out: usize,
@@ -237,11 +242,11 @@ fn map<C: Elem, R: Elem, const N: usize>(
     let mut sizes: [Dims; N] = from_fn(|_| Dims::new());
     let mut infos: SmallVec<[TensorInfo; 3]> = SmallVec::new();
     let mut reads: SmallVec<[Arg; 3]> = SmallVec::new();
-    for (k, op) in operands.iter().enumerate() {
+    for (op, size) in operands.iter().zip(sizes.iter_mut()) {
         if let Operand::Tensor(i) = *op {
             let t = args.tensor(i)?;
             shape = broadcast_shapes(&shape, &t.sizes)?;
-            sizes[k] = t.sizes.clone();
+            *size = t.sizes.clone();
             infos.push(t);
             reads.push(Arg::At(i));
         }
@@ -251,89 +256,86 @@ fn map<C: Elem, R: Elem, const N: usize>(
         // Nothing to compute (and empty tensors may have no aligned data to view).
         return Ok(());
     }
+    let pool = args.pool();
     // Operands of the output's shape and dim order, or of one element, can be walked in
-    // memory order whatever that order is; anything else must be contiguous.
+    // memory order whatever that order is; anything else is read in row-major order.
     let dst_info = args.tensor(out)?;
     let same_layout = infos.iter().all(|t| {
         t.numel() == 1 || (t.sizes == dst_info.sizes && t.dim_order == dst_info.dim_order)
     });
-    let mut io = if same_layout {
-        args.io_strided(&reads, &[Arg::At(out)])?
-    } else {
-        args.io(&reads, &[Arg::At(out)])?
-    };
-
     // Operands of another dtype than `load_as` are converted into scratch memory, as are
     // results bound for an output of another dtype than `result`.
-    let numel = io.outputs[0].info.numel();
+    let numel = dst_info.numel();
     let mut pieces: SmallVec<[(usize, usize); 4]> = infos
         .iter()
         .filter(|t| t.dtype != load_as)
         .map(|t| Scratch::piece::<C>(t.numel()))
         .collect();
-    if io.outputs[0].info.dtype != result {
+    if dst_info.dtype != result {
         pieces.push(Scratch::piece::<R>(numel));
     }
-    let mut scratch = Scratch::new(io.scratch, &pieces)?;
-    let scalars: [C; N] = from_fn(|k| match operands[k] {
-        Operand::Scalar(s) => scalar_as(s, load_as),
+    let writes = [Arg::At(out)];
+    let mut io = if same_layout {
+        Dense::memory_order(args, &reads, &writes, &pieces)?
+    } else {
+        Dense::io(args, &reads, &writes, &pieces)?
+    };
+    let scalars: [C; N] = operands.map(|op| match op {
+        Operand::Scalar(s) => scalar_as(s, load_as == DType::Bool),
         Operand::Tensor(_) => C::default(),
     });
-    let mut srcs: [&[C]; N] = from_fn(|k| std::slice::from_ref(&scalars[k]));
+    let mut srcs: [&[C]; N] = [&[]; N];
     let mut inputs = io.inputs.iter();
-    for (src, op) in srcs.iter_mut().zip(&operands) {
-        if let Operand::Tensor(_) = op {
-            let t = inputs
-                .next()
-                .ok_or_else(|| KernelError::invalid("missing input"))?;
-            *src = load(t, load_as, &mut scratch)?;
+    for ((src, op), scalar) in srcs.iter_mut().zip(&operands).zip(&scalars) {
+        *src = match op {
+            Operand::Tensor(_) => {
+                let (info, bytes) = inputs
+                    .next()
+                    .ok_or_else(|| KernelError::invalid("missing input"))?;
+                load(info, bytes, load_as, &mut io.scratch)?
+            }
+            Operand::Scalar(_) => std::slice::from_ref(scalar),
+        };
+    }
+    let sizes: [&[usize]; N] = sizes.each_ref().map(|s| &s[..]);
+    let tmp = if dst_info.dtype != result {
+        Some(io.scratch.take::<R>(numel)?)
+    } else {
+        None
+    };
+    let (_, dst) = io.outputs.first_mut().ok_or_else(oob)?;
+    match tmp {
+        None => eval(pool, srcs, sizes, &shape, typed_mut::<R>(dst)?, &f)?,
+        Some(tmp) => {
+            eval(pool, srcs, sizes, &shape, tmp, &f)?;
+            store(tmp, dst, dst_info.dtype)?;
         }
     }
-    let sizes: [&[usize]; N] = from_fn(|k| &sizes[k][..]);
-    let dst = &mut io.outputs[0];
-    if dst.info.dtype == result {
-        eval(srcs, sizes, &shape, dst.as_mut_slice::<R>()?, &f);
-    } else {
-        let tmp = scratch.take::<R>(numel)?;
-        eval(srcs, sizes, &shape, tmp, &f);
-        store(tmp, dst)?;
-    }
-    Ok(())
+    io.finish()
 }
 
 /// A tensor's elements as `C`: its own when its dtype is `dtype`, else converted into
 /// the next piece of `scratch`.
 fn load<'a, C: Elem>(
-    t: &TensorData<'a>,
+    info: &TensorInfo,
+    bytes: &'a [u8],
     dtype: DType,
     scratch: &mut Scratch<'a>,
 ) -> KernelResult<&'a [C]> {
-    if t.info.dtype == dtype {
-        return t.as_slice::<C>();
+    if info.dtype == dtype {
+        return typed::<C>(bytes);
     }
-    let v = scratch.take::<C>(t.info.numel())?;
-    crate::dispatch_all!(t.info.dtype, T => {
-        convert::<T, C>(t.as_slice::<T>()?, v, dtype == DType::Bool)
-    }, return Err(KernelError::dtypes(&[t.info.dtype])));
+    let v = scratch.take::<C>(info.numel())?;
+    crate::dispatch_all!(info.dtype, T => {
+        convert::<T, C>(typed::<T>(bytes)?, v, dtype == DType::Bool)
+    }, return Err(KernelError::dtypes(&[info.dtype])));
     Ok(v)
 }
 
-/// A scalar as an element of `dtype`, held as `C`.
-fn scalar_as<C: Elem>(s: Scalar, dtype: DType) -> C {
-    if dtype == DType::Bool {
-        C::from_i64(i64::from(s.to_bool()))
-    } else if C::FLOAT {
-        C::from_f64(s.to_f64())
-    } else {
-        C::from_i64(s.to_i64())
-    }
-}
-
 /// Writes results to an output of another dtype.
-fn store<R: Elem>(src: &[R], dst: &mut TensorDataMut<'_>) -> KernelResult {
-    let dtype = dst.info.dtype;
+fn store<R: Elem>(src: &[R], dst: &mut [u8], dtype: DType) -> KernelResult {
     crate::dispatch_all!(dtype, T => {
-        convert::<R, T>(src, dst.as_mut_slice::<T>()?, dtype == DType::Bool);
+        convert::<R, T>(src, typed_mut::<T>(dst)?, dtype == DType::Bool);
         Ok(())
     }, Err(KernelError::dtypes(&[dtype])))
 }
@@ -349,61 +351,85 @@ const PARALLEL_CHUNK: usize = 1 << 14;
 /// fill buffer.
 type Part<'a, C> = Option<&'a [C]>;
 
-fn eval<C: Elem, R: Elem, const N: usize>(
+fn eval<C: Elem + Sync, R: Send, const N: usize>(
+    pool: &pte_compute::ThreadPool,
     srcs: [&[C]; N],
     sizes: [&[usize]; N],
     shape: &[usize],
     dst: &mut [R],
     f: &(impl Fn([C; N]) -> R + Sync),
-) {
+) -> KernelResult {
     let numel = dst.len();
     if numel == 0 {
-        return;
+        return Ok(());
     }
     let mut fills = [[C::default(); BLOCK]; N];
     if srcs.iter().all(|s| s.len() == numel || s.len() == 1) {
-        let parts: [Part<'_, C>; N] = from_fn(|k| {
-            if srcs[k].len() == numel {
-                Some(srcs[k])
+        let mut parts: [Part<'_, C>; N] = [None; N];
+        for ((part, fill), src) in parts.iter_mut().zip(fills.iter_mut()).zip(srcs) {
+            if src.len() == numel {
+                *part = Some(src);
             } else {
-                fills[k] = [srcs[k][0]; BLOCK];
-                None
+                *fill = [src.first().copied().unwrap_or_default(); BLOCK];
             }
-        });
-        let fills = &fills;
-        if numel >= PARALLEL_MIN {
-            dst.par_chunks_mut(PARALLEL_CHUNK)
-                .enumerate()
-                .for_each(|(c, d)| {
-                    let start = c * PARALLEL_CHUNK;
-                    run(
-                        parts.map(|p| p.map(|s| &s[start..start + d.len()])),
-                        fills,
-                        d,
-                        f,
-                    );
-                });
-        } else {
-            run(parts, fills, dst, f);
         }
-        return;
-    }
-    let (shape, strides) = coalesce::<N>(shape, from_fn(|k| broadcast_strides(sizes[k], shape)));
-    let rank = shape.len();
-    let last = shape[rank - 1];
-    let outer: [&[usize]; N] = from_fn(|k| &strides[k][..rank - 1]);
-    for_each_broadcast(&shape[..rank - 1], outer, |row, offsets| {
-        let parts: [Part<'_, C>; N] = from_fn(|k| {
-            let at = offsets[k];
-            if strides[k][rank - 1] == 0 {
-                fills[k][..last.min(BLOCK)].fill(srcs[k][at]);
-                None
-            } else {
-                Some(&srcs[k][at..at + last])
+        let fills = &fills;
+        if numel < PARALLEL_MIN {
+            return run(parts, fills, dst, f);
+        }
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        pool.parallel_chunks(dst, PARALLEL_CHUNK, &mut [0u8; 0], 0, |c, d, _| {
+            let start = c * PARALLEL_CHUNK;
+            let parts = parts.map(|p| p.and_then(|s| s.get(start..start + d.len())));
+            if run(parts, fills, d, f).is_err() {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
             }
-        });
-        run(parts, &fills, &mut dst[row * last..(row + 1) * last], f);
+        })
+        .map_err(compute_error)?;
+        return if failed.into_inner() {
+            Err(oob())
+        } else {
+            Ok(())
+        };
+    }
+    let (shape, strides) = coalesce::<N>(shape, sizes.map(|s| broadcast_strides(s, shape)));
+    let Some((&last, outer_shape)) = shape.split_last() else {
+        return Err(oob());
+    };
+    let inner: [bool; N] = strides
+        .each_ref()
+        .map(|s| s.last().copied().unwrap_or(0) != 0);
+    let outer: [&[usize]; N] = strides
+        .each_ref()
+        .map(|s| s.split_last().map_or(&[][..], |s| s.1));
+    let mut rows = dst.chunks_exact_mut(last);
+    let mut result = Ok(());
+    for_each_broadcast(outer_shape, outer, |_, offsets| {
+        let Some(row) = rows.next() else {
+            result = Err(oob());
+            return;
+        };
+        let mut parts: [Part<'_, C>; N] = [None; N];
+        let operands = parts
+            .iter_mut()
+            .zip(fills.iter_mut())
+            .zip(srcs.iter().zip(offsets));
+        for (((part, fill), (src, at)), &steps) in operands.zip(&inner) {
+            if steps {
+                *part = src.get(at..at + last);
+                if part.is_none() {
+                    result = Err(oob());
+                }
+            } else {
+                let v = src.get(at).copied().unwrap_or_default();
+                fill.iter_mut().take(last).for_each(|x| *x = v);
+            }
+        }
+        if result.is_ok() {
+            result = run(parts, &fills, row, f);
+        }
     });
+    result
 }
 
 /// Drops size-1 dimensions and merges neighbours every operand steps through uniformly
@@ -412,44 +438,77 @@ fn eval<C: Elem, R: Elem, const N: usize>(
 fn coalesce<const N: usize>(shape: &[usize], strides: [Dims; N]) -> (Dims, [Dims; N]) {
     let mut merged = Dims::new();
     let mut merged_strides: [Dims; N] = from_fn(|_| Dims::new());
+    let stride = |k: usize, d: usize| strides.get(k).and_then(|s| s.get(d)).copied().unwrap_or(0);
     for (d, &size) in shape.iter().enumerate().filter(|&(_, &s)| s != 1) {
-        let joins = |m: &[Dims; N]| (0..N).all(|k| m[k].last() == Some(&(strides[k][d] * size)));
+        let joins = merged_strides
+            .iter()
+            .enumerate()
+            .all(|(k, m)| m.last() == Some(&(stride(k, d) * size)));
         match merged.last_mut() {
-            Some(m) if joins(&merged_strides) => {
+            Some(m) if joins => {
                 *m *= size;
                 for (k, s) in merged_strides.iter_mut().enumerate() {
                     s.pop();
-                    s.push(strides[k][d]);
+                    s.push(stride(k, d));
                 }
             }
             _ => {
                 merged.push(size);
                 for (k, s) in merged_strides.iter_mut().enumerate() {
-                    s.push(strides[k][d]);
+                    s.push(stride(k, d));
                 }
             }
+        }
+    }
+    if merged.is_empty() {
+        // Every dim is 1: one element.
+        merged.push(1);
+        for s in &mut merged_strides {
+            s.push(0);
         }
     }
     (merged, merged_strides)
 }
 
 /// Computes one run of outputs, block by block.
-fn run<C: Elem, R, const N: usize>(
+fn run<C: Copy, R, const N: usize>(
     parts: [Part<'_, C>; N],
     fills: &[[C; BLOCK]; N],
     dst: &mut [R],
     f: &impl Fn([C; N]) -> R,
-) {
+) -> KernelResult {
     for (b, d) in dst.chunks_mut(BLOCK).enumerate() {
         let (start, n) = (b * BLOCK, d.len());
-        let srcs: [&[C]; N] = from_fn(|k| match parts[k] {
-            Some(s) => &s[start..start + n],
-            None => &fills[k][..n],
+        // Built without early returns: `apply` checks the lengths, and the loop then
+        // vectorizes (an early return here keeps it scalar).
+        let srcs: [&[C]; N] = from_fn(|k| match (parts.get(k), fills.get(k)) {
+            (Some(Some(p)), _) => p.get(start..start + n).unwrap_or_default(),
+            (_, Some(fill)) => fill.get(..n).unwrap_or_default(),
+            _ => &[],
         });
-        for (i, o) in d.iter_mut().enumerate() {
-            *o = f(from_fn(|k| srcs[k][i]));
-        }
+        apply(srcs, d, f)?;
     }
+    Ok(())
+}
+
+/// `d[i] = f(srcs[..][i])`; every source holds at least `d.len()` elements.
+#[allow(clippy::indexing_slicing)] // every slice is first cut to `d`'s length, checked
+fn apply<C: Copy, R, const N: usize>(
+    srcs: [&[C]; N],
+    d: &mut [R],
+    f: &impl Fn([C; N]) -> R,
+) -> KernelResult {
+    let n = d.len();
+    if srcs.iter().any(|s| s.len() < n) {
+        return Err(oob());
+    }
+    // Slices of exactly `n` elements: the loop then needs no bounds checks and
+    // vectorizes.
+    let srcs = srcs.map(|s| &s[..n]);
+    for (i, o) in d.iter_mut().enumerate() {
+        *o = f(srcs.map(|s| s[i]));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -458,6 +517,7 @@ mod tests {
 
     /// Evaluates `a + b` through the engine and through a plain broadcast walk.
     fn check(a: &[usize], b: &[usize]) {
+        let pool = pte_compute::ThreadPool::new(2).unwrap();
         let shape = broadcast_shapes(a, b).unwrap();
         let xa: Vec<i64> = (0..a.iter().product::<usize>() as i64).collect();
         let xb: Vec<i64> = (0..b.iter().product::<usize>() as i64)
@@ -465,9 +525,15 @@ mod tests {
             .collect();
         let n = shape.iter().product();
         let mut got = vec![0; n];
-        eval([&xa[..], &xb[..]], [a, b], &shape, &mut got, &|[x, y]| {
-            x + y
-        });
+        eval(
+            &pool,
+            [&xa[..], &xb[..]],
+            [a, b],
+            &shape,
+            &mut got,
+            &|[x, y]| x + y,
+        )
+        .unwrap();
         let mut want = vec![0; n];
         let (sa, sb) = (broadcast_strides(a, &shape), broadcast_strides(b, &shape));
         for_each_broadcast(&shape, [&sa, &sb], |i, [p, q]| want[i] = xa[p] + xb[q]);
@@ -476,7 +542,7 @@ mod tests {
 
     #[test]
     fn broadcasting_matches_a_plain_walk() {
-        let cases: [(&[usize], &[usize]); 10] = [
+        let cases: [(&[usize], &[usize]); 11] = [
             (&[2, 3, 4], &[4]),
             (&[2, 3, 4], &[3, 1]),
             (&[1], &[5]),
@@ -487,6 +553,7 @@ mod tests {
             (&[2, 70_000], &[2, 70_000]),
             (&[3, 0], &[1]),
             (&[], &[]),
+            (&[1, 1], &[1]),
         ];
         for (a, b) in cases {
             check(a, b);

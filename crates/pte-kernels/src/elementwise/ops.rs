@@ -1,18 +1,18 @@
 //! The element operations, each a small type with its float and/or integer form.
 
 use super::engine::{Compare, FloatOp, IntOp};
-use super::num::{Float, Int};
+use crate::num::{Int, Real};
 
 /// A float constant in the compute type.
-fn k<F: Float>(v: f64) -> F {
-    F::from_f64(v)
+fn k<F: Real>(v: f64) -> F {
+    F::of(v)
 }
 
 /// Implements `FloatOp<N>` for a type from a closure over the operand array.
 macro_rules! float_op {
     ($name:ident[$n:literal] |$x:pat_param| $f:expr) => {
         impl FloatOp<$n> for $name {
-            fn float<F: Float>(&self, $x: [F; $n]) -> F {
+            fn float<F: Real>(&self, $x: [F; $n]) -> F {
                 $f
             }
         }
@@ -50,13 +50,12 @@ ops! {
     DivTrunc[2] float |[a, b]| (a / b).trunc(); int divides |[a, b]| a.div_trunc(b),
     /// Division rounded down (Python's `//`).
     DivFloor[2] float |[a, b]| div_floor(a, b); int divides |[a, b]| a.div_floor(b),
-    /// Floats take the divisor's sign (Python's `%`). Integers take the dividend's sign
-    /// like C's `%`: upstream 1.5.1 computes `remainder(-183, 11)` as -7 where PyTorch
-    /// gives 4, and upstream is the oracle (fixture `op_remainder`).
+    /// The divisor's sign (Python's `%`), integers too (upstream 1.5.1 gives integers
+    /// the dividend's sign, like C's `%`: `remainder(-183, 11)` is -7 there, 4 here).
     Remainder[2] float |[a, b]| {
         let r = a % b;
         if r != k(0.0) && ((r < k(0.0)) != (b < k(0.0))) { r + b } else { r }
-    }; int divides |[a, b]| a.rem_trunc(b),
+    }; int divides |[a, b]| a.rem_floor(b),
     /// Remainder with the dividend's sign (C's `fmod`).
     Fmod[2] float |[a, b]| a % b; int divides |[a, b]| a.rem_trunc(b),
     Pow[2] float |[a, b]| a.powf(b); int |[a, b]| a.pow(b),
@@ -96,7 +95,15 @@ ops! {
     Sin[1] float |[x]| x.sin(),
     Cos[1] float |[x]| x.cos(),
     Tan[1] float |[x]| x.tan(),
+    Asin[1] float |[x]| x.asin(),
+    Acos[1] float |[x]| x.acos(),
+    Atan[1] float |[x]| x.atan(),
+    Sinh[1] float |[x]| x.sinh(),
+    Cosh[1] float |[x]| x.cosh(),
     Tanh[1] float |[x]| x.tanh(),
+    Asinh[1] float |[x]| x.asinh(),
+    Acosh[1] float |[x]| x.acosh(),
+    Atanh[1] float |[x]| x.atanh(),
     Erf[1] float |[x]| x.erf(),
     Sigmoid[1] float |[x]| k::<F>(1.0) / (k::<F>(1.0) + (-x).exp()),
     Silu[1] float |[x]| x / (k::<F>(1.0) + (-x).exp()),
@@ -104,9 +111,19 @@ ops! {
     Hardswish[1] float |[x]| x * (x + k(3.0)).max_nan(k(0.0)).min_nan(k(6.0)) / k(6.0),
     /// `relu6(x + 3) / 6`.
     Hardsigmoid[1] float |[x]| (x + k(3.0)).max_nan(k(0.0)).min_nan(k(6.0)) / k(6.0),
-    /// Exact GELU: `x * Φ(x)` through erf.
+    /// Exact GELU: `x * Φ(x)` through erf, as eager PyTorch computes it on x86. Its
+    /// vectorized float32 path (float16 and bfloat16 included) forms `x·(1 + erf(x/√2))`
+    /// before halving, so it overflows near the largest float, and gives NaN for infinite
+    /// inputs (its erf does); float64 halves first.
     Gelu[1] float |[x]| {
-        x * k(0.5) * (k::<F>(1.0) + (x * k(std::f64::consts::FRAC_1_SQRT_2)).erf())
+        let cdf2 = k::<F>(1.0) + (x * k(std::f64::consts::FRAC_1_SQRT_2)).erf();
+        if !F::SINGLE {
+            x * k(0.5) * cdf2
+        } else if x.is_infinite() {
+            F::NAN
+        } else {
+            x * cdf2 * k(0.5)
+        }
     },
     /// GELU's tanh approximation.
     GeluTanh[1] float |[x]| {
@@ -125,6 +142,10 @@ pub struct BitXor;
 int_op!(BitXor[2] | [a, b] | a ^ b);
 pub struct BitNot;
 int_op!(BitNot[1] | [x] | !x);
+pub struct ShiftLeft;
+int_op!(ShiftLeft[2] | [a, b] | a.shl(b));
+pub struct ShiftRight;
+int_op!(ShiftRight[2] | [a, b] | a.shr(b));
 pub struct LogicalNot;
 int_op!(LogicalNot[1] | [x] | if x == T::ZERO { T::ONE } else { T::ZERO });
 
@@ -148,7 +169,7 @@ pub struct Add {
 }
 
 impl FloatOp<2> for Add {
-    fn float<F: Float>(&self, [a, b]: [F; 2]) -> F {
+    fn float<F: Real>(&self, [a, b]: [F; 2]) -> F {
         a + k::<F>(self.float) * b
     }
 }
@@ -167,7 +188,7 @@ pub struct Clamp {
 }
 
 impl FloatOp<3> for Clamp {
-    fn float<F: Float>(&self, [x, lo, hi]: [F; 3]) -> F {
+    fn float<F: Real>(&self, [x, lo, hi]: [F; 3]) -> F {
         let x = if self.lo { x.max_nan(lo) } else { x };
         if self.hi {
             x.min_nan(hi)
@@ -196,7 +217,7 @@ pub struct Elu {
 }
 
 impl FloatOp<1> for Elu {
-    fn float<F: Float>(&self, [x]: [F; 1]) -> F {
+    fn float<F: Real>(&self, [x]: [F; 1]) -> F {
         if x <= k(0.0) {
             (x * k(self.input_scale)).exp_m1() * k(self.alpha * self.scale)
         } else {
@@ -205,11 +226,26 @@ impl FloatOp<1> for Elu {
     }
 }
 
+/// `log(z / (1 - z))`, `z` the input clamped to `[eps, 1 - eps]` when `eps` is given
+/// (NaN stays NaN).
+pub struct Logit(pub Option<f64>);
+
+impl FloatOp<1> for Logit {
+    fn float<F: Real>(&self, [x]: [F; 1]) -> F {
+        let z = match self.0 {
+            Some(eps) if x < k(eps) => k(eps),
+            Some(eps) if x > k(1.0 - eps) => k(1.0 - eps),
+            _ => x,
+        };
+        (z / (k::<F>(1.0) - z)).ln()
+    }
+}
+
 /// `x` for positive `x`, else `x * slope`.
 pub struct LeakyRelu(pub f64);
 
 impl FloatOp<1> for LeakyRelu {
-    fn float<F: Float>(&self, [x]: [F; 1]) -> F {
+    fn float<F: Real>(&self, [x]: [F; 1]) -> F {
         if x > k(0.0) {
             x
         } else {
@@ -225,7 +261,7 @@ pub struct Softplus {
 }
 
 impl FloatOp<1> for Softplus {
-    fn float<F: Float>(&self, [x]: [F; 1]) -> F {
+    fn float<F: Real>(&self, [x]: [F; 1]) -> F {
         let bx = x * k(self.beta);
         if bx > k(self.threshold) {
             x
@@ -236,7 +272,7 @@ impl FloatOp<1> for Softplus {
 }
 
 /// Python's floor division of floats (PyTorch's `div_floor_floating`).
-fn div_floor<F: Float>(a: F, b: F) -> F {
+fn div_floor<F: Real>(a: F, b: F) -> F {
     if b == k(0.0) {
         return a / b;
     }
@@ -276,7 +312,7 @@ mod tests {
         assert_eq!(DivTrunc.int([i64::MIN, -1]), i64::MIN);
         assert_eq!(f2(&Remainder, -183.0, 11.0), 4.0);
         assert_eq!(f2(&Remainder, 5.0, -3.0), -1.0);
-        assert_eq!(Remainder.int([-183i64, 11]), -7);
+        assert_eq!(Remainder.int([-183i64, 11]), 4);
         assert_eq!(f2(&Fmod, -5.0, 3.0), -2.0);
     }
 
@@ -314,6 +350,8 @@ mod tests {
     fn activations() {
         let gelu = Gelu.float([1.0f64]);
         assert!((gelu - 0.841_344_746_068_542_9).abs() < 1e-12);
+        assert!(Gelu.float([f32::INFINITY]).is_nan());
+        assert_eq!(Gelu.float([3e38f32]), f32::INFINITY);
         assert!((GeluTanh.float([1.0f64]) - 0.841_191_990_607_459_6).abs() < 1e-12);
         assert_eq!(Hardswish.float([1.0f32]), 1.0 * 4.0 / 6.0);
         assert_eq!(Round.float([2.5f32]), 2.0);

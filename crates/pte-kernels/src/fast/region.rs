@@ -21,8 +21,9 @@
 use std::sync::Arc;
 
 use pte_compute::elementwise::{self, BinaryOp};
-use pte_compute::pooling::{self, Pool2dParams};
-use pte_compute::{layout, Activation, Conv2dNhwc, Gemm, Isa};
+use pte_compute::nhwc::{self, ConvNhwc, ConvWeights, Geometry, PoolKind};
+use pte_compute::pooling::Pool2dParams;
+use pte_compute::{layout, Activation, Gemm, Isa};
 use pte_runtime::{
     Arg, Args, Call, CallId, Charge, Fusion, Graph, Kernel, KernelError, KernelResult,
     PreparedKernel,
@@ -447,7 +448,7 @@ impl Kernel for RegionKernel {
 
 /// A convolution of the run, and the arguments it was built for.
 struct Layer {
-    conv: Conv2dNhwc,
+    conv: ConvNhwc,
     key: conv::Key,
     bytes: usize,
 }
@@ -465,10 +466,10 @@ fn build_layer(args: &Args<'_>, layout: &Layout, held: &mut Charge) -> KernelRes
         held,
         before + (spec.weights.len() + spec.p.out_channels) * 8,
     )?;
-    let conv = Conv2dNhwc::new(
+    let conv = ConvNhwc::new(
         Gemm::new(),
         spec.p,
-        &spec.weights,
+        ConvWeights::Oihw(&spec.weights),
         spec.bias.as_deref(),
         spec.activation,
     )
@@ -578,7 +579,6 @@ impl Region {
     /// Gives every step's output its sizes for the current inputs (rebuilding a
     /// convolution whose arguments changed) and plans the scratch memory.
     fn shape(&mut self, args: &mut Args<'_>) -> KernelResult<ScratchPlan> {
-        let threads = args.pool().threads();
         let mut layers = self.layers.iter_mut();
         let (mut work, mut exit) = (0usize, 0usize);
         for step in &self.plan.steps {
@@ -606,8 +606,8 @@ impl Region {
                     let need = match step {
                         Step::Conv {
                             x: Src::Nchw(_), ..
-                        } => layer.conv.nchw_scratch_len(x[0], threads),
-                        _ => layer.conv.scratch_len(threads),
+                        } => layer.conv.nchw_scratch_len(x[0]),
+                        _ => layer.conv.scratch_len(),
                     };
                     work = work.max(need.map_err(compute)?);
                     let [oh, ow] = layer.conv.output_size();
@@ -674,7 +674,7 @@ impl PreparedKernel for Region {
                 .as_slice::<f32>()?;
             let s = scratch(io.scratch, total)?;
             let piece = s.get_mut(off..off + len).unwrap_or_default();
-            layout::nchw_to_nhwc(isa, x, n, c, h * w, piece).map_err(compute)?;
+            layout::transpose(pool, x, n, c, h * w, piece).map_err(compute)?;
         }
         let mut layers = self.layers.iter();
         for step in &self.plan.steps {
@@ -699,7 +699,8 @@ impl PreparedKernel for Region {
                 Step::Unary { act, .. } => (act.resolve(args)?, None),
                 Step::MaxPool { window: w, .. } => {
                     let x = shapes.first().copied().unwrap_or_default();
-                    (Activation::Identity, Some(window(args, x, *w)?))
+                    let g = window(args, x, *w)?.nhwc_geometry().map_err(compute)?;
+                    (Activation::Identity, Some(g))
                 }
                 _ => (Activation::Identity, None),
             };
@@ -753,7 +754,7 @@ impl PreparedKernel for Region {
             if let Some(y) = exit_to {
                 let [n, c, h, w] = y_shape;
                 let exit = exit.get(..y.len()).unwrap_or_default();
-                layout::nhwc_to_nchw(isa, exit, n, c, h * w, y).map_err(compute)?;
+                layout::transpose(pool, exit, n, h * w, c, y).map_err(compute)?;
             }
         }
         Ok(())
@@ -763,8 +764,8 @@ impl PreparedKernel for Region {
 #[allow(clippy::too_many_arguments)] // one step's parts, all distinct
 fn run_step(
     step: &Step,
-    layer: Option<&Conv2dNhwc>,
-    window: Option<&Pool2dParams>,
+    layer: Option<&ConvNhwc>,
+    window: Option<&Geometry>,
     pool: &pte_compute::ThreadPool,
     isa: Isa,
     shapes: &[[usize; 4]],
@@ -785,11 +786,13 @@ fn run_step(
             .map_err(compute)
         }
         Step::MaxPool { .. } => {
-            pooling::max_pool2d_nhwc(isa, pool, window.ok_or_else(missing)?, n, c, x, v.out)
-                .map_err(compute)
+            let (lo, hi) = (f32::NEG_INFINITY, f32::INFINITY);
+            let g = window.ok_or_else(missing)?;
+            nhwc::pool2d(isa, pool, PoolKind::Max, g, c, n, x, v.out, lo, hi).map_err(compute)
         }
         Step::Mean { .. } => {
-            pooling::global_avg_pool_nhwc(isa, x, n, h * w, c, v.out).map_err(compute)
+            let (lo, hi) = (f32::NEG_INFINITY, f32::INFINITY);
+            nhwc::global_avg_pool(isa, n, h * w, c, x, v.out, lo, hi).map_err(compute)
         }
         Step::Unary { .. } => super::rows::split(pool, v.out, 1, |o, chunk| {
             let x = x.get(o..o + chunk.len()).unwrap_or_default();

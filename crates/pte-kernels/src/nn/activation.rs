@@ -1,79 +1,74 @@
 //! Activations along one dimension: `_softmax`, `_log_softmax` (with `half_to_float`)
-//! and `glu`.
+//! and `glu`, on tensors of any dim order.
 //!
 //! Softmax subtracts the maximum before exponentiating, so large inputs do not overflow;
-//! a NaN anywhere along the dimension makes the whole slice NaN, as in PyTorch. Slices
-//! along the last dim are contiguous rows; other dims are read with a stride. Work is
-//! split over threads by outer block.
+//! a NaN anywhere along the dimension makes the whole slice NaN, as in PyTorch. Each
+//! slice along the dim is read with the stride of the dims after it. Work is split over
+//! the pool's threads by outer block.
 
 use half::{bf16, f16};
 use pte_runtime::{Args, DType, KernelError, KernelRegistry, KernelResult};
 
-use super::{for_each_chunk, Float, Real};
-use crate::util::prod;
+use crate::layout::Dense;
+use crate::num::{Elem, Float, Real, Ring};
+use crate::util::{for_each_chunk, split_at_dim, Checked};
 
-/// Sizes around `dim`: (outer, dim, inner); a rank-0 tensor is one element.
-fn split_at_dim(sizes: &[usize], dim: usize) -> (usize, usize, usize) {
-    match sizes.get(dim) {
-        Some(&len) => (prod(&sizes[..dim]), len, prod(&sizes[dim + 1..])),
-        None => (1, 1, 1),
-    }
-}
-
-/// Softmax (or log-softmax) of the `len` values `x[j * stride]` into `out[j * stride]`.
-fn softmax_slice<T: Float, O: Float<Acc = T::Acc>>(
+/// Softmax (or log-softmax) of the lane `x[j * stride]` into `out[j * stride]`, `j` in
+/// `0..len`.
+fn softmax_lane<T: Float, O: Float + Elem<Acc = T::Acc>>(
     x: &[T],
     out: &mut [O],
-    len: usize,
-    stride: usize,
+    (len, stride): (usize, usize),
     log: bool,
 ) {
-    let at = |j: usize| x[j * stride].acc();
-    let mut max = <T::Acc as Real>::NEG_INFINITY;
-    for j in 0..len {
-        let v = at(j);
-        if v > max || v.is_nan() {
-            max = v;
+    let lane = || x.iter().step_by(stride).take(len).map(|v| v.acc());
+    // NaN sticks: the whole lane becomes NaN.
+    let max = lane().fold(<T::Acc as Real>::NEG_INFINITY, |m, v| {
+        if m.is_nan() || !(v.is_nan() || v > m) {
+            m
+        } else {
+            v
         }
-    }
-    let mut sum = <T::Acc as Real>::ZERO;
+    });
+    let outs = out.iter_mut().step_by(stride).take(len);
     if log {
-        for j in 0..len {
-            sum += (at(j) - max).exp();
-        }
+        let sum = lane().fold(<T::Acc as Ring>::ZERO, |s, v| s + (v - max).exp());
         let lse = sum.ln();
-        for j in 0..len {
-            out[j * stride] = O::of_acc(at(j) - max - lse);
+        for (o, v) in outs.zip(lane()) {
+            *o = O::of_acc(v - max - lse);
         }
     } else {
         // The exponentials are kept in `out`, then divided by their (unrounded) sum.
-        for j in 0..len {
-            let e = (at(j) - max).exp();
+        let mut sum = <T::Acc as Ring>::ZERO;
+        for (o, v) in out.iter_mut().step_by(stride).take(len).zip(lane()) {
+            let e = (v - max).exp();
             sum += e;
-            out[j * stride] = O::of_acc(e);
+            *o = O::of_acc(e);
         }
-        for j in 0..len {
-            let o = &mut out[j * stride];
+        for o in out.iter_mut().step_by(stride).take(len) {
             *o = O::of_acc(o.acc() / sum);
         }
     }
 }
 
-fn softmax_typed<T: Float, O: Float<Acc = T::Acc>>(
+fn softmax_typed<T: Float, O: Float + Elem<Acc = T::Acc>>(
+    pool: &pte_compute::ThreadPool,
     x: &[T],
     out: &mut [O],
-    sizes: &[usize],
-    dim: usize,
+    (len, inner): (usize, usize),
     log: bool,
-) {
-    let (_, len, inner) = split_at_dim(sizes, dim);
+) -> KernelResult {
+    let block = len * inner;
     let work = x.len().saturating_mul(16);
-    for_each_chunk(out, len * inner, work, |b, block| {
-        let src = &x[b * len * inner..][..len * inner];
+    for_each_chunk(pool, out, block, work, |b, dst| {
+        let src = x.get(b * block..).unwrap_or_default();
         for i in 0..inner {
-            softmax_slice(&src[i..], &mut block[i..], len, inner, log);
+            let (Some(s), Some(d)) = (src.get(i..), dst.get_mut(i..)) else {
+                return;
+            };
+            softmax_lane(s, d, (len, inner), log);
         }
-    });
+    })
 }
 
 /// `_softmax.out` / `_log_softmax.out(self, dim, half_to_float, out)`; with
@@ -84,24 +79,24 @@ fn softmax(args: &mut Args<'_>, log: bool) -> KernelResult {
     let half_to_float = args.bool(2)?;
     let out_dtype = args.tensor(3)?.dtype;
     args.resize(3, &x.sizes)?;
-    let mut io = args.io(&[0.into()], &[3.into()])?;
-    let src = &io.inputs[0];
-    let dst = &mut io.outputs[0];
+    let (_, len, inner) = split_at_dim(&x.sizes, dim);
+    let pool = args.pool();
+    let mut io = Dense::io(args, &[0.into()], &[3.into()], &[])?;
+    let src = io.inputs.first().map(|t| t.1).unwrap_or_default();
+    let geom = (len, inner);
     match (x.dtype, out_dtype, half_to_float) {
         (DType::F16, DType::F32, true) => {
-            softmax_typed::<f16, f32>(src.as_slice()?, dst.as_mut_slice()?, &x.sizes, dim, log);
-            Ok(())
+            softmax_typed::<f16, f32>(pool, crate::layout::typed(src)?, io.output(0)?, geom, log)?
         }
         (DType::BF16, DType::F32, true) => {
-            softmax_typed::<bf16, f32>(src.as_slice()?, dst.as_mut_slice()?, &x.sizes, dim, log);
-            Ok(())
+            softmax_typed::<bf16, f32>(pool, crate::layout::typed(src)?, io.output(0)?, geom, log)?
         }
         (a, b, false) if a == b => crate::dispatch_float!(a, T => {
-            softmax_typed::<T, T>(src.as_slice()?, dst.as_mut_slice()?, &x.sizes, dim, log);
-            Ok(())
-        }, Err(KernelError::dtypes(&[a]))),
-        (a, b, _) => Err(KernelError::dtypes(&[a, b])),
+            softmax_typed::<T, T>(pool, crate::layout::typed(src)?, io.output(0)?, geom, log)?
+        }, return Err(KernelError::dtypes(&[a]))),
+        (a, b, _) => return Err(KernelError::dtypes(&[a, b])),
     }
+    io.finish()
 }
 
 /// `glu.out(self, dim, out)`: splits `dim` in halves `a`, `b` and gives `a · sigmoid(b)`.
@@ -122,23 +117,25 @@ fn glu(args: &mut Args<'_>) -> KernelResult {
         return Err(KernelError::dtypes(&[x.dtype, out_dtype]));
     }
     let mut sizes = x.sizes.clone();
-    sizes[dim] = len / 2;
+    *sizes.as_mut_slice().at_mut(dim)? = len / 2;
     args.resize(2, &sizes)?;
-    let mut io = args.io(&[0.into()], &[2.into()])?;
+    let pool = args.pool();
+    let mut io = Dense::io(args, &[0.into()], &[2.into()], &[])?;
     let half = len / 2 * inner;
     crate::dispatch_float!(x.dtype, T => {
-        let src = io.inputs[0].as_slice::<T>()?;
-        let out = io.outputs[0].as_mut_slice::<T>()?;
+        let src = io.input::<T>(0)?;
+        let out = io.output::<T>(0)?;
         let work = out.len().saturating_mul(16);
-        for_each_chunk(out, half, work, |b, block| {
-            let (a, g) = src[2 * b * half..][..2 * half].split_at(half);
+        for_each_chunk(pool, out, half, work, |b, block| {
+            let pair = src.get(2 * b * half..).unwrap_or_default();
+            let (a, g) = pair.split_at(half.min(pair.len()));
+            let one = <<T as Elem>::Acc as Ring>::ONE;
             for (o, (a, g)) in block.iter_mut().zip(a.iter().zip(g)) {
-                let one = <<T as Float>::Acc as Real>::ONE;
                 *o = T::of_acc(a.acc() * (one / (one + (-g.acc()).exp())));
             }
-        });
-        Ok(())
-    }, Err(KernelError::dtypes(&[x.dtype])))
+        })?;
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
 }
 
 /// Registers the softmax and GLU kernels.

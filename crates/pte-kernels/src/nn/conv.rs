@@ -1,27 +1,24 @@
 //! `aten::convolution.out`: 1-d and 2-d (a 1-d convolution is a 2-d one of height 1),
-//! batched or not, grouped, depthwise and transposed.
+//! batched or not, grouped, depthwise and transposed, inputs and weights of any dim order
+//! (gathered in row-major order first).
 //!
-//! - Regular convolution: im2col, then one `gemm` per (batch entry, group, block of output
-//!   pixels) writing the output directly, pre-filled with the bias. A 1×1 convolution with
-//!   stride 1 and no padding multiplies the input in place, without im2col.
-//! - Depthwise (one input channel per group): a direct loop that accumulates each kernel
-//!   tap along an output row (a vectorizable multiply-add of contiguous runs; strided
-//!   inputs are split into phases first), output planes split over threads.
-//! - Transposed: `gemm` of the transposed weight into columns, then col2im adds them into
-//!   the output, split over threads by output channel.
-//!
-//! The column buffer (built a block of output pixels at a time, about 4 MiB of float32 at
-//! most for usual kernels) lives in the method's scratch memory (`Io::scratch`), shared
-//! by all call sites and kept across executions, so a steady-state run allocates nothing.
+//! float32 runs on `pte-compute` ([`Conv2d`]: pointwise products, implicit im2col
+//! products, direct depthwise loops; [`ConvTranspose2d`]: a product then col2im), the
+//! layer prepared at a call site's first call and kept (with the memory of its
+//! arranged weights charged to the method's budget). Every other float
+//! type runs one direct loop per output element, accumulating in float32 for float16 and
+//! bfloat16 (PyTorch's opmath type).
 
-use pte_runtime::{Arg, Args, Buffer, DType, Dims, KernelError, KernelRegistry, KernelResult};
-use smallvec::SmallVec;
+use pte_compute::{Activation, Conv2d, Conv2dParams, ConvTranspose2d, ConvTranspose2dParams, Gemm};
+use pte_runtime::{Arg, Args, Charge, DType, Dims, KernelError, KernelRegistry, KernelResult};
 
-use super::{for_each_chunk, spatial_pair, valid_range, Float, Real};
-use crate::linalg::{Gemm, Mat, MatMut};
-use crate::util::to_size;
+use super::spatial_pair;
+use crate::layout::{read_dense, Dense};
+use crate::num::{Float, Ring};
+use crate::util::{compute_error, oob, to_size, Checked, Scratch, Stateful};
 
 /// Sizes of one convolution; index 0 of each pair is the height, 1 the width.
+#[derive(Clone, Copy, PartialEq)]
 struct Geom {
     batch: usize,
     c_in: usize,
@@ -32,6 +29,7 @@ struct Geom {
     stride: [usize; 2],
     pad: [usize; 2],
     dilation: [usize; 2],
+    out_pad: [usize; 2],
     output: [usize; 2],
     transposed: bool,
 }
@@ -41,27 +39,30 @@ fn invalid(msg: String) -> KernelError {
 }
 
 /// Output length of one axis.
-fn output_len(g: &Geom, axis: usize, out_pad: usize) -> KernelResult<usize> {
+fn output_len(g: &Geom, axis: usize) -> KernelResult<usize> {
+    let at = |v: [usize; 2]| v.get(axis).copied().ok_or_else(oob);
     let (i, k, s, p, d) = (
-        g.input[axis],
-        g.kernel[axis],
-        g.stride[axis],
-        g.pad[axis],
-        g.dilation[axis],
+        at(g.input)?,
+        at(g.kernel)?,
+        at(g.stride)?,
+        at(g.pad)?,
+        at(g.dilation)?,
     );
     let overflow = || invalid("convolution sizes overflow".into());
     // Extent of the dilated kernel, d·(k - 1) + 1.
-    let extent = d
-        .checked_mul(k - 1)
+    let extent = k
+        .checked_sub(1)
+        .and_then(|k1| d.checked_mul(k1))
         .and_then(|v| v.checked_add(1))
         .ok_or_else(overflow)?;
     let pads = p.checked_mul(2).ok_or_else(overflow)?;
     if g.transposed {
         // (i - 1)·s - 2p + d·(k - 1) + output_padding + 1
-        let full = (i - 1)
-            .checked_mul(s)
+        let full = i
+            .checked_sub(1)
+            .and_then(|i1| i1.checked_mul(s))
             .and_then(|v| v.checked_add(extent))
-            .and_then(|v| v.checked_add(out_pad))
+            .and_then(|v| v.checked_add(at(g.out_pad).ok()?))
             .ok_or_else(overflow)?;
         full.checked_sub(pads).filter(|&o| o > 0).ok_or_else(|| {
             invalid(format!(
@@ -81,10 +82,13 @@ fn output_len(g: &Geom, axis: usize, out_pad: usize) -> KernelResult<usize> {
     }
 }
 
-/// `a · b` for buffer sizes.
-fn size_mul(a: usize, b: usize) -> KernelResult<usize> {
-    a.checked_mul(b)
-        .ok_or_else(|| invalid("convolution buffer size overflows".into()))
+/// The last `n` (1 or 2) sizes as (height, width), height 1 for one.
+fn spatial_sizes(sizes: &[usize], n: usize) -> KernelResult<[usize; 2]> {
+    match (n, sizes) {
+        (1, [.., w]) => Ok([1, *w]),
+        (2, [.., h, w]) => Ok([*h, *w]),
+        _ => Err(oob()),
+    }
 }
 
 /// Reads and checks the arguments; returns the geometry and the output sizes.
@@ -108,17 +112,8 @@ fn geometry(args: &Args<'_>) -> KernelResult<(Geom, Dims)> {
             )))
         }
     };
-    let xs = &x.sizes[usize::from(batched)..];
-    let input = if spatial == 2 {
-        [xs[1], xs[2]]
-    } else {
-        [1, xs[1]]
-    };
-    let kernel = if spatial == 2 {
-        [w.sizes[2], w.sizes[3]]
-    } else {
-        [1, w.sizes[2]]
-    };
+    let input = spatial_sizes(&x.sizes, spatial)?;
+    let kernel = spatial_sizes(&w.sizes, spatial)?;
     let stride = spatial_pair(&args.int_list(3)?, spatial, "stride", 1)?;
     let pad = spatial_pair(&args.int_list(4)?, spatial, "padding", 0)?;
     let dilation = spatial_pair(&args.int_list(5)?, spatial, "dilation", 1)?;
@@ -135,33 +130,45 @@ fn geometry(args: &Args<'_>) -> KernelResult<(Geom, Dims)> {
             "groups ({groups}), stride {stride:?}, dilation {dilation:?} and kernel {kernel:?} must be positive"
         )));
     }
-    let c_in = xs[0];
+    let c_in = *x.sizes.get(usize::from(batched)).ok_or_else(oob)?;
+    let (w0, w1) = (
+        *w.sizes.first().ok_or_else(oob)?,
+        *w.sizes.get(1).ok_or_else(oob)?,
+    );
     let c_out = if transposed {
-        if w.sizes[0] != c_in || c_in % groups != 0 {
+        if w0 != c_in || c_in % groups != 0 {
             return Err(invalid(format!(
                 "transposed weight {:?} does not fit {c_in} input channels in {groups} groups",
                 w.sizes.as_slice()
             )));
         }
-        if (0..2).any(|a| out_pad[a] >= stride[a].max(dilation[a])) || input.contains(&0) {
+        if out_pad
+            .iter()
+            .zip(stride.iter().zip(&dilation))
+            .any(|(&o, (&s, &d))| o >= s.max(d))
+            || input.contains(&0)
+        {
             return Err(invalid(format!(
                 "output_padding {out_pad:?} must be smaller than stride or dilation, input {input:?} non-empty"
             )));
         }
-        w.sizes[1]
-            .checked_mul(groups)
+        w1.checked_mul(groups)
             .ok_or_else(|| invalid("too many channels".into()))?
     } else {
-        if w.sizes[1].checked_mul(groups) != Some(c_in) || w.sizes[0] % groups != 0 {
+        if w1.checked_mul(groups) != Some(c_in) || w0 % groups != 0 {
             return Err(invalid(format!(
                 "weight {:?} does not fit {c_in} input channels in {groups} groups",
                 w.sizes.as_slice()
             )));
         }
-        w.sizes[0]
+        w0
     };
     let mut g = Geom {
-        batch: if batched { x.sizes[0] } else { 1 },
+        batch: if batched {
+            *x.sizes.first().ok_or_else(oob)?
+        } else {
+            1
+        },
         c_in,
         c_out,
         groups,
@@ -170,31 +177,28 @@ fn geometry(args: &Args<'_>) -> KernelResult<(Geom, Dims)> {
         stride,
         pad,
         dilation,
+        out_pad,
         output: [0, 0],
         transposed,
     };
-    g.output = [
-        output_len(&g, 0, out_pad[0])?,
-        output_len(&g, 1, out_pad[1])?,
-    ];
+    g.output = [output_len(&g, 0)?, output_len(&g, 1)?];
+    if !transposed {
+        // A stride past the padded input has the effect of one that equals it (one
+        // output); clamped, so that no working memory is sized by the argument.
+        for ((s, &i), &p) in g.stride.iter_mut().zip(&g.input).zip(&g.pad) {
+            *s = (*s).min(i.saturating_add(p.saturating_mul(2)).max(1));
+        }
+    }
     let mut sizes = Dims::new();
     if batched {
         sizes.push(g.batch);
     }
     sizes.push(c_out);
-    sizes.extend_from_slice(&g.output[2 - spatial..]);
+    sizes.extend_from_slice(g.output.get(2 - spatial..).ok_or_else(oob)?);
     Ok((g, sizes))
 }
 
-/// `len` elements of `T` from the method's scratch memory.
-fn scratch<T: Float>(buf: &mut Buffer, len: usize) -> KernelResult<&mut [T]> {
-    buf.slice_mut(len).map_err(|source| KernelError::Memory {
-        what: "convolution working memory".into(),
-        source,
-    })
-}
-
-fn convolution(args: &mut Args<'_>) -> KernelResult {
+fn convolution(args: &mut Args<'_>, cache: &mut Option<Prepared>) -> KernelResult {
     let (g, out_sizes) = geometry(args)?;
     let bias = args.opt_tensor(2)?;
     let dtype = args.tensor(0)?.dtype;
@@ -219,265 +223,232 @@ fn convolution(args: &mut Args<'_>) -> KernelResult {
         }
     }
     args.resize(9, &out_sizes)?;
-    let reads = [Arg::At(0), Arg::At(1), Arg::At(2)];
-    let mut io = args.io(&reads[..2 + usize::from(bias.is_some())], &[Arg::At(9)])?;
-    let buf = &mut *io.scratch;
+    if out_sizes.contains(&0) {
+        return Ok(());
+    }
+    if dtype == DType::F32 {
+        return convolution_f32(args, &g, bias.is_some(), cache);
+    }
+    let reads: &[Arg] = if bias.is_some() {
+        &[Arg::At(0), Arg::At(1), Arg::At(2)]
+    } else {
+        &[Arg::At(0), Arg::At(1)]
+    };
     crate::dispatch_float!(dtype, T => {
-        let x = io.inputs[0].as_slice::<T>()?;
-        let w = io.inputs[1].as_slice::<T>()?;
-        let b = match io.inputs.get(2) {
-            Some(t) => Some(t.as_slice::<T>()?),
-            None => None,
-        };
-        let out = io.outputs[0].as_mut_slice::<T>()?;
-        if out.is_empty() {
-            Ok(())
-        } else if g.transposed {
-            transposed(&g, x, w, b, out, buf)
-        } else if g.groups > 1 && g.c_in == g.groups {
-            depthwise(&g, x, w, b, out, buf)
-        } else {
-            im2col_conv(&g, x, w, b, out, buf)
-        }
+        let mut io = Dense::io(args, reads, &[Arg::At(9)], &[])?;
+        let (x, w) = (io.input::<T>(0)?, io.input::<T>(1)?);
+        let b = if bias.is_some() { Some(io.input::<T>(2)?) } else { None };
+        direct(&g, x, w, b, io.output::<T>(0)?)?;
+        io.finish()
     }, Err(KernelError::dtypes(&[dtype])))
 }
 
-/// Elements of the column buffer filled at once (4 MiB of float32): bounds the buffer for
-/// large images; smaller blocks measured slower (more, narrower products).
-const COLUMN_BLOCK: usize = 1 << 20;
+/// An upper bound of the bytes `pte-compute` keeps for prepared weights: packed panels
+/// padded to a micro-kernel's rows (at most 16) plus alignment, per group, and the bias.
+fn prepared_bytes(groups: usize, rows: usize, depth: usize, bias: usize) -> KernelResult<u64> {
+    let per_group = rows
+        .checked_add(16)
+        .and_then(|r| r.checked_mul(depth))
+        .and_then(|v| v.checked_add(32));
+    per_group
+        .and_then(|p| p.checked_mul(groups))
+        .and_then(|v| v.checked_add(bias))
+        .and_then(|v| v.checked_mul(4))
+        .map(|v| v as u64)
+        .ok_or_else(|| invalid("convolution weights are too large".into()))
+}
 
-/// Regular (possibly grouped) convolution as products per batch entry and group:
-/// `out[g] (c_out/groups × oh·ow) = weight[g] (c_out/groups × K) · columns (K × oh·ow)`,
-/// the columns built a block of output pixels at a time.
-fn im2col_conv<T: Float + Gemm>(
-    g: &Geom,
-    x: &[T],
-    w: &[T],
-    bias: Option<&[T]>,
-    out: &mut [T],
-    buf: &mut Buffer,
-) -> KernelResult {
-    let (cig, cog) = (g.c_in / g.groups, g.c_out / g.groups);
-    let (hw, ohw) = (g.input[0] * g.input[1], g.output[0] * g.output[1]);
-    let kk = cig * g.kernel[0] * g.kernel[1];
-    let in_place = g.kernel == [1, 1] && g.stride == [1, 1] && g.pad == [0, 0];
-    let block = if in_place {
-        ohw
+/// A float32 layer prepared by `pte-compute` for one geometry, and the memory it holds.
+pub struct Prepared {
+    geom: Geom,
+    layer: Layer,
+    _charge: Charge,
+}
+
+enum Layer {
+    Direct(Conv2d),
+    Transposed(ConvTranspose2d),
+}
+
+/// Prepares the float32 layer of geometry `g`: weights (and bias) read in row-major
+/// order, arranged by `pte-compute`, the memory it keeps charged to the budget.
+fn prepare_f32(args: &Args<'_>, g: &Geom, has_bias: bool) -> KernelResult<Prepared> {
+    let budget = args.budget().clone();
+    let (w, _w_charge) = read_dense::<f32>(args, Arg::At(1))?;
+    let bias = if has_bias {
+        Some(read_dense::<f32>(args, Arg::At(2))?)
     } else {
-        (COLUMN_BLOCK / kk.max(1)).clamp(64, ohw.max(64)).min(ohw)
+        None
     };
-    let col = scratch::<T>(buf, if in_place { 0 } else { size_mul(kk, block)? })?;
-    let one = T::of_acc(Real::ONE);
-    for (b, out_b) in out.chunks_mut(g.c_out * ohw).enumerate() {
-        let x_b = &x[b * g.c_in * hw..][..g.c_in * hw];
-        for (gi, out_g) in out_b.chunks_mut(cog * ohw).enumerate() {
-            let x_g = &x_b[gi * cig * hw..][..cig * hw];
-            let lhs = Mat::row_major(&w[gi * cog * kk..], cog, kk)?;
-            let beta = bias.map(|bs| {
-                for (row, &v) in out_g.chunks_mut(ohw).zip(&bs[gi * cog..]) {
-                    row.fill(v);
-                }
-                one
-            });
-            for c0 in (0..ohw).step_by(block) {
-                let n = block.min(ohw - c0);
-                let rhs = if in_place {
-                    Mat::row_major(x_g, cig, hw)?
-                } else {
-                    let col = &mut col[..kk * n];
-                    im2col(g, x_g, c0, col);
-                    Mat::row_major(col, kk, n)?
-                };
-                let dst = MatMut::new(&mut out_g[c0..], cog, n, ohw, 1)?;
-                T::gemm(dst, lhs, rhs, beta, one)?;
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Lays out the receptive fields of output pixels `c0..` of `x` (channels × h × w) as the
-/// columns of `col` ((channels·kh·kw) × pixels), zero where they reach into the padding.
-fn im2col<T: Float>(g: &Geom, x: &[T], c0: usize, col: &mut [T]) {
-    let ([h, w], [kh, kw], [_, ow]) = (g.input, g.kernel, g.output);
-    let ([sh, sw], [ph, pw], [dh, dw]) = (g.stride, g.pad, g.dilation);
-    let zero = T::default();
-    let n = col.len() / (g.c_in / g.groups * kh * kw).max(1);
-    let work = col.len();
-    for_each_chunk(col, n, work, |r, row| {
-        let (c, ky, kx) = (r / (kh * kw), r / kw % kh, r % kw);
-        let plane = &x[c * h * w..][..h * w];
-        let (lo, hi) = valid_range(ow, w, kx * dw, sw, pw);
-        // The block starts and ends mid output row: fill it row segment by row segment.
-        let (mut pixel, mut rest) = (c0, row);
-        while !rest.is_empty() {
-            let (oy, ox0) = (pixel / ow, pixel % ow);
-            let (seg, tail) = rest.split_at_mut((ow - ox0).min(rest.len()));
-            let (a, b) = (
-                lo.clamp(ox0, ox0 + seg.len()) - ox0,
-                hi.clamp(ox0, ox0 + seg.len()) - ox0,
-            );
-            match (oy * sh + ky * dh).checked_sub(ph).filter(|&iy| iy < h) {
-                Some(iy) if a < b => {
-                    seg[..a].fill(zero);
-                    seg[b..].fill(zero);
-                    gather(
-                        &mut seg[a..b],
-                        &plane[iy * w + (ox0 + a) * sw + kx * dw - pw..],
-                        sw,
-                    );
-                }
-                _ => seg.fill(zero),
-            }
-            pixel += seg.len();
-            rest = tail;
-        }
-    });
-}
-
-/// `dst[i] = src[i * step]`.
-fn gather<T: Copy>(dst: &mut [T], src: &[T], step: usize) {
-    if step == 1 {
-        dst.copy_from_slice(&src[..dst.len()]);
+    let b = bias.as_ref().map(|(b, _)| &b[..]);
+    let (cig, cog) = (g.c_in / g.groups, g.c_out / g.groups);
+    let taps = g.kernel[0] * g.kernel[1];
+    let gemm = Gemm::new();
+    let err = compute_error;
+    let (layer, charge) = if g.transposed {
+        let charge = prepared_bytes(g.groups, cog * taps, cig, g.c_out)?;
+        let charge = budget.charge(charge).map_err(memory)?;
+        let p = ConvTranspose2dParams {
+            in_channels: g.c_in,
+            out_channels: g.c_out,
+            groups: g.groups,
+            input: g.input,
+            kernel: g.kernel,
+            stride: g.stride,
+            padding: g.pad,
+            output_padding: g.out_pad,
+            dilation: g.dilation,
+        };
+        let layer = ConvTranspose2d::new(gemm, p, &w, b, Activation::default()).map_err(err)?;
+        (Layer::Transposed(layer), charge)
     } else {
-        for (d, s) in dst.iter_mut().zip(src.iter().step_by(step)) {
-            *d = *s;
-        }
+        let charge = prepared_bytes(g.groups, cog, cig * taps, g.c_out)?;
+        let charge = budget.charge(charge).map_err(memory)?;
+        let [ph, pw] = g.pad;
+        let p = Conv2dParams {
+            in_channels: g.c_in,
+            out_channels: g.c_out,
+            groups: g.groups,
+            input: g.input,
+            kernel: g.kernel,
+            stride: g.stride,
+            padding: [ph, pw, ph, pw],
+            dilation: g.dilation,
+        };
+        let layer = Conv2d::new(gemm, p, &w, b, Activation::default()).map_err(err)?;
+        (Layer::Direct(layer), charge)
+    };
+    Ok(Prepared {
+        geom: *g,
+        layer,
+        _charge: charge,
+    })
+}
+
+/// float32 convolution on `pte-compute`. The layer prepared at the first call is kept
+/// while the geometry stays the same and the weights are constants (as they are in
+/// exported models), so later calls allocate nothing.
+fn convolution_f32(
+    args: &mut Args<'_>,
+    g: &Geom,
+    has_bias: bool,
+    cache: &mut Option<Prepared>,
+) -> KernelResult {
+    let constant = args.constant(1)?.is_some() && (!has_bias || args.constant(2)?.is_some());
+    let reusable = constant && cache.as_ref().is_some_and(|p| p.geom == *g);
+    if !reusable {
+        *cache = None;
+        *cache = Some(prepare_f32(args, g, has_bias)?);
+    }
+    let prepared = cache.as_ref().ok_or_else(oob)?;
+    let pool = args.pool();
+    let len = match &prepared.layer {
+        Layer::Direct(c) => c.scratch_len(pool.threads()),
+        Layer::Transposed(c) => c.scratch_len(pool.threads()),
+    }
+    .map_err(compute_error)?;
+    let mut io = Dense::io(
+        args,
+        &[Arg::At(0)],
+        &[Arg::At(9)],
+        &[Scratch::piece::<f32>(len)],
+    )?;
+    let scratch = io.scratch.take::<f32>(len)?;
+    let x = io.input::<f32>(0)?;
+    let out = io.output::<f32>(0)?;
+    match &prepared.layer {
+        Layer::Direct(c) => c.run(pool, x, g.batch, out, scratch),
+        Layer::Transposed(c) => c.run(pool, x, g.batch, out, scratch),
+    }
+    .map_err(compute_error)?;
+    io.finish()
+}
+
+fn memory(source: pte_runtime::MemoryError) -> KernelError {
+    KernelError::Memory {
+        what: "convolution weights".into(),
+        source,
     }
 }
 
-/// Depthwise convolution: output channel `oc` filters input channel
-/// `oc / (c_out / groups)` alone. Each kernel tap is a multiply-add of a contiguous run
-/// of an input row into an accumulator row; with a horizontal stride `s`, the input rows
-/// are first split into `s` phases (`x[p], x[p + s], ...`) so that runs stay contiguous.
-fn depthwise<T: Float>(
-    g: &Geom,
-    x: &[T],
-    w: &[T],
-    bias: Option<&[T]>,
-    out: &mut [T],
-    buf: &mut Buffer,
-) -> KernelResult {
-    /// Output values accumulated at once, on the stack (a whole row, usually).
-    const LANES: usize = 256;
+/// The input position a kernel tap reads for output `o`: `o·stride + k·dilation - pad`
+/// (None in the padding).
+fn tap(
+    o: usize,
+    k: usize,
+    stride: usize,
+    dilation: usize,
+    pad: usize,
+    len: usize,
+) -> Option<usize> {
+    (o * stride + k * dilation)
+        .checked_sub(pad)
+        .filter(|&i| i < len)
+}
+
+/// The input position whose tap `k` lands on output `o` of a transposed convolution:
+/// `(o + pad - k·dilation) / stride` when that divides exactly.
+fn source(
+    o: usize,
+    k: usize,
+    stride: usize,
+    dilation: usize,
+    pad: usize,
+    len: usize,
+) -> Option<usize> {
+    let at = (o + pad).checked_sub(k * dilation)?;
+    (at % stride == 0)
+        .then_some(at / stride)
+        .filter(|&i| i < len)
+}
+
+/// The direct convolution: each output the sum of its taps, accumulated in `T::Acc`.
+fn direct<T: Float>(g: &Geom, x: &[T], w: &[T], bias: Option<&[T]>, out: &mut [T]) -> KernelResult {
     let ([h, wd], [kh, kw], [oh, ow]) = (g.input, g.kernel, g.output);
     let ([sh, sw], [ph, pw], [dh, dw]) = (g.stride, g.pad, g.dilation);
-    // Phase p of a row holds its elements p, p + sw, ... at p·q.. (q per phase).
-    let q = wd.div_ceil(sw);
-    let row_len = q * sw;
-    let rows: &[T] = if sw == 1 {
-        x
-    } else {
-        let split = scratch::<T>(buf, size_mul(x.len() / wd.max(1), row_len)?)?;
-        for_each_chunk(split, row_len, x.len(), |r, dst| {
-            let src = &x[r * wd..][..wd];
-            for (p, phase) in dst.chunks_mut(q).enumerate() {
-                gather(phase, &src[p.min(wd)..], sw);
-            }
-        });
-        split
-    };
-    let multiplier = g.c_out / g.groups;
-    // The outputs each kernel column reaches inside the input, the same for every row.
-    let columns: SmallVec<[(usize, usize); 16]> = (0..kw)
-        .map(|kx| valid_range(ow, wd, kx * dw, sw, pw))
-        .collect();
-    let work = out.len().saturating_mul(kh * kw);
-    for_each_chunk(out, oh * ow, work, |p, plane| {
-        let oc = p % g.c_out;
-        let src = &rows[(p / g.c_out * g.c_in + oc / multiplier) * h * row_len..][..h * row_len];
-        let taps = &w[oc * kh * kw..][..kh * kw];
-        let b0 = bias.map_or(<T::Acc as Real>::ZERO, |bs| bs[oc].acc());
-        let mut lanes = [b0; LANES];
-        for (oy, dst_row) in plane.chunks_mut(ow).enumerate() {
-            for (chunk, dst) in dst_row.chunks_mut(LANES).enumerate() {
-                let x0 = chunk * LANES;
-                let acc = &mut lanes[..dst.len()];
-                acc.fill(b0);
+    let (cig, cog) = (g.c_in / g.groups, g.c_out / g.groups);
+    let (hw, ohw, taps) = (h * wd, oh * ow, kh * kw);
+    for (p, plane) in out.chunks_exact_mut(ohw).enumerate() {
+        let (b, oc) = (p / g.c_out, p % g.c_out);
+        let gi = oc / cog;
+        let b0 = bias.map_or(Ok(<T::Acc as Ring>::ZERO), |bs| bs.at(oc).map(|v| v.acc()))?;
+        for (o, dst) in plane.iter_mut().enumerate() {
+            let (oy, ox) = (o / ow, o % ow);
+            let mut acc = b0;
+            for c in 0..cig {
+                let ic = gi * cig + c;
+                let image = x.span((b * g.c_in + ic) * hw, hw)?;
                 for ky in 0..kh {
-                    let Some(iy) = (oy * sh + ky * dh).checked_sub(ph).filter(|&iy| iy < h) else {
-                        continue;
-                    };
-                    let row = &src[iy * row_len..][..row_len];
-                    for (kx, &(lo, hi)) in columns.iter().enumerate() {
-                        let (lo, hi) = (lo.max(x0), hi.min(x0 + dst.len()));
-                        if lo < hi {
-                            let start = lo * sw + kx * dw - pw;
-                            let run = &row[start % sw * q + start / sw..][..hi - lo];
-                            let t = taps[ky * kw + kx].acc();
-                            for (a, v) in acc[lo - x0..hi - x0].iter_mut().zip(run) {
-                                *a += t * v.acc();
-                            }
-                        }
-                    }
-                }
-                for (d, &a) in dst.iter_mut().zip(acc.iter()) {
-                    *d = T::of_acc(a);
-                }
-            }
-        }
-    });
-    Ok(())
-}
-
-/// Transposed convolution: per batch entry and group, `columns (c_out/groups·kh·kw × h·w)
-/// = weight[g]ᵀ · x[g]`, then col2im adds each column entry to the output it lands on.
-fn transposed<T: Float + Gemm>(
-    g: &Geom,
-    x: &[T],
-    w: &[T],
-    bias: Option<&[T]>,
-    out: &mut [T],
-    buf: &mut Buffer,
-) -> KernelResult {
-    let (cig, cog) = (g.c_in / g.groups, g.c_out / g.groups);
-    let (hw, ohw) = (g.input[0] * g.input[1], g.output[0] * g.output[1]);
-    let kk = cog * g.kernel[0] * g.kernel[1];
-    for (i, plane) in out.chunks_mut(ohw).enumerate() {
-        plane.fill(bias.map_or(T::default(), |b| b[i % g.c_out]));
-    }
-    let col = scratch::<T>(buf, size_mul(kk, hw)?)?;
-    let one = T::of_acc(Real::ONE);
-    for (b, out_b) in out.chunks_mut(g.c_out * ohw).enumerate() {
-        let x_b = &x[b * g.c_in * hw..][..g.c_in * hw];
-        for (gi, out_g) in out_b.chunks_mut(cog * ohw).enumerate() {
-            let lhs = Mat::row_major(&w[gi * cig * kk..], cig, kk)?.t();
-            let rhs = Mat::row_major(&x_b[gi * cig * hw..], cig, hw)?;
-            T::gemm(MatMut::row_major(col, kk, hw)?, lhs, rhs, None, one)?;
-            col2im(g, col, out_g);
-        }
-    }
-    Ok(())
-}
-
-/// Adds the columns (c·kh·kw × h·w) to the output planes (c × oh × ow).
-fn col2im<T: Float>(g: &Geom, col: &[T], out: &mut [T]) {
-    let ([h, wd], [kh, kw], [oh, ow]) = (g.input, g.kernel, g.output);
-    let ([sh, sw], [ph, pw], [dh, dw]) = (g.stride, g.pad, g.dilation);
-    for_each_chunk(out, oh * ow, col.len(), |c, plane| {
-        for ky in 0..kh {
-            for kx in 0..kw {
-                let src = &col[((c * kh + ky) * kw + kx) * h * wd..][..h * wd];
-                for (iy, src_row) in src.chunks(wd).enumerate() {
-                    let Some(oy) = (iy * sh + ky * dh).checked_sub(ph).filter(|&o| o < oh) else {
-                        continue;
-                    };
-                    let dst = &mut plane[oy * ow..][..ow];
-                    for (ix, s) in src_row.iter().enumerate() {
-                        if let Some(d) = (ix * sw + kx * dw)
-                            .checked_sub(pw)
-                            .and_then(|ox| dst.get_mut(ox))
-                        {
-                            *d = T::of_acc(d.acc() + s.acc());
-                        }
+                    for kx in 0..kw {
+                        let (iy, ix) = if g.transposed {
+                            (
+                                source(oy, ky, sh, dh, ph, h),
+                                source(ox, kx, sw, dw, pw, wd),
+                            )
+                        } else {
+                            (tap(oy, ky, sh, dh, ph, h), tap(ox, kx, sw, dw, pw, wd))
+                        };
+                        let (Some(iy), Some(ix)) = (iy, ix) else {
+                            continue;
+                        };
+                        // Weights: [c_out, c_in/groups, kh, kw], transposed [c_in, c_out/groups, kh, kw].
+                        let wi = if g.transposed {
+                            (ic * cog + oc % cog) * taps
+                        } else {
+                            (oc * cig + c) * taps
+                        } + ky * kw
+                            + kx;
+                        acc += image.at(iy * wd + ix)?.acc() * w.at(wi)?.acc();
                     }
                 }
             }
+            *dst = T::of_acc(acc);
         }
-    });
+    }
+    Ok(())
 }
 
 /// Registers `aten::convolution.out`.
 pub fn register(r: &mut KernelRegistry) {
-    r.register_fn("aten::convolution.out", convolution);
+    r.register("aten::convolution.out", Stateful(convolution));
 }

@@ -1,26 +1,20 @@
-//! Normalization: `native_layer_norm`, `_native_batch_norm_legit_no_training` and
-//! `native_group_norm`.
+//! Normalization: `native_layer_norm`, `native_group_norm` and batch norm
+//! (`_native_batch_norm_legit_no_training`), on tensors of any dim order.
 //!
-//! Layer and group norm compute each row's mean and biased variance in two passes (sums
-//! over eight lanes, which vectorize), then normalize; rows are split over threads.
-//! Inference batch norm applies each channel's running statistics plane by plane.
-//!
-//! The runtime's views hold two outputs and four inputs without allocating, so each
-//! kernel takes its tensors in two `io` calls: the statistics (or, for batch norm, each
-//! channel's scale and shift) pass between them in the method's scratch memory.
+//! Layer and group norm normalize rows of the input (the trailing normalized dims, or a
+//! batch entry's group of channels): each row's mean and biased variance are computed
+//! in two passes in `f64`, then the row is normalized in the opmath type; rows are split
+//! over the pool's threads. Inference batch norm applies each channel's running
+//! statistics.
 
-use pte_runtime::{
-    Arg, Args, Buffer, DType, Dims, Element, Io, KernelError, KernelRegistry, KernelResult,
-    TensorDataMut,
-};
-use rayon::prelude::*;
+use pte_runtime::{Arg, Args, DType, Dims, KernelError, KernelRegistry, KernelResult};
 use smallvec::SmallVec;
 
-use super::{for_each_chunk, Float, Real};
-use crate::linalg::PARALLEL_WORK;
-use crate::util::{prod, to_size, Elem, Scratch};
+use crate::layout::Dense;
+use crate::num::{Elem, Float, Real, Ring};
+use crate::util::{for_each_chunk, oob, prod, to_size, Checked, Scratch};
 
-/// The tensors a kernel reads, some of them optional.
+/// The tensors a kernel reads, some of them optional, and where each landed.
 struct Reads(SmallVec<[Arg; 6]>);
 
 impl Reads {
@@ -39,50 +33,11 @@ impl Reads {
 }
 
 /// The data of an optional read.
-fn optional<'a, T: Element>(io: &Io<'a>, at: Option<usize>) -> KernelResult<Option<&'a [T]>> {
-    at.map(|k| io.inputs[k].as_slice::<T>()).transpose()
-}
-
-/// `N` slices of `len` elements of `T` in the method's scratch memory: the same ones (with
-/// what they hold) at each call with the same `len`, so one `io` call can leave values
-/// there for the next.
-fn kept<T: bytemuck::Pod, const N: usize>(
-    scratch: &mut Buffer,
-    len: usize,
-) -> KernelResult<[&mut [T]; N]> {
-    let mut s = Scratch::new(scratch, &[Scratch::piece::<T>(len); N])?;
-    let mut pieces: [&mut [T]; N] = std::array::from_fn(|_| Default::default());
-    for p in &mut pieces {
-        *p = s.take::<T>(len)?;
-    }
-    Ok(pieces)
-}
-
-/// Copies `src` into an output of as many elements.
-fn copy_to<T: Element>(dst: &mut TensorDataMut<'_>, src: &[T]) -> KernelResult {
-    let dst = dst.as_mut_slice::<T>()?;
-    if dst.len() != src.len() {
-        return Err(KernelError::invalid(format!(
-            "a statistics output of {} elements, expected {}",
-            dst.len(),
-            src.len()
-        )));
-    }
-    dst.copy_from_slice(src);
-    Ok(())
-}
-
-/// Writes the two per-row statistics that [`kept`] holds (`rows` each) to outputs `outs`.
-fn write_stats<T: Element>(args: &mut Args<'_>, rows: usize, outs: [usize; 2]) -> KernelResult {
-    let mut io = args.io(&[], &[outs[0].into(), outs[1].into()])?;
-    let [mean, rstd] = kept::<T, 2>(io.scratch, rows)?;
-    let [a, b] = &mut io.outputs[..] else {
-        return Err(KernelError::invalid(
-            "normalization needs two statistics outputs",
-        ));
-    };
-    copy_to(a, mean)?;
-    copy_to(b, rstd)
+fn optional<'a, T: bytemuck::Pod>(
+    io: &Dense<'a>,
+    at: Option<usize>,
+) -> KernelResult<Option<&'a [T]>> {
+    at.map(|k| io.input::<T>(k)).transpose()
 }
 
 /// Every tensor argument that is present has dtype `dtype`.
@@ -108,67 +63,70 @@ fn check_len(args: &Args<'_>, i: usize, n: usize, what: &str) -> KernelResult {
     }
 }
 
-/// `Σ f(v)` over a row, in eight independent lanes.
-fn lane_sum<T: Float>(row: &[T], f: impl Fn(T::Acc) -> T::Acc) -> T::Acc {
-    let zero = <T::Acc as Real>::ZERO;
-    let mut lanes = [zero; 8];
-    let chunks = row.chunks_exact(8);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for (l, v) in lanes.iter_mut().zip(c) {
-            *l += f(v.acc());
-        }
-    }
-    rest.iter()
-        .fold(lanes.iter().fold(zero, |a, &b| a + b), |a, v| {
-            a + f(v.acc())
-        })
+/// Mean and `1/sqrt(var + eps)` (biased variance) of values, NaN for none.
+fn moments(values: impl Iterator<Item = f64> + Clone, eps: f64) -> (f64, f64) {
+    let (n, sum) = values
+        .clone()
+        .fold((0usize, 0.0), |(n, s), v| (n + 1, s + v));
+    let count = n as f64;
+    let mean = sum / count;
+    let var = values.map(|v| (v - mean) * (v - mean)).sum::<f64>() / count;
+    (mean, 1.0 / (var + eps).sqrt())
 }
 
 /// Normalizes each `n`-element row of `x` into `out` and records its mean and
-/// `1/sqrt(var + eps)`; `affine(r, j)` is the (scale, shift) of element `j` of row `r`.
+/// `1/sqrt(var + eps)` in `stats`; `affine(r, j)` is the (scale, shift) of element `j` of
+/// row `r`.
 fn normalize_rows<T: Float>(
+    pool: &pte_compute::ThreadPool,
     x: &[T],
     out: &mut [T],
-    mean: &mut [T],
-    rstd: &mut [T],
+    stats: &mut [[f64; 2]],
     n: usize,
     eps: f64,
-    affine: impl Fn(usize, usize) -> (T::Acc, T::Acc) + Send + Sync,
-) {
+    affine: impl Fn(usize, usize) -> (T::Acc, T::Acc) + Sync,
+) -> KernelResult {
     if n == 0 {
         // Statistics of nothing, as 0/0.
-        mean.fill(T::from_f64(f64::NAN));
-        rstd.fill(T::from_f64(f64::NAN));
-        return;
+        stats.fill([f64::NAN; 2]);
+        return Ok(());
     }
-    let count = <T::Acc as Real>::of(n as f64);
-    let eps = <T::Acc as Real>::of(eps);
-    let row = |((r, (o, m)), s): ((usize, (&mut [T], &mut T)), &mut T)| {
-        let src = &x[r * n..][..n];
-        let mu = lane_sum(src, |v| v) / count;
-        let var = lane_sum(src, |v| (v - mu) * (v - mu)) / count;
-        let inv = <T::Acc as Real>::ONE / (var + eps).sqrt();
-        for (j, (o, v)) in o.iter_mut().zip(src).enumerate() {
-            let (a, b) = affine(r, j);
-            *o = T::of_acc((v.acc() - mu) * inv * a + b);
+    let work = x.len().saturating_mul(4);
+    for_each_chunk(pool, stats, 1, work, |r, s| {
+        let row = x.get(r * n..(r + 1) * n).unwrap_or_default();
+        if let Some(s) = s.first_mut() {
+            let (mean, rstd) = moments(row.iter().map(|v| v.to_f64()), eps);
+            *s = [mean, rstd];
         }
-        *m = T::of_acc(mu);
-        *s = T::of_acc(inv);
-    };
-    if x.len() >= PARALLEL_WORK / 8 {
-        out.par_chunks_mut(n)
-            .zip(mean.par_iter_mut())
-            .enumerate()
-            .zip(rstd.par_iter_mut())
-            .for_each(row);
-    } else {
-        out.chunks_mut(n)
-            .zip(mean.iter_mut())
-            .enumerate()
-            .zip(rstd.iter_mut())
-            .for_each(row);
+    })?;
+    let stats = &*stats;
+    for_each_chunk(pool, out, n, work, |r, o| {
+        let row = x.get(r * n..).unwrap_or_default();
+        let [mean, rstd] = stats.get(r).copied().unwrap_or([f64::NAN; 2]);
+        let (mean, rstd) = (<T::Acc as Real>::of(mean), <T::Acc as Real>::of(rstd));
+        for (j, (o, v)) in o.iter_mut().zip(row).enumerate() {
+            let (a, b) = affine(r, j);
+            *o = T::of_acc((v.acc() - mean) * rstd * a + b);
+        }
+    })
+}
+
+/// Writes per-row statistics to the mean and rstd outputs (positions 1 and 2 of `io`).
+fn write_stats<T: Float>(io: &mut Dense<'_>, stats: &[[f64; 2]]) -> KernelResult {
+    for k in 0..2 {
+        let out = io.output::<T>(k + 1)?;
+        if out.len() != stats.len() {
+            return Err(KernelError::invalid(format!(
+                "a statistics output of {} elements, expected {}",
+                out.len(),
+                stats.len()
+            )));
+        }
+        for (o, s) in out.iter_mut().zip(stats) {
+            *o = T::from_f64(s.get(k).copied().unwrap_or(f64::NAN));
+        }
     }
+    Ok(())
 }
 
 /// `native_layer_norm.out(input, normalized_shape, weight?, bias?, eps, out, mean, rstd)`:
@@ -177,12 +135,12 @@ fn normalize_rows<T: Float>(
 fn layer_norm(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;
     let shape = args.int_list(1)?;
-    let axis = x
+    let (lead, tail) = x
         .rank()
         .checked_sub(shape.len())
-        .filter(|&a| {
-            x.sizes[a..]
-                .iter()
+        .and_then(|a| x.sizes.split_at_checked(a))
+        .filter(|(_, tail)| {
+            tail.iter()
                 .zip(&shape)
                 .all(|(&s, &n)| i64::try_from(s) == Ok(n))
         })
@@ -193,30 +151,33 @@ fn layer_norm(args: &mut Args<'_>) -> KernelResult {
             ))
         })?;
     let eps = args.double(4)?;
-    let n = prod(&x.sizes[axis..]);
+    let rows = prod(lead);
+    let n = prod(tail);
     check_len(args, 2, n, "weight")?;
     check_len(args, 3, n, "bias")?;
     same_dtype(args, x.dtype, &[2, 3, 5, 6, 7])?;
-    let mut stat: Dims = x.sizes[..axis].into();
+    let mut stat: Dims = lead.into();
     stat.extend(std::iter::repeat_n(1, shape.len()));
     args.resize(5, &x.sizes)?;
     args.resize(6, &stat)?;
     args.resize(7, &stat)?;
     let mut reads = Reads::new(&[0]);
     let (wi, bi) = (reads.optional(args, 2)?, reads.optional(args, 3)?);
-    let rows = prod(&stat);
+    let pool = args.pool();
+    let writes = [Arg::At(5), Arg::At(6), Arg::At(7)];
+    let mut io = Dense::io(args, &reads.0, &writes, &[Scratch::piece::<[f64; 2]>(rows)])?;
+    let stats = io.scratch.take::<[f64; 2]>(rows)?;
     crate::dispatch_float!(x.dtype, T => {
-        let mut io = args.io(&reads.0, &[5.into()])?;
         let (w, b) = (optional::<T>(&io, wi)?, optional::<T>(&io, bi)?);
-        let src = io.inputs[0].as_slice::<T>()?;
-        let out = io.outputs[0].as_mut_slice::<T>()?;
-        let [mean, rstd] = kept::<T, 2>(io.scratch, rows)?;
-        normalize_rows(src, out, mean, rstd, n, eps, |_, j| {
-            (w.map_or(Real::ONE, |w| w[j].acc()), b.map_or(Real::ZERO, |b| b[j].acc()))
-        });
-        drop(io);
-        write_stats::<T>(args, rows, [6, 7])
-    }, Err(KernelError::dtypes(&[x.dtype])))
+        let src = io.input::<T>(0)?;
+        let out = io.output::<T>(0)?;
+        normalize_rows(pool, src, out, stats, n, eps, |_, j| {
+            let at = |v: Option<&[T]>, d: <T as Elem>::Acc| v.and_then(|v| v.get(j)).map_or(d, |v| v.acc());
+            (at(w, Ring::ONE), at(b, Ring::ZERO))
+        })?;
+        write_stats::<T>(&mut io, stats)?;
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
 }
 
 /// `native_group_norm.out(input, weight?, bias?, N, C, HxW, group, eps, out, mean, rstd)`:
@@ -231,9 +192,9 @@ fn group_norm(args: &mut Args<'_>) -> KernelResult {
     );
     let group = to_size(args.int(6)?, "group")?;
     let eps = args.double(7)?;
-    let consistent = x.rank() >= 2
-        && x.sizes[0] == n
-        && x.sizes[1] == c
+    let consistent = x.sizes.len() >= 2
+        && x.sizes.first() == Some(&n)
+        && x.sizes.get(1) == Some(&c)
         && n.checked_mul(c).and_then(|v| v.checked_mul(hxw)) == Some(x.numel());
     if !consistent || group == 0 || c % group != 0 {
         return Err(KernelError::invalid(format!(
@@ -251,19 +212,22 @@ fn group_norm(args: &mut Args<'_>) -> KernelResult {
     let (wi, bi) = (reads.optional(args, 1)?, reads.optional(args, 2)?);
     let per_group = c / group;
     let rows = n * group;
+    let pool = args.pool();
+    let writes = [Arg::At(8), Arg::At(9), Arg::At(10)];
+    let mut io = Dense::io(args, &reads.0, &writes, &[Scratch::piece::<[f64; 2]>(rows)])?;
+    let stats = io.scratch.take::<[f64; 2]>(rows)?;
     crate::dispatch_float!(x.dtype, T => {
-        let mut io = args.io(&reads.0, &[8.into()])?;
         let (w, b) = (optional::<T>(&io, wi)?, optional::<T>(&io, bi)?);
-        let src = io.inputs[0].as_slice::<T>()?;
-        let out = io.outputs[0].as_mut_slice::<T>()?;
-        let [mean, rstd] = kept::<T, 2>(io.scratch, rows)?;
-        normalize_rows(src, out, mean, rstd, per_group * hxw, eps, |r, j| {
-            let ch = r % group * per_group + j / hxw;
-            (w.map_or(Real::ONE, |w| w[ch].acc()), b.map_or(Real::ZERO, |b| b[ch].acc()))
-        });
-        drop(io);
-        write_stats::<T>(args, rows, [9, 10])
-    }, Err(KernelError::dtypes(&[x.dtype])))
+        let src = io.input::<T>(0)?;
+        let out = io.output::<T>(0)?;
+        normalize_rows(pool, src, out, stats, per_group * hxw, eps, |r, j| {
+            let ch = r % group * per_group + j / hxw.max(1);
+            let at = |v: Option<&[T]>, d: <T as Elem>::Acc| v.and_then(|v| v.get(ch)).map_or(d, |v| v.acc());
+            (at(w, Ring::ONE), at(b, Ring::ZERO))
+        })?;
+        write_stats::<T>(&mut io, stats)?;
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
 }
 
 /// `_native_batch_norm_legit_no_training.out(input, weight?, bias?, running_mean,
@@ -272,13 +236,14 @@ fn group_norm(args: &mut Args<'_>) -> KernelResult {
 /// the program declares them with one element per channel.
 fn batch_norm(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;
-    if x.rank() < 2 {
-        return Err(KernelError::invalid(format!(
-            "batch norm needs an (N, C, ...) input, got shape {:?}",
-            x.sizes.as_slice()
-        )));
-    }
-    let (c, inner) = (x.sizes[1], prod(&x.sizes[2..]));
+    let (c, inner) = match x.sizes.as_slice() {
+        [_, c, rest @ ..] => (*c, prod(rest)),
+        s => {
+            return Err(KernelError::invalid(format!(
+                "batch norm needs an (N, C, ...) input, got shape {s:?}"
+            )))
+        }
+    };
     let eps = args.double(6)?;
     for (i, what) in [
         (1, "weight"),
@@ -300,42 +265,55 @@ fn batch_norm(args: &mut Args<'_>) -> KernelResult {
     args.resize(7, &x.sizes)?;
     args.resize(8, &save_mean)?;
     args.resize(9, &save_invstd)?;
-    // First each channel's mean, scale and shift (into scratch) and the saved
-    // statistics, then the normalized output.
-    let mut reads = Reads::new(&[3, 4]);
+    let mut reads = Reads::new(&[0, 3, 4]);
     let (wi, bi) = (reads.optional(args, 1)?, reads.optional(args, 2)?);
+    let pool = args.pool();
+    let writes = [Arg::At(7), Arg::At(8), Arg::At(9)];
+    let mut io = Dense::io(args, &reads.0, &writes, &[Scratch::piece::<[f64; 2]>(c)])?;
+    let stats = io.scratch.take::<[f64; 2]>(c)?;
     crate::dispatch_float!(x.dtype, T => {
-        let mut io = args.io(&reads.0, &[8.into(), 9.into()])?;
         let (w, b) = (optional::<T>(&io, wi)?, optional::<T>(&io, bi)?);
-        let (rm, rv) = (io.inputs[0].as_slice::<T>()?, io.inputs[1].as_slice::<T>()?);
-        let invstd = |ch: usize| 1.0 / (rv[ch].to_f64() + eps).sqrt();
-        let [mean, scale, shift] = kept::<<T as Float>::Acc, 3>(io.scratch, c)?;
-        for ch in 0..c {
-            mean[ch] = rm[ch].acc();
-            scale[ch] = <<T as Float>::Acc as Real>::of(invstd(ch)) * w.map_or(Real::ONE, |w| w[ch].acc());
-            shift[ch] = b.map_or(Real::ZERO, |b| b[ch].acc());
+        let (rm, rv) = (io.input::<T>(1)?, io.input::<T>(2)?);
+        for (ch, s) in stats.iter_mut().enumerate() {
+            *s = [rm.at(ch)?.to_f64(), 1.0 / (rv.at(ch)?.to_f64() + eps).sqrt()];
         }
-        let [sm, si] = &mut io.outputs[..] else {
-            return Err(KernelError::invalid("batch norm needs three outputs"));
-        };
-        for (ch, (m, s)) in sm.as_mut_slice::<T>()?.iter_mut().zip(si.as_mut_slice::<T>()?).enumerate() {
-            *m = rm[ch];
-            *s = T::from_f64(invstd(ch));
-        }
-        drop(io);
-        let mut io = args.io(&[0.into()], &[7.into()])?;
-        let [mean, scale, shift] = kept::<<T as Float>::Acc, 3>(io.scratch, c)?;
-        let src = io.inputs[0].as_slice::<T>()?;
-        let out = io.outputs[0].as_mut_slice::<T>()?;
-        let work = out.len();
-        for_each_chunk(out, inner, work, |p, o| {
-            let ch = p % c;
-            for (o, v) in o.iter_mut().zip(&src[p * inner..][..inner]) {
-                *o = T::of_acc((v.acc() - mean[ch]) * scale[ch] + shift[ch]);
+        let src = io.input::<T>(0)?;
+        let stats = &*stats;
+        apply_channels::<T>(pool, src, io.output::<T>(0)?, c, inner, |ch| {
+            let [mean, invstd] = stats.get(ch).copied().unwrap_or([f64::NAN; 2]);
+            let at = |v: Option<&[T]>, d: f64| v.and_then(|v| v.get(ch)).map_or(d, |v| v.to_f64());
+            let scale = invstd * at(w, 1.0);
+            (scale, at(b, 0.0) - mean * scale)
+        })?;
+        for k in 0..2 {
+            let out = io.output::<T>(k + 1)?;
+            for (o, s) in out.iter_mut().zip(stats) {
+                *o = T::from_f64(*s.get(k).ok_or_else(oob)?);
             }
-        });
-        Ok(())
-    }, Err(KernelError::dtypes(&[x.dtype])))
+        }
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
+}
+
+/// `out = x·scale + shift` with each channel's (scale, shift) from `coef`, over planes of
+/// `inner` elements of (N, C, inner) data.
+fn apply_channels<T: Float>(
+    pool: &pte_compute::ThreadPool,
+    x: &[T],
+    out: &mut [T],
+    c: usize,
+    inner: usize,
+    coef: impl Fn(usize) -> (f64, f64) + Sync,
+) -> KernelResult {
+    let work = out.len().saturating_mul(2);
+    for_each_chunk(pool, out, inner, work, |p, o| {
+        let (scale, shift) = coef(p % c.max(1));
+        let (scale, shift) = (<T::Acc as Real>::of(scale), <T::Acc as Real>::of(shift));
+        let src = x.get(p * inner..).unwrap_or_default();
+        for (o, v) in o.iter_mut().zip(src) {
+            *o = T::of_acc(v.acc() * scale + shift);
+        }
+    })
 }
 
 /// Registers the normalization kernels.

@@ -1,17 +1,15 @@
-//! 2-d pooling over the last two dims of (N, C, H, W) or (C, H, W) inputs:
-//! `max_pool2d_with_indices`, `avg_pool2d` and `_adaptive_avg_pool2d`, with PyTorch's
-//! output sizes (ceil mode included) and divisors. Output planes are independent and are
-//! split over threads when there is enough work.
-
-use std::iter::StepBy;
-use std::ops::Range;
+//! 2-d pooling over the last two dims of (N, C, H, W) or (C, H, W) inputs of any dim
+//! order: `max_pool2d_with_indices` (every real dtype), `avg_pool2d` (floats and
+//! integers, which divide with truncation as PyTorch) and `_adaptive_avg_pool2d`, with
+//! PyTorch's output sizes (ceil mode included) and divisors. Output planes are
+//! independent and are split over the pool's threads when there is enough work.
 
 use pte_runtime::{Args, DType, Dims, KernelError, KernelRegistry, KernelResult, TensorInfo};
-use rayon::prelude::*;
-use smallvec::SmallVec;
 
-use super::{for_each_chunk, spatial_pair, valid_range, Float, Real};
-use crate::linalg::PARALLEL_WORK;
+use super::spatial_pair;
+use crate::layout::Dense;
+use crate::num::Elem;
+use crate::util::{for_each_chunk, Checked, Scratch};
 
 /// The input seen as planes of `h × w` behind leading dims `lead`.
 struct Planes {
@@ -104,34 +102,28 @@ impl Axis {
         })
     }
 
-    /// First tap of output `o`'s window, in padded coordinates shifted by `-pad`.
-    fn start(&self, o: usize) -> i128 {
-        (o * self.stride) as i128 - self.pad as i128
-    }
-
-    /// Input positions read by output `o`'s dilated window.
-    fn taps(&self, o: usize) -> StepBy<Range<usize>> {
-        let (start, d) = (self.start(o), self.dilation as i128);
-        let first = if start < 0 {
-            start + (-start + d - 1) / d * d
-        } else {
-            start
+    /// Output `o`'s window as `[first, end, padded, 0]`: its taps are every `dilation`-th
+    /// position in `first..end` (clipped to the input), `padded` is the size of its
+    /// (undilated) window counting padding but not the part past the padding that ceil
+    /// mode adds, as PyTorch's average pooling divides by.
+    fn span(&self, o: usize) -> [usize; 4] {
+        let (s, d) = (o * self.stride, self.dilation);
+        // Taps before the input (in the left padding) are skipped, a whole step at a time.
+        let first = match self.pad.checked_sub(s) {
+            Some(before) => before.div_ceil(d) * d + s - self.pad,
+            None => s - self.pad,
         };
-        let end = (start + (self.kernel as i128 - 1) * d + 1).min(self.input as i128);
-        (first as usize..end.max(first) as usize).step_by(self.dilation)
+        let reach = s + (self.kernel - 1) * d + 1;
+        let end = reach.saturating_sub(self.pad).min(self.input).max(first);
+        let window_end = (s + self.kernel).min(self.input + 2 * self.pad);
+        [first, end, window_end.saturating_sub(s), 0]
     }
 
-    /// Input range of output `o`'s (undilated) averaging window and the window's size
-    /// counting padding, but not the part past the padding that ceil mode adds.
-    fn average(&self, o: usize) -> (Range<usize>, usize) {
-        let start = self.start(o);
-        let end = (start + self.kernel as i128).min((self.input + self.pad) as i128);
-        let padded = (end - start) as usize;
-        let lo = start.max(0) as usize;
-        (
-            lo..(end.min(self.input as i128).max(lo as i128)) as usize,
-            padded,
-        )
+    /// [`Axis::span`] of every output into `out`.
+    fn spans(&self, out: &mut [[usize; 4]]) {
+        for (o, span) in out.iter_mut().enumerate() {
+            *span = self.span(o);
+        }
     }
 }
 
@@ -152,11 +144,17 @@ fn window_args(args: &Args<'_>, first: usize) -> KernelResult<[[usize; 2]; 3]> {
 }
 
 fn check_dtypes(dtypes: &[DType]) -> KernelResult {
-    if dtypes.iter().all(|&d| d == dtypes[0]) {
+    if dtypes.windows(2).all(|w| w.first() == w.last()) {
         Ok(())
     } else {
         Err(KernelError::dtypes(dtypes))
     }
+}
+
+/// True when `x` is NaN (never for integers).
+#[allow(clippy::eq_op)]
+fn is_nan<T: PartialEq>(x: T) -> bool {
+    x != x
 }
 
 /// `max_pool2d_with_indices.out(self, kernel_size, stride, padding, dilation, ceil_mode,
@@ -177,101 +175,48 @@ fn max_pool2d_with_indices(args: &mut Args<'_>) -> KernelResult {
     let sizes = p.out_sizes(ay.output, ax.output);
     args.resize(6, &sizes)?;
     args.resize(7, &sizes)?;
-    let mut io = args.io(&[0.into()], &[6.into(), 7.into()])?;
-    let (values, indices) = io.outputs.split_at_mut(1);
-    let indices = indices[0].as_mut_slice::<i64>()?;
-    crate::dispatch_float!(x.dtype, T => {
-        max_pool(io.inputs[0].as_slice::<T>()?, values[0].as_mut_slice::<T>()?, indices, &p, ay, ax);
-        Ok(())
-    }, Err(KernelError::dtypes(&[x.dtype])))
-}
-
-fn max_pool<T: Float>(
-    x: &[T],
-    values: &mut [T],
-    indices: &mut [i64],
-    p: &Planes,
-    ay: Axis,
-    ax: Axis,
-) {
-    /// Outputs of a row handled at once.
-    const LANES: usize = 128;
+    let pool = args.pool();
+    let pieces = [
+        Scratch::piece::<[usize; 4]>(ay.output),
+        Scratch::piece::<[usize; 4]>(ax.output),
+    ];
+    let mut io = Dense::io(args, &[0.into()], &[6.into(), 7.into()], &pieces)?;
+    let (ys, xs) = (io.scratch.take(ay.output)?, io.scratch.take(ax.output)?);
+    ay.spans(ys);
+    ax.spans(xs);
+    let (ys, xs): (&[[usize; 4]], &[[usize; 4]]) = (ys, xs);
     let (hw, ohw) = (p.h * p.w, ay.output * ax.output);
-    // The outputs each kernel column reaches inside the input, the same for every row.
-    let columns: SmallVec<[(usize, usize); 16]> = (0..ax.kernel)
-        .map(|kx| valid_range(ax.output, ax.input, kx * ax.dilation, ax.stride, ax.pad))
-        .collect();
-    // Taps are visited in row-major order for each output (rows, then kernel columns,
-    // with the outputs of a row innermost so that they run independently).
-    let plane = |(i, (vals, idxs)): (usize, (&mut [T], &mut [i64]))| {
-        let src = &x[i * hw..][..hw];
-        let mut best = [<T::Acc as Real>::NEG_INFINITY; LANES];
-        let mut best_at = [-1i64; LANES];
-        let outs = vals.chunks_mut(ax.output).zip(idxs.chunks_mut(ax.output));
-        for (oy, (vrow, irow)) in outs.enumerate() {
-            let chunks = vrow.chunks_mut(LANES).zip(irow.chunks_mut(LANES));
-            for (chunk, (vs, is)) in chunks.enumerate() {
-                let (x0, n) = (chunk * LANES, vs.len());
-                let (best, best_at) = (&mut best[..n], &mut best_at[..n]);
-                best.fill(<T::Acc as Real>::NEG_INFINITY);
-                best_at.fill(-1);
-                for y in ay.taps(oy) {
-                    let row = &src[y * p.w..][..p.w];
-                    for (kx, &(lo, hi)) in columns.iter().enumerate() {
-                        let first = kx * ax.dilation;
-                        let (lo, hi) = (lo.max(x0), hi.min(x0 + n));
-                        if lo >= hi {
-                            continue;
-                        }
-                        let mut xi = lo * ax.stride + first - ax.pad;
-                        let runs = best[lo - x0..hi - x0]
-                            .iter_mut()
-                            .zip(&mut best_at[lo - x0..hi - x0]);
-                        for (b, at) in runs {
-                            let val = row[xi].acc();
-                            if val > *b || val.is_nan() {
-                                *b = val;
-                                *at = (y * p.w + xi) as i64;
-                            }
-                            xi += ax.stride;
+    crate::dispatch_all!(x.dtype, T => {
+        let src = io.input::<T>(0)?;
+        let (values, indices) = io.outputs2::<T, i64>()?;
+        let work = indices.len().saturating_mul(ay.kernel * ax.kernel);
+        // The index of each window's maximum (PyTorch's rule: a larger value or a NaN
+        // replaces the current one), plane by plane; then the values at those indices.
+        for_each_chunk(pool, indices, ohw, work, |i, plane| {
+            let src = src.get(i * hw..(i + 1) * hw).unwrap_or_default();
+            let outputs = ys.iter().flat_map(|y| xs.iter().map(move |x| (y, x)));
+            for (at, (&[y0, y1, ..], &[x0, x1, ..])) in plane.iter_mut().zip(outputs) {
+                let mut best: Option<(T, usize)> = None;
+                for y in (y0..y1).step_by(ay.dilation) {
+                    let row = src.get(y * p.w..(y + 1) * p.w).unwrap_or_default();
+                    for xi in (x0..x1).step_by(ax.dilation) {
+                        let Some(&v) = row.get(xi) else { continue };
+                        if best.is_none_or(|(b, _)| v > b || is_nan(v)) {
+                            best = Some((v, y * p.w + xi));
                         }
                     }
                 }
-                for (k, ((v, idx), (&b, &at))) in vs
-                    .iter_mut()
-                    .zip(is.iter_mut())
-                    .zip(best.iter().zip(best_at.iter()))
-                    .enumerate()
-                {
-                    *v = T::of_acc(b);
-                    // Nothing beat -inf: PyTorch reports the window's first tap.
-                    *idx = if at >= 0 {
-                        at
-                    } else {
-                        let first = |mut taps: StepBy<Range<usize>>| taps.next().unwrap_or(0);
-                        (first(ay.taps(oy)) * p.w + first(ax.taps(x0 + k))) as i64
-                    };
-                }
+                *at = best.map_or(0, |(_, k)| k as i64);
+            }
+        })?;
+        for (i, (vs, is)) in values.chunks_mut(ohw).zip(indices.chunks(ohw)).enumerate() {
+            let plane = src.span(i * hw, hw)?;
+            for (v, &k) in vs.iter_mut().zip(is) {
+                *v = *plane.at(usize::try_from(k).map_err(|_| crate::util::oob())?)?;
             }
         }
-    };
-    if values
-        .len()
-        .saturating_mul(ay.kernel.saturating_mul(ax.kernel))
-        >= PARALLEL_WORK
-    {
-        values
-            .par_chunks_mut(ohw)
-            .zip(indices.par_chunks_mut(ohw))
-            .enumerate()
-            .for_each(plane);
-    } else {
-        values
-            .chunks_mut(ohw)
-            .zip(indices.chunks_mut(ohw))
-            .enumerate()
-            .for_each(plane);
-    }
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
 }
 
 /// `avg_pool2d.out(self, kernel_size, stride, padding, ceil_mode, count_include_pad,
@@ -290,21 +235,16 @@ fn avg_pool2d(args: &mut Args<'_>) -> KernelResult {
     let ax = Axis::new(p.w, kernel[1], stride[1], pad[1], 1, ceil)?;
     check_dtypes(&[x.dtype, args.tensor(7)?.dtype])?;
     args.resize(7, &p.out_sizes(ay.output, ax.output))?;
-    let mut io = args.io(&[0.into()], &[7.into()])?;
-    crate::dispatch_float!(x.dtype, T => {
-        let src = io.inputs[0].as_slice::<T>()?;
-        average(src, io.outputs[0].as_mut_slice::<T>()?, &p, ay.output, ax.output, |oy, ox| {
-            let ((ys, ph), (xs, pw)) = (ay.average(oy), ax.average(ox));
-            let size = ys.len() * xs.len();
-            let div = match divisor {
-                Some(d) => d as f64,
-                None if include_pad => (ph * pw) as f64,
-                None => size as f64,
-            };
-            (ys, xs, if size == 0 { None } else { Some(div) })
-        });
-        Ok(())
-    }, Err(KernelError::dtypes(&[x.dtype])))
+    let divisor = |[y0, y1, ph, _]: [usize; 4], [x0, x1, pw, _]: [usize; 4]| {
+        let size = (y1 - y0) * (x1 - x0);
+        let div = match divisor {
+            Some(d) => d,
+            None if include_pad => (ph * pw) as i64,
+            None => size as i64,
+        };
+        (size != 0).then_some(div)
+    };
+    average(args, &p, [ay, ax], 7, divisor)
 }
 
 /// `_adaptive_avg_pool2d.out(self, output_size, out)`: output `i` of `n` averages inputs
@@ -314,53 +254,107 @@ fn adaptive_avg_pool2d(args: &mut Args<'_>) -> KernelResult {
     let p = Planes::of(&x)?;
     let [oh, ow] = spatial_pair(&args.int_list(1)?, 2, "output_size", 1)?;
     check_dtypes(&[x.dtype, args.tensor(2)?.dtype])?;
+    if !x.dtype.is_float() {
+        return Err(KernelError::dtypes(&[x.dtype]));
+    }
     args.resize(2, &p.out_sizes(oh, ow))?;
-    let mut io = args.io(&[0.into()], &[2.into()])?;
-    let bin = |o: usize, out: usize, input: usize| {
-        let (o, out, input) = (o as u128, out as u128, input as u128);
-        (o * input / out) as usize..((o + 1) * input).div_ceil(out) as usize
-    };
-    crate::dispatch_float!(x.dtype, T => {
-        let src = io.inputs[0].as_slice::<T>()?;
-        average(src, io.outputs[0].as_mut_slice::<T>()?, &p, oh, ow, |oy, ox| {
-            let (ys, xs) = (bin(oy, oh, p.h), bin(ox, ow, p.w));
-            let size = (ys.len() * xs.len()) as f64;
-            (ys, xs, Some(size))
-        });
-        Ok(())
-    }, Err(KernelError::dtypes(&[x.dtype])))
+    // Output `o` of `n` averages inputs `floor(o·in/n)..ceil((o+1)·in/n)`: windows of
+    // varying size and start, which `Axis` cannot describe; they are spans too.
+    let bins = |out: usize, input: usize| Bins { out, input };
+    let divisor =
+        |[y0, y1, ..]: [usize; 4], [x0, x1, ..]: [usize; 4]| Some(((y1 - y0) * (x1 - x0)) as i64);
+    average(args, &p, [bins(oh, p.h), bins(ow, p.w)], 2, divisor)
 }
 
-/// Writes each output the mean of its window: `window(oy, ox)` gives the input rows and
-/// columns and the divisor (None: the window is empty and the output 0).
-fn average<T: Float>(
-    x: &[T],
-    out: &mut [T],
-    p: &Planes,
-    oh: usize,
-    ow: usize,
-    window: impl Fn(usize, usize) -> (Range<usize>, Range<usize>, Option<f64>) + Sync + Send,
-) {
-    let hw = p.h * p.w;
-    let work = out.len() * (hw / (oh * ow).max(1)).max(1);
-    for_each_chunk(out, oh * ow, work, |i, plane| {
-        let src = &x[i * hw..][..hw];
-        for (k, o) in plane.iter_mut().enumerate() {
-            let (ys, xs, div) = window(k / ow, k % ow);
-            *o = match div {
-                Some(div) => {
-                    let mut sum = <T::Acc as Real>::ZERO;
-                    for y in ys {
-                        for v in &src[y * p.w..][xs.clone()] {
-                            sum += v.acc();
-                        }
-                    }
-                    T::of_acc(sum / <T::Acc as Real>::of(div))
-                }
-                None => T::default(),
-            };
+/// The windows of one axis of a pooling: output count and each output's span.
+trait Windows {
+    fn outputs(&self) -> usize;
+    fn spans(&self, out: &mut [[usize; 4]]);
+}
+
+impl Windows for Axis {
+    fn outputs(&self) -> usize {
+        self.output
+    }
+    fn spans(&self, out: &mut [[usize; 4]]) {
+        Axis::spans(self, out);
+    }
+}
+
+/// Adaptive pooling's windows: output `o` of `out` covers `floor(o·in/out)..ceil((o+1)·in/out)`.
+struct Bins {
+    out: usize,
+    input: usize,
+}
+
+impl Windows for Bins {
+    fn outputs(&self) -> usize {
+        self.out
+    }
+    fn spans(&self, out: &mut [[usize; 4]]) {
+        let (n, input) = (self.out as u128, self.input as u128);
+        for (o, span) in out.iter_mut().enumerate() {
+            let o = o as u128;
+            let (a, b) = (
+                (o * input / n) as usize,
+                ((o + 1) * input).div_ceil(n) as usize,
+            );
+            *span = [a, b, b - a, 0];
         }
-    });
+    }
+}
+
+/// Writes each output of `out` the mean of its window (the spans of `[ay, ax]`);
+/// `divisor(y span, x span)` gives the divisor (None: the window is empty, the output 0).
+fn average<W: Windows>(
+    args: &mut Args<'_>,
+    p: &Planes,
+    [ay, ax]: [W; 2],
+    out: usize,
+    divisor: impl Fn([usize; 4], [usize; 4]) -> Option<i64> + Sync,
+) -> KernelResult {
+    let dtype = args.tensor(0)?.dtype;
+    let pool = args.pool();
+    let (oh, ow) = (ay.outputs(), ax.outputs());
+    let pieces = [
+        Scratch::piece::<[usize; 4]>(oh),
+        Scratch::piece::<[usize; 4]>(ow),
+    ];
+    let mut io = Dense::io(args, &[0.into()], &[out.into()], &pieces)?;
+    let (ys, xs) = (io.scratch.take(oh)?, io.scratch.take(ow)?);
+    ay.spans(ys);
+    ax.spans(xs);
+    let (ys, xs): (&[[usize; 4]], &[[usize; 4]]) = (ys, xs);
+    let hw = p.h * p.w;
+    crate::dispatch_all!(dtype, T => {
+        let src = io.input::<T>(0)?;
+        let dst = io.output::<T>(0)?;
+        let work = dst.len().saturating_mul((hw / (oh * ow).max(1)).max(1));
+        for_each_chunk(pool, dst, oh * ow, work, |i, plane| {
+            let src = src.get(i * hw..(i + 1) * hw).unwrap_or_default();
+            let outputs = ys.iter().flat_map(|&y| xs.iter().map(move |&x| (y, x)));
+            for (o, (y, x)) in plane.iter_mut().zip(outputs) {
+                let rows = (y[0]..y[1]).filter_map(|r| src.get(r * p.w..(r + 1) * p.w));
+                let values = rows.flat_map(|row| row.get(x[0]..x[1]).unwrap_or_default());
+                *o = match divisor(y, x) {
+                    Some(div) => mean(values.copied(), div),
+                    None => T::default(),
+                };
+            }
+        })?;
+    }, return Err(KernelError::dtypes(&[dtype])));
+    io.finish()
+}
+
+/// `Σ values / div`: in `f64` for floats, in `i64` with truncating division for integers
+/// (as PyTorch's integer average pooling).
+fn mean<T: Elem>(values: impl Iterator<Item = T>, div: i64) -> T {
+    if T::FLOAT {
+        T::from_f64(values.map(T::to_f64).sum::<f64>() / div as f64)
+    } else {
+        let sum = values.fold(0i64, |s, v| s.wrapping_add(v.to_i64()));
+        T::from_i64(sum.checked_div(div).unwrap_or(0))
+    }
 }
 
 /// Registers the pooling kernels.
@@ -384,11 +378,12 @@ mod tests {
         assert!(Axis::new(2, 3, 1, 0, 1, false).is_err());
         assert!(Axis::new(8, 2, 2, 2, 1, false).is_err());
         let a = Axis::new(5, 3, 2, 1, 2, false).unwrap();
-        assert_eq!(a.taps(0).collect::<Vec<_>>(), vec![1, 3]);
+        // Output 0's taps: -1 (padding), 1, 3.
+        assert_eq!(&a.span(0)[..2], &[1, 4]);
         let avg = Axis::new(6, 3, 2, 1, 1, true).unwrap();
         assert_eq!(avg.output, 4);
         // Last window starts at 5: clipped to 5..6, its padded size 7 - 5 = 2.
-        assert_eq!(avg.average(3), (5..6, 2));
-        assert_eq!(avg.average(0), (0..2, 3));
+        assert_eq!(&avg.span(3)[..3], &[5, 6, 2]);
+        assert_eq!(&avg.span(0)[..3], &[0, 2, 3]);
     }
 }

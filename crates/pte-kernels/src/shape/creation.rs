@@ -3,8 +3,9 @@
 
 use pte_runtime::{Args, DType, Dims, KernelError, KernelRegistry, KernelResult, Scalar};
 
-use super::strided::{fill, typed_mut};
-use crate::util::{to_size, Elem};
+use crate::layout::{fill, typed_mut};
+use crate::num::Elem;
+use crate::util::{numel_of, to_size};
 
 /// Sizes from a `SymInt[]` argument.
 fn sizes_arg(args: &Args<'_>, i: usize) -> KernelResult<Dims> {
@@ -13,18 +14,19 @@ fn sizes_arg(args: &Args<'_>, i: usize) -> KernelResult<Dims> {
         .iter()
         .map(|&s| to_size(s, "size"))
         .collect::<KernelResult<_>>()?;
-    super::numel_of(&sizes)?;
+    numel_of(&sizes)?;
     Ok(sizes)
 }
 
 /// Output `out` with `sizes`, every element `value` (`None`: left as it is, for `empty`).
 fn filled(args: &mut Args<'_>, sizes: &[usize], value: Option<Scalar>, out: usize) -> KernelResult {
     args.resize(out, sizes)?;
+    let dtype = args.tensor(out)?.dtype;
     // Filling ignores the dim order, so any is fine.
     let mut io = args.io_strided(&[], &[out.into()])?;
-    match value {
-        Some(v) => fill(&mut io.outputs[0], v),
-        None => Ok(()),
+    match (value, io.outputs.first_mut()) {
+        (Some(v), Some(t)) => fill(dtype, t.bytes_mut(), v),
+        _ => Ok(()),
     }
 }
 
@@ -40,6 +42,25 @@ fn full_like(args: &mut Args<'_>) -> KernelResult {
     let sizes = args.tensor(0)?.sizes;
     let value = args.scalar(1)?;
     filled(args, &sizes, Some(value), 3)
+}
+
+/// `fill.Scalar_out(self, value, out)` and `fill.Tensor_out(self, value, out)` (`value` a
+/// 0-d tensor): `self`'s shape, every element `value` converted to the output's dtype.
+fn fill_like(args: &mut Args<'_>) -> KernelResult {
+    let sizes = args.tensor(0)?.sizes;
+    let value = if args.kind(1)? == "Tensor" {
+        let t = args.read(1)?;
+        if t.info.rank() != 0 {
+            return Err(KernelError::invalid(format!(
+                "fill takes a 0-dim value tensor, got shape {:?}",
+                t.info.sizes.as_slice()
+            )));
+        }
+        crate::layout::first_scalar(&t.info, t.bytes())?
+    } else {
+        args.scalar(1)?
+    };
+    filled(args, &sizes, Some(value), 2)
 }
 
 /// `arange` as PyTorch computes it: for an int64 output, length and values in integer
@@ -87,9 +108,12 @@ fn arange(
     }
     let len = len as usize;
     args.resize(out, &[len])?;
-    let mut io = args.io(&[], &[out.into()])?;
+    let mut io = args.io_strided(&[], &[out.into()])?;
+    let Some(t) = io.outputs.first_mut() else {
+        return Err(crate::util::oob());
+    };
     crate::dispatch_all!(dtype, T => {
-        let dst = typed_mut::<T>(io.outputs[0].bytes_mut())?;
+        let dst = typed_mut::<T>(t.bytes_mut())?;
         for (i, v) in dst.iter_mut().enumerate() {
             *v = if T::FLOAT {
                 T::from_f64(s + d * i as f64)
@@ -108,6 +132,8 @@ pub fn register(r: &mut KernelRegistry) {
         new_tensor(a, Some(v), 2)
     });
     r.register_fn("aten::full_like.out", full_like);
+    r.register_fn("aten::fill.Scalar_out", fill_like);
+    r.register_fn("aten::fill.Tensor_out", fill_like);
     r.register_fn("aten::zeros.out", |a| {
         new_tensor(a, Some(Scalar::Int(0)), 1)
     });

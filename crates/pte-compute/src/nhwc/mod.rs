@@ -1,0 +1,129 @@
+//! f32 convolution and pooling on channels-last (NHWC) tensors, the layout of
+//! XNNPACK-style graphs: an image is `[height, width, channels]`, a pixel's channels
+//! contiguous.
+//!
+//! - [`ConvNhwc`]: a 2-D convolution, weights given in PyTorch's, XNNPACK's regular
+//!   or XNNPACK's depthwise layout ([`ConvWeights`]) and arranged once; residual and
+//!   activation fused. Regular convolutions are indirect products (output pixels ×
+//!   output channels on the GEMM micro-kernel's register tile, the left operand read
+//!   in place through a list of rows: the pixel itself for 1×1 stride-1, one run of a
+//!   group's channels per kernel tap otherwise, padding a zero row); a stem with few
+//!   input channels reads whole kernel rows of a padded copy of the image instead.
+//!   Output rows are split over threads, blocks of the weights' panels stay in L2.
+//! - Depthwise convolutions (one input and one output channel per group): 3×3 on a
+//!   hand-written row kernel (eight channels per vector, a row of pixels per pass),
+//!   other windows per pixel with 16 channels accumulated in registers per tap. A
+//!   channel multiplier above 1 runs as a grouped product.
+//!
+//! Measured against the two NHWC convolutions this module replaced (one per caller)
+//! on mobilenet_v2 and resnet18 layers and two stems, at 1 and 2 threads: 2-3× faster
+//! on stems and depthwise rows of large images, 10-25% on resnet18's 56×56 and
+//! 28×28 layers, within noise elsewhere (crate BENCHMARKS.md).
+//! - [`DeconvNhwc`]: transposed convolution as a product per input pixel into a
+//!   column buffer, then added into the output (col2im).
+//! - [`pool2d`]: max and average pooling (average over the taps inside the image,
+//!   as XNNPACK does), vectorized across channels the same way.
+
+mod conv;
+mod deconv;
+mod pool;
+
+pub use conv::{ConvNhwc, ConvWeights};
+pub use deconv::DeconvNhwc;
+pub use pool::{global_avg_pool, pool2d, PoolKind};
+
+use crate::conv::Conv2dParams;
+use crate::error::{Error, Result};
+
+/// The geometry shared by convolutions and pooling, NHWC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Input height and width.
+    pub input: [usize; 2],
+    /// Kernel (window) height and width.
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    pub dilation: [usize; 2],
+    /// Padding: top, right, bottom, left (XNNPACK's order).
+    pub padding: [usize; 4],
+}
+
+impl Geometry {
+    /// Output height and width: `(in + pads - dilated kernel) / stride + 1`, or an
+    /// error when the dilated kernel does not fit the padded input.
+    pub fn output(&self) -> Result<[usize; 2]> {
+        let [pt, pr, pb, pl] = self.padding;
+        let axis = |input: usize, pads: (usize, usize), k: usize, s: usize, d: usize| {
+            if k == 0 || s == 0 || d == 0 {
+                return Err(Error::InvalidParameter {
+                    what: format!(
+                        "kernel {:?}, stride {:?} and dilation {:?} must be positive",
+                        self.kernel, self.stride, self.dilation
+                    ),
+                });
+            }
+            let padded = input
+                .checked_add(pads.0)
+                .and_then(|v| v.checked_add(pads.1))
+                .ok_or(Error::SizeOverflow { what: "padding" })?;
+            let extent = (k - 1)
+                .checked_mul(d)
+                .and_then(|v| v.checked_add(1))
+                .ok_or(Error::SizeOverflow {
+                    what: "dilated kernel",
+                })?;
+            if padded < extent {
+                return Err(Error::InvalidParameter {
+                    what: format!(
+                        "dilated kernel of {extent} exceeds the padded input of {padded}"
+                    ),
+                });
+            }
+            Ok((padded - extent) / s + 1)
+        };
+        Ok([
+            axis(
+                self.input[0],
+                (pt, pb),
+                self.kernel[0],
+                self.stride[0],
+                self.dilation[0],
+            )?,
+            axis(
+                self.input[1],
+                (pl, pr),
+                self.kernel[1],
+                self.stride[1],
+                self.dilation[1],
+            )?,
+        ])
+    }
+
+    /// The same geometry as [`Conv2dParams`] for a convolution of `in_channels` to
+    /// `out_channels` in `groups` groups (its padding is top, left, bottom, right).
+    pub fn conv2d(&self, in_channels: usize, out_channels: usize, groups: usize) -> Conv2dParams {
+        let [top, right, bottom, left] = self.padding;
+        Conv2dParams {
+            in_channels,
+            out_channels,
+            groups,
+            input: self.input,
+            kernel: self.kernel,
+            stride: self.stride,
+            padding: [top, left, bottom, right],
+            dilation: self.dilation,
+        }
+    }
+
+    /// Input row and column of output pixel `(oy, ox)` at tap `(ky, kx)`, if inside the
+    /// image.
+    #[inline(always)]
+    pub fn source(&self, oy: usize, ox: usize, ky: usize, kx: usize) -> Option<(usize, usize)> {
+        let y = (oy * self.stride[0] + ky * self.dilation[0]).checked_sub(self.padding[0])?;
+        let x = (ox * self.stride[1] + kx * self.dilation[1]).checked_sub(self.padding[3])?;
+        (y < self.input[0] && x < self.input[1]).then_some((y, x))
+    }
+}
+
+#[cfg(test)]
+mod tests;

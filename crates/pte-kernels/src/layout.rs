@@ -1,0 +1,624 @@
+//! The machinery behind every data-movement kernel: a dtype-agnostic strided element copy,
+//! dtype conversion of whole buffers, fills, and reading tensors of any dim order as if
+//! they were contiguous.
+//!
+//! [`copy`] walks a shape once with a source and a destination [`Layout`] (offset and
+//! strides in elements, negative strides allowed). Before walking it checks both layouts
+//! against their buffers, drops size-1 dimensions and merges dimensions that are
+//! contiguous in both operands, so a copy that is contiguous in its innermost dimension
+//! becomes a loop of `memcpy`s. Elements move as unsigned integers of their size
+//! ([`by_elem_size!`]), so one instantiation per element size serves every dtype.
+//! Walks of up to [`MAX_WALK`] dimensions (twice the usual rank, for `repeat`) stay on
+//! the stack; converted copies live in the method's scratch memory.
+//!
+//! [`Dense`] gives kernels written for the default dim order inputs and outputs of any
+//! dim order: inputs in another order are gathered into scratch memory first, and
+//! results for such outputs are computed in scratch and scattered afterwards.
+
+use pte_runtime::{Arg, Args, Buffer, Charge, DType, Element, Io, KernelError, KernelResult};
+use pte_runtime::{MemoryError, Scalar};
+use pte_runtime::{TensorData, TensorDataMut, TensorInfo};
+use smallvec::SmallVec;
+
+use crate::num::Elem;
+use crate::util::{convert, oob, scalar_as, Scratch};
+
+/// Dimensions of a walk kept inline.
+pub const MAX_WALK: usize = 16;
+
+/// Strides in elements; negative for reversed walks.
+pub type Strides = SmallVec<[isize; MAX_WALK]>;
+
+/// The sizes of a walk.
+pub type Walk = SmallVec<[usize; MAX_WALK]>;
+
+/// Where a walk finds an operand's elements: the element offset of the walk's first
+/// element and one stride per walked dimension.
+#[derive(Clone, Debug, Default)]
+pub struct Layout {
+    pub offset: usize,
+    pub strides: Strides,
+}
+
+impl Layout {
+    pub fn new(offset: usize, strides: impl IntoIterator<Item = isize>) -> Self {
+        Layout {
+            offset,
+            strides: strides.into_iter().collect(),
+        }
+    }
+
+    /// The row-major layout of `sizes`.
+    pub fn contiguous(sizes: &[usize]) -> Self {
+        Layout::new(0, row_major(sizes))
+    }
+
+    /// The layout of a tensor in its own dim order, walked in logical dimension order.
+    pub fn of(info: &TensorInfo) -> Self {
+        Layout::new(0, info.strides().iter().map(|&s| s as isize))
+    }
+}
+
+/// Row-major strides of `sizes`.
+pub fn row_major(sizes: &[usize]) -> Strides {
+    let mut strides: Strides = smallvec::smallvec![0; sizes.len()];
+    let mut step = 1isize;
+    for (s, &n) in strides.iter_mut().zip(sizes).rev() {
+        *s = step;
+        step = step.saturating_mul(n.max(1) as isize);
+    }
+    strides
+}
+
+/// Dispatches on an element size: runs `$body` with `$E` an unsigned integer type of that
+/// size, which moves elements of any dtype of that size.
+macro_rules! by_elem_size {
+    ($size:expr, $E:ident => $body:expr) => {
+        match $size {
+            1 => {
+                type $E = u8;
+                $body
+            }
+            2 => {
+                type $E = u16;
+                $body
+            }
+            4 => {
+                type $E = u32;
+                $body
+            }
+            8 => {
+                type $E = u64;
+                $body
+            }
+            16 => {
+                type $E = u128;
+                $body
+            }
+            other => Err(pte_runtime::KernelError::invalid(format!(
+                "elements of {other} bytes are not supported"
+            ))),
+        }
+    };
+}
+pub(crate) use by_elem_size;
+
+/// Views mutable bytes (of a tensor view or a [`Buffer`], so aligned) as `T`.
+pub fn typed_mut<T: bytemuck::Pod>(bytes: &mut [u8]) -> KernelResult<&mut [T]> {
+    // An empty tensor's data may sit at any address.
+    if bytes.is_empty() {
+        return Ok(&mut []);
+    }
+    let len = bytes.len();
+    bytemuck::try_cast_slice_mut(bytes)
+        .map_err(|e| KernelError::Failed(format!("tensor data of {len} bytes: {e}")))
+}
+
+/// Views bytes (of a tensor view or a [`Buffer`], so aligned) as `T`.
+pub fn typed<T: bytemuck::Pod>(bytes: &[u8]) -> KernelResult<&[T]> {
+    if bytes.is_empty() {
+        return Ok(&[]);
+    }
+    bytemuck::try_cast_slice(bytes)
+        .map_err(|e| KernelError::Failed(format!("tensor data of {} bytes: {e}", bytes.len())))
+}
+
+/// Checks that every element a layout reaches over `sizes` lies in a buffer of `len`
+/// elements (`sizes` must hold at least one element).
+fn check_bounds(sizes: &[usize], l: &Layout, len: usize, what: &str) -> KernelResult {
+    let (mut lo, mut hi) = (l.offset as i128, l.offset as i128);
+    for (&n, &s) in sizes.iter().zip(&l.strides) {
+        let span = (n as i128 - 1) * s as i128;
+        if span < 0 {
+            lo += span;
+        } else {
+            hi += span;
+        }
+    }
+    if l.strides.len() != sizes.len() || lo < 0 || hi >= len as i128 {
+        return Err(KernelError::invalid(format!(
+            "{what} layout (offset {}, strides {:?}) over sizes {sizes:?} leaves its {len} elements",
+            l.offset, l.strides
+        )));
+    }
+    Ok(())
+}
+
+/// Copies the elements of shape `sizes` read through `s` in `src` to the places `d` names
+/// in `dst`; `esize` is the element size in bytes.
+pub fn copy(
+    esize: usize,
+    sizes: &[usize],
+    src: &[u8],
+    s: &Layout,
+    dst: &mut [u8],
+    d: &Layout,
+) -> KernelResult {
+    if sizes.contains(&0) {
+        return Ok(());
+    }
+    if esize == 0 || !src.len().is_multiple_of(esize) || !dst.len().is_multiple_of(esize) {
+        return Err(KernelError::invalid(format!(
+            "buffers of {} and {} bytes do not hold {esize}-byte elements",
+            src.len(),
+            dst.len()
+        )));
+    }
+    check_bounds(sizes, s, src.len() / esize, "source")?;
+    check_bounds(sizes, d, dst.len() / esize, "destination")?;
+    // Coalesce: drop size-1 dims, merge a dim into the next inner one when both operands
+    // step over it contiguously.
+    let mut dims: SmallVec<[(usize, isize, isize); MAX_WALK]> = SmallVec::new();
+    for ((&n, &ss), &ds) in sizes.iter().zip(&s.strides).zip(&d.strides) {
+        if n == 1 {
+            continue;
+        }
+        match dims.last_mut() {
+            Some(last) if last.1 == ss * n as isize && last.2 == ds * n as isize => {
+                *last = (last.0 * n, ss, ds);
+            }
+            _ => dims.push((n, ss, ds)),
+        }
+    }
+    by_elem_size!(esize, E => walk::<E>(&dims, typed::<E>(src)?, s.offset, typed_mut::<E>(dst)?, d.offset))
+}
+
+/// The copy loop over coalesced `(size, src stride, dst stride)` dims (bounds checked by
+/// the caller; every access is checked again, failing instead of panicking).
+fn walk<E: Copy>(
+    dims: &[(usize, isize, isize)],
+    src: &[E],
+    so: usize,
+    dst: &mut [E],
+    doff: usize,
+) -> KernelResult {
+    let Some((&(n, ss, ds), outer)) = dims.split_last() else {
+        *dst.get_mut(doff).ok_or_else(oob)? = *src.get(so).ok_or_else(oob)?;
+        return Ok(());
+    };
+    let mut index: Walk = smallvec::smallvec![0; outer.len()];
+    let (mut sp, mut dp) = (so as isize, doff as isize);
+    loop {
+        if ss == 1 && ds == 1 {
+            let (a, b) = (sp as usize, dp as usize);
+            let from = src.get(a..a + n).ok_or_else(oob)?;
+            dst.get_mut(b..b + n).ok_or_else(oob)?.copy_from_slice(from);
+        } else {
+            for k in 0..n as isize {
+                let v = *src.get((sp + k * ss) as usize).ok_or_else(oob)?;
+                *dst.get_mut((dp + k * ds) as usize).ok_or_else(oob)? = v;
+            }
+        }
+        // Advance the outer multi-index.
+        let mut done = true;
+        for (idx, &(size, s, d)) in index.iter_mut().zip(outer).rev() {
+            *idx += 1;
+            sp += s;
+            dp += d;
+            if *idx < size {
+                done = false;
+                break;
+            }
+            *idx = 0;
+            sp -= s * size as isize;
+            dp -= d * size as isize;
+        }
+        if done {
+            return Ok(());
+        }
+    }
+}
+
+/// Converts the elements of `src` (dtype `from`) into `dst` (dtype `to`), as PyTorch's
+/// `Tensor.to` does.
+pub fn convert_bytes(src: &[u8], from: DType, dst: &mut [u8], to: DType) -> KernelResult {
+    crate::dispatch_all!(from, S => {
+        let s = typed::<S>(src)?;
+        crate::dispatch_all!(to, D => {
+            let d = typed_mut::<D>(dst)?;
+            if s.len() != d.len() {
+                return Err(KernelError::invalid(format!("cannot convert {} elements into {}", s.len(), d.len())));
+            }
+            convert(s, d, to == DType::Bool);
+            Ok(())
+        }, Err(KernelError::dtypes(&[from, to])))
+    }, Err(KernelError::dtypes(&[from, to])))
+}
+
+/// The scratch piece [`as_dtype`] needs to read `t` as `to`: none when the dtypes match.
+pub fn as_dtype_piece(t: &TensorInfo, to: DType) -> (usize, usize) {
+    let len = if t.dtype == to { 0 } else { t.numel() };
+    (to.size(), len)
+}
+
+/// A tensor's data as elements of `to`: its own bytes when the dtypes match, else a
+/// converted copy (same layout) in the piece of `scratch` [`as_dtype_piece`] declared.
+pub fn as_dtype<'a>(
+    info: &TensorInfo,
+    bytes: &'a [u8],
+    to: DType,
+    scratch: &mut Scratch<'a>,
+) -> KernelResult<&'a [u8]> {
+    if info.dtype == to {
+        return Ok(bytes);
+    }
+    let nbytes = info
+        .numel()
+        .checked_mul(to.size())
+        .ok_or_else(|| KernelError::invalid("tensor size overflows"))?;
+    let buf = scratch.take::<u8>(nbytes)?;
+    convert_bytes(bytes, info.dtype, buf, to)?;
+    Ok(buf)
+}
+
+/// Strides for reading a tensor of layout `info` as if broadcast to `sizes` (0 along
+/// broadcast dims and new leading dims).
+pub fn broadcast_layout(info: &TensorInfo, sizes: &[usize]) -> KernelResult<Layout> {
+    let own = info.strides();
+    let bad = || {
+        KernelError::invalid(format!(
+            "cannot broadcast {:?} to {sizes:?}",
+            info.sizes.as_slice()
+        ))
+    };
+    let lead = sizes.len().checked_sub(info.rank()).ok_or_else(bad)?;
+    let mut strides: Strides = smallvec::smallvec![0; sizes.len()];
+    let tail = strides.get_mut(lead..).ok_or_else(bad)?;
+    let wanted = sizes.get(lead..).ok_or_else(bad)?;
+    for (((s, &n), &want), &st) in tail.iter_mut().zip(&info.sizes).zip(wanted).zip(&own) {
+        if n == want {
+            *s = st as isize;
+        } else if n != 1 {
+            return Err(bad());
+        }
+    }
+    Ok(Layout::new(0, strides))
+}
+
+/// Copies `src` into `dst`: broadcast to `dst`'s sizes and converted to its dtype (in
+/// `scratch`), each tensor in its own dim order (the walk follows `dst`'s memory order).
+pub fn copy_into(
+    src: &TensorData<'_>,
+    dst: &mut TensorDataMut<'_>,
+    scratch: &mut Buffer,
+) -> KernelResult {
+    let sizes = dst.info.sizes.clone();
+    let s = broadcast_layout(&src.info, &sizes)?;
+    let d = Layout::of(&dst.info);
+    let order = &dst.info.dim_order;
+    let pick = |v: &[usize]| -> KernelResult<Walk> {
+        order
+            .iter()
+            .map(|&k| v.get(k).copied().ok_or_else(oob))
+            .collect()
+    };
+    let pick_strides = |v: &[isize]| -> KernelResult<Strides> {
+        order
+            .iter()
+            .map(|&k| v.get(k).copied().ok_or_else(oob))
+            .collect()
+    };
+    let walk = pick(&sizes)?;
+    let s = Layout::new(0, pick_strides(&s.strides)?);
+    let d = Layout::new(0, pick_strides(&d.strides)?);
+    let mut scratch = Scratch::new(scratch, &[as_dtype_piece(&src.info, dst.info.dtype)])?;
+    let data = as_dtype(&src.info, src.bytes(), dst.info.dtype, &mut scratch)?;
+    copy(dst.info.dtype.size(), &walk, data, &s, dst.bytes_mut(), &d)
+}
+
+/// Sets every element of `bytes`, elements of `dtype`, to `value`.
+pub fn fill(dtype: DType, bytes: &mut [u8], value: Scalar) -> KernelResult {
+    crate::dispatch_all!(dtype, T => {
+        let v = scalar_as::<T>(value, dtype == DType::Bool);
+        typed_mut::<T>(bytes)?.fill(v);
+        Ok(())
+    }, Err(KernelError::dtypes(&[dtype])))
+}
+
+/// The first element of a tensor as a scalar: `Bool` for bools, `Double` for floats,
+/// `Int` for integers.
+pub fn first_scalar(info: &TensorInfo, bytes: &[u8]) -> KernelResult<Scalar> {
+    crate::dispatch_all!(info.dtype, T => {
+        let v = *typed::<T>(bytes)?.first().ok_or_else(|| KernelError::invalid("the tensor is empty"))?;
+        Ok(if info.dtype == DType::Bool {
+            Scalar::Bool(v.to_i64() != 0)
+        } else if T::FLOAT {
+            Scalar::Double(v.to_f64())
+        } else {
+            Scalar::Int(v.to_i64())
+        })
+    }, Err(KernelError::dtypes(&[info.dtype])))
+}
+
+/// Sizes and layout of the `len` entries of `dim` from `start` (every `step`-th) of a
+/// contiguous tensor of `sizes`; with `drop`, the dim is removed (`len` must be 1).
+pub fn window(
+    sizes: &[usize],
+    dim: usize,
+    start: usize,
+    len: usize,
+    step: usize,
+    drop: bool,
+) -> KernelResult<(pte_runtime::Dims, Layout)> {
+    let mut sizes: pte_runtime::Dims = sizes.into();
+    let mut st: Strides = row_major(&sizes);
+    let stride = *st.get(dim).ok_or_else(oob)?;
+    let offset = start * stride as usize;
+    if drop {
+        sizes.remove(dim);
+        st.remove(dim);
+    } else {
+        *sizes.get_mut(dim).ok_or_else(oob)? = len;
+        *st.get_mut(dim).ok_or_else(oob)? = stride * step as isize;
+    }
+    Ok((sizes, Layout::new(offset, st)))
+}
+
+/// A tensor seen as `outer × total × inner` around the dim that `cat`, `stack` and the
+/// splits work along.
+#[derive(Clone, Copy)]
+pub struct Along {
+    pub outer: usize,
+    pub total: usize,
+    pub inner: usize,
+}
+
+impl Along {
+    pub fn new(sizes: &[usize], dim: usize) -> Self {
+        let (outer, total, inner) = crate::util::split_at_dim(sizes, dim);
+        Along {
+            outer,
+            total,
+            inner,
+        }
+    }
+
+    /// Where entries `at..at + extent` of the dim sit: the walk and the layout.
+    pub fn part(self, at: usize, extent: usize) -> ([usize; 2], Layout) {
+        let layout = Layout::new(at * self.inner, [(self.total * self.inner) as isize, 1]);
+        ([self.outer, extent * self.inner], layout)
+    }
+}
+
+/// The walk and layouts that move a tensor of `info`'s layout to or from its contiguous
+/// (row-major) form, walked in the tensor's memory order.
+fn reorder(info: &TensorInfo) -> KernelResult<(Walk, Layout, Layout)> {
+    let own = Layout::of(info);
+    let dense = Layout::contiguous(&info.sizes);
+    let mut walk = Walk::new();
+    let (mut a, mut b) = (Strides::new(), Strides::new());
+    for &k in &info.dim_order {
+        walk.push(*info.sizes.get(k).ok_or_else(oob)?);
+        a.push(*own.strides.get(k).ok_or_else(oob)?);
+        b.push(*dense.strides.get(k).ok_or_else(oob)?);
+    }
+    Ok((walk, Layout::new(0, a), Layout::new(0, b)))
+}
+
+/// A tensor argument's elements in row-major order, copied into memory charged to the
+/// method's budget (kept charged while the returned [`Charge`] lives).
+pub fn read_dense<T: Element + bytemuck::Zeroable>(
+    args: &Args<'_>,
+    a: Arg,
+) -> KernelResult<(Vec<T>, Charge)> {
+    let t = args.read(a)?;
+    t.as_slice::<T>()?;
+    let n = t.info.numel();
+    let memory = |source| KernelError::Memory {
+        what: format!("a copy of {a:?}"),
+        source,
+    };
+    let bytes = t.info.nbytes() as u64;
+    let charge = args.budget().charge(bytes).map_err(memory)?;
+    let mut v: Vec<T> = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| memory(MemoryError::AllocFailed { requested: bytes }))?;
+    v.resize(n, T::zeroed());
+    let (walk, own, dense) = reorder(&t.info)?;
+    let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut v);
+    copy(t.info.dtype.size(), &walk, t.bytes(), &own, dst, &dense)?;
+    Ok((v, charge))
+}
+
+/// Tensors of any dim order seen in the default (row-major) order: views of those
+/// already in it, copies in scratch memory of the others. Build with [`Dense::io`], run
+/// the kernel on [`Dense::inputs`] and [`Dense::outputs`], then [`Dense::finish`] writes
+/// results computed in scratch to their outputs.
+pub struct Dense<'a> {
+    /// Input bytes in row-major order, with their metadata (dim order made default).
+    pub inputs: SmallVec<[(TensorInfo, &'a [u8]); 8]>,
+    /// Output bytes in row-major order.
+    pub outputs: SmallVec<[(TensorInfo, &'a mut [u8]); 4]>,
+    /// Outputs whose bytes are scratch: their real views, to scatter into.
+    pending: SmallVec<[(usize, TensorDataMut<'a>); 4]>,
+    /// The kernel's own scratch pieces, declared when building.
+    pub scratch: Scratch<'a>,
+}
+
+impl<'a> Dense<'a> {
+    /// Views of `reads` and `writes` of any dim order, and scratch pieces `pieces` for the
+    /// kernel (taken from [`Dense::scratch`] in order).
+    pub fn io(
+        args: &'a mut Args<'_>,
+        reads: &[Arg],
+        writes: &[Arg],
+        pieces: &[(usize, usize)],
+    ) -> KernelResult<Self> {
+        Self::new(args.io_strided(reads, writes)?, true, pieces)
+    }
+
+    /// Views of `reads` and `writes` in memory order, whatever their dim orders: for
+    /// kernels that only pair up elements at the same memory position (elementwise
+    /// operations on tensors that share one layout).
+    pub fn memory_order(
+        args: &'a mut Args<'_>,
+        reads: &[Arg],
+        writes: &[Arg],
+        pieces: &[(usize, usize)],
+    ) -> KernelResult<Self> {
+        Self::new(args.io_strided(reads, writes)?, false, pieces)
+    }
+
+    fn new(io: Io<'a>, reorder_all: bool, pieces: &[(usize, usize)]) -> KernelResult<Self> {
+        let moved = |t: &TensorInfo| reorder_all && !t.is_contiguous();
+        let Io {
+            inputs,
+            outputs,
+            scratch,
+        } = io;
+        let mut all: SmallVec<[(usize, usize); 12]> = SmallVec::new();
+        for info in inputs
+            .iter()
+            .map(|t| &t.info)
+            .chain(outputs.iter().map(|t| &t.info))
+        {
+            if moved(info) {
+                all.push(Scratch::piece::<u8>(info.nbytes()));
+            }
+        }
+        all.extend_from_slice(pieces);
+        let mut scratch = Scratch::new(scratch, &all)?;
+        let mut dense_inputs = SmallVec::new();
+        for t in inputs {
+            let mut info = t.info.clone();
+            if !moved(&info) {
+                dense_inputs.push((info, t.bytes()));
+                continue;
+            }
+            let buf = scratch.take::<u8>(t.info.nbytes())?;
+            let (walk, own, dense) = reorder(&t.info)?;
+            copy(t.info.dtype.size(), &walk, t.bytes(), &own, buf, &dense)?;
+            info.dim_order = (0..info.rank()).collect();
+            dense_inputs.push((info, &*buf));
+        }
+        let mut dense_outputs = SmallVec::new();
+        let mut pending = SmallVec::new();
+        for (k, mut t) in outputs.into_iter().enumerate() {
+            let mut info = t.info.clone();
+            if !moved(&info) {
+                dense_outputs.push((info, t.into_bytes()));
+                continue;
+            }
+            // Kernels may write part of an output: start from what it holds.
+            let buf = scratch.take::<u8>(t.info.nbytes())?;
+            let (walk, own, dense) = reorder(&t.info)?;
+            copy(t.info.dtype.size(), &walk, t.bytes_mut(), &own, buf, &dense)?;
+            info.dim_order = (0..info.rank()).collect();
+            dense_outputs.push((info, buf));
+            pending.push((k, t));
+        }
+        Ok(Dense {
+            inputs: dense_inputs,
+            outputs: dense_outputs,
+            pending,
+            scratch,
+        })
+    }
+
+    /// Input `k` as a slice of `T`.
+    pub fn input<T: bytemuck::Pod>(&self, k: usize) -> KernelResult<&'a [T]> {
+        typed(self.inputs.get(k).ok_or_else(oob)?.1)
+    }
+
+    /// Output `k` as a slice of `T`.
+    pub fn output<T: bytemuck::Pod>(&mut self, k: usize) -> KernelResult<&mut [T]> {
+        typed_mut(self.outputs.get_mut(k).ok_or_else(oob)?.1)
+    }
+
+    /// The bytes of input `k`.
+    pub fn bytes(&self, k: usize) -> KernelResult<&'a [u8]> {
+        Ok(self.inputs.get(k).ok_or_else(oob)?.1)
+    }
+
+    /// The bytes of output `k`.
+    pub fn bytes_mut(&mut self, k: usize) -> KernelResult<&mut [u8]> {
+        Ok(self.outputs.get_mut(k).ok_or_else(oob)?.1)
+    }
+
+    /// Outputs 0 and 1 as slices of `A` and `B`.
+    pub fn outputs2<A: bytemuck::Pod, B: bytemuck::Pod>(
+        &mut self,
+    ) -> KernelResult<(&mut [A], &mut [B])> {
+        match self.outputs.as_mut_slice() {
+            [(_, a), (_, b), ..] => Ok((typed_mut(a)?, typed_mut(b)?)),
+            _ => Err(oob()),
+        }
+    }
+
+    /// Writes the results computed in scratch into their outputs.
+    pub fn finish(self) -> KernelResult {
+        let Dense {
+            outputs, pending, ..
+        } = self;
+        for (k, mut t) in pending {
+            let (_, bytes) = outputs.get(k).ok_or_else(oob)?;
+            let (walk, own, dense) = reorder(&t.info)?;
+            let esize = t.info.dtype.size();
+            copy(esize, &walk, bytes, &dense, t.bytes_mut(), &own)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_transposed_and_reversed() {
+        let src: Vec<u8> = (0..6).collect();
+        let mut dst = vec![0u8; 6];
+        // Transpose a 2x3 matrix.
+        copy(
+            1,
+            &[3, 2],
+            &src,
+            &Layout::new(0, [1, 3]),
+            &mut dst,
+            &Layout::contiguous(&[3, 2]),
+        )
+        .unwrap();
+        assert_eq!(dst, [0, 3, 1, 4, 2, 5]);
+        // Reverse the columns.
+        copy(
+            1,
+            &[2, 3],
+            &src,
+            &Layout::new(2, [3, -1]),
+            &mut dst,
+            &Layout::contiguous(&[2, 3]),
+        )
+        .unwrap();
+        assert_eq!(dst, [2, 1, 0, 5, 4, 3]);
+        // Out-of-bounds layouts are errors, not panics.
+        assert!(copy(
+            1,
+            &[2, 3],
+            &src,
+            &Layout::new(1, [3, 1]),
+            &mut dst,
+            &Layout::contiguous(&[2, 3])
+        )
+        .is_err());
+    }
+}
