@@ -1154,6 +1154,20 @@ fn parse_values(
         };
         values.push(slot);
     }
+    // Int lists name their elements by value index, later values included: each element
+    // must be an Int (as upstream reads them), which also keeps lists from nesting.
+    for (i, slot) in values.iter().enumerate() {
+        if let Slot::IntList(items) = slot {
+            if let Some(&x) = items
+                .iter()
+                .find(|&&x| !matches!(values.get(x as usize), Some(Slot::Int(_))))
+            {
+                return Err(bad(format!(
+                    "value {i}: int list element {x} is not an Int value"
+                )));
+            }
+        }
+    }
     Ok(values)
 }
 
