@@ -143,29 +143,48 @@ fn convolutions_match_a_direct_loop() {
                 let x = data(batch * input[0] * input[1] * groups * cig, 1);
                 let w = data(groups * cog * kernel[0] * kernel[1] * cig, 2);
                 let b = data(groups * cog, 3);
-                let weights = if dw {
-                    ConvWeights::Hwo(&w)
-                } else {
-                    ConvWeights::Ohwi(&w)
-                };
-                let p = g.conv2d(groups * cig, groups * cog, groups);
-                let clamp = crate::Activation::Clamp {
-                    min: -0.9,
-                    max: 2.0,
-                };
-                let conv = ConvNhwc::new(gemm, p, weights, Some(&b), clamp).unwrap();
-                let [oh, ow] = conv.output_size();
-                let mut y = vec![f32::NAN; batch * oh * ow * groups * cog];
-                let mut scratch = vec![0.0; conv.scratch_len().unwrap()];
-                conv.run(&pool, &x, batch, None, &mut y, &mut scratch)
-                    .unwrap();
-                let want = reference(&g, groups, cig, cog, dw, batch, &x, &w, &b, -0.9, 2.0);
-                for (i, (a, e)) in y.iter().zip(&want).enumerate() {
-                    assert!(
-                        (a - e).abs() < 1e-4,
-                        "{isa:?} {} case {g:?} at {i}: {a} vs {e}",
-                        conv.algorithm()
+                for act in [
+                    crate::Activation::Clamp {
+                        min: -0.9,
+                        max: 2.0,
+                    },
+                    crate::Activation::Silu,
+                ] {
+                    let weights = if dw {
+                        ConvWeights::Hwo(&w)
+                    } else {
+                        ConvWeights::Ohwi(&w)
+                    };
+                    let p = g.conv2d(groups * cig, groups * cog, groups);
+                    let conv = ConvNhwc::new(gemm, p, weights, Some(&b), act).unwrap();
+                    let [oh, ow] = conv.output_size();
+                    let mut y = vec![f32::NAN; batch * oh * ow * groups * cog];
+                    let mut scratch = vec![0.0; conv.scratch_len().unwrap()];
+                    conv.run(&pool, &x, batch, None, &mut y, &mut scratch)
+                        .unwrap();
+                    let mut want = reference(
+                        &g,
+                        groups,
+                        cig,
+                        cog,
+                        dw,
+                        batch,
+                        &x,
+                        &w,
+                        &b,
+                        f32::NEG_INFINITY,
+                        f32::INFINITY,
                     );
+                    for v in &mut want {
+                        *v = act.apply_scalar(*v);
+                    }
+                    for (i, (a, e)) in y.iter().zip(&want).enumerate() {
+                        assert!(
+                            (a - e).abs() < 1e-4,
+                            "{isa:?} {} case {g:?} at {i}: {a} vs {e}",
+                            conv.algorithm()
+                        );
+                    }
                 }
             }
         }
