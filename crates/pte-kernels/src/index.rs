@@ -675,6 +675,166 @@ fn scatter(args: &mut Args<'_>) -> KernelResult {
     io.finish()
 }
 
+/// `scatter_add.out(self, dim, index, src, out)`: a copy of `self` to which each element of
+/// `src` (at the index's positions) is added at the place `index` names along `dim`.
+fn scatter_add(args: &mut Args<'_>) -> KernelResult {
+    let x = args.tensor(0)?;
+    let dim = x.dim(args.int(1)?)?;
+    let idx = args.tensor(2)?;
+    let along = along_dim(&x, dim, &idx)?;
+    let s = args.tensor(3)?;
+    same_dtype(x.dtype, s.dtype)?;
+    let ss = at_least_1d(&s.sizes);
+    if ss.len() != along.sizes.len() || along.sizes.iter().zip(&ss).any(|(i, s)| i > s) {
+        return Err(KernelError::invalid(format!(
+            "scatter_add: src of shape {:?} is smaller than the index",
+            s.sizes.as_slice()
+        )));
+    }
+    args.resize(4, &x.sizes)?;
+    same_dtype(x.dtype, args.tensor(4)?.dtype)?;
+    let sst: Dims = row_major(&ss).iter().map(|&v| v as usize).collect();
+    let mut io = Dense::io(args, &[0.into(), 2.into(), 3.into()], &[4.into()], &[])?;
+    let (input, index) = (io.bytes(0)?, IndexData::input(&io, 1)?);
+    io.bytes_mut(0)?.copy_from_slice(input);
+    let is_bool = x.dtype == DType::Bool;
+    crate::dispatch_all!(x.dtype, T => {
+        let src = io.input::<T>(2)?;
+        let dst = io.output::<T>(0)?;
+        let mut ok = true;
+        along.each(index, &sst, |at, from| match (src.get(from), dst.get_mut(at)) {
+            (Some(&v), Some(d)) => *d = add(*d, v, is_bool),
+            _ => ok = false,
+        })?;
+        if !ok {
+            return Err(KernelError::invalid("scatter_add: element out of range"));
+        }
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
+}
+
+/// `self` and a bool `mask` broadcast together: the shape and both operands' strides.
+fn masked_shape(x: &TensorInfo, m: &TensorInfo, op: &str) -> KernelResult<(Dims, Dims, Dims)> {
+    if !matches!(m.dtype, DType::Bool | DType::U8) {
+        return Err(KernelError::invalid(format!(
+            "{op}: the mask must be bool, got {}",
+            m.dtype
+        )));
+    }
+    let sizes = broadcast_shapes(&x.sizes, &m.sizes)?;
+    let (xs, ms) = (
+        broadcast_strides(&x.sizes, &sizes),
+        broadcast_strides(&m.sizes, &sizes),
+    );
+    Ok((sizes, xs, ms))
+}
+
+/// `masked_select.out(self, mask, out)`: the elements of `self` (broadcast with `mask`)
+/// where the mask is true, in row-major order, as a 1-d tensor.
+fn masked_select(args: &mut Args<'_>) -> KernelResult {
+    let (x, m) = (args.tensor(0)?, args.tensor(1)?);
+    let (sizes, xs, ms) = masked_shape(&x, &m, "masked_select")?;
+    let count = {
+        let mask = args.read(1)?;
+        // Read in the mask's own layout (its dim order), broadcast to `sizes`.
+        let own = crate::layout::broadcast_layout(&mask.info, &sizes)?;
+        let own: Dims = own.strides.iter().map(|&s| s as usize).collect();
+        let mask = typed::<u8>(mask.bytes())?;
+        let mut count = 0usize;
+        for_each_broadcast(&sizes, [&own], |_, [b]| {
+            count += usize::from(mask.get(b).is_some_and(|&f| f != 0));
+        });
+        count
+    };
+    args.resize(2, &[count])?;
+    same_dtype(x.dtype, args.tensor(2)?.dtype)?;
+    let mut io = Dense::io(args, &[0.into(), 1.into()], &[2.into()], &[])?;
+    let (src, mask) = (io.bytes(0)?, io.input::<u8>(1)?);
+    let dst = io.bytes_mut(0)?;
+    by_elem_size!(x.dtype.size(), E => {
+        let (src, dst) = (typed::<E>(src)?, typed_mut::<E>(dst)?);
+        let mut slots = dst.iter_mut();
+        let mut ok = true;
+        for_each_broadcast(&sizes, [&xs, &ms], |_, [a, b]| {
+            if mask.get(b).is_some_and(|&f| f != 0) {
+                match (slots.next(), src.get(a)) {
+                    (Some(d), Some(&v)) => *d = v,
+                    _ => ok = false,
+                }
+            }
+        });
+        if ok { Ok(()) } else { Err(oob()) }
+    })?;
+    io.finish()
+}
+
+/// `masked_scatter.out(self, mask, source, out)`: `self` (broadcast with `mask`) with the
+/// places where the mask is true taking the elements of `source` in order.
+fn masked_scatter(args: &mut Args<'_>) -> KernelResult {
+    let (x, m, s) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
+    let (sizes, xs, ms) = masked_shape(&x, &m, "masked_scatter")?;
+    same_dtype(x.dtype, s.dtype)?;
+    args.resize(3, &sizes)?;
+    same_dtype(x.dtype, args.tensor(3)?.dtype)?;
+    let mut io = Dense::io(args, &[0.into(), 1.into(), 2.into()], &[3.into()], &[])?;
+    let (src, mask, source) = (io.bytes(0)?, io.input::<u8>(1)?, io.bytes(2)?);
+    let dst = io.bytes_mut(0)?;
+    by_elem_size!(x.dtype.size(), E => {
+        let (src, source, dst) = (typed::<E>(src)?, typed::<E>(source)?, typed_mut::<E>(dst)?);
+        let (mut slots, mut next) = (dst.iter_mut(), source.iter());
+        let (mut ok, mut short) = (true, false);
+        for_each_broadcast(&sizes, [&xs, &ms], |_, [a, b]| {
+            let value = if mask.get(b).is_some_and(|&f| f != 0) {
+                let v = next.next().copied();
+                short |= v.is_none();
+                v
+            } else {
+                src.get(a).copied()
+            };
+            match (slots.next(), value) {
+                (Some(d), Some(v)) => *d = v,
+                _ => ok = false,
+            }
+        });
+        if short {
+            return Err(KernelError::invalid(format!(
+                "masked_scatter: the mask selects more elements than source's {}",
+                source.len()
+            )));
+        }
+        if ok { Ok(()) } else { Err(oob()) }
+    })?;
+    io.finish()
+}
+
+/// `nonzero.out(self, out)`: the coordinates of the non-zero elements (NaN counts) in
+/// row-major order, one row of `rank` int64 each.
+fn nonzero(args: &mut Args<'_>) -> KernelResult {
+    let x = args.tensor(0)?;
+    let count = {
+        let t = args.read(0)?;
+        crate::dispatch_all!(x.dtype, T => {
+            typed::<T>(t.bytes())?.iter().filter(|&&v| v != T::default()).count()
+        }, return Err(KernelError::dtypes(&[x.dtype])))
+    };
+    let rank = x.rank();
+    args.resize(1, &[count, rank])?;
+    same_dtype(DType::I64, args.tensor(1)?.dtype)?;
+    let mut io = Dense::io(args, &[0.into()], &[1.into()], &[])?;
+    let st = row_major(&x.sizes);
+    crate::dispatch_all!(x.dtype, T => {
+        let src = io.input::<T>(0)?;
+        let out = io.output::<i64>(0)?;
+        let set = src.iter().enumerate().filter(|(_, &v)| v != T::default());
+        for (row, (flat, _)) in out.chunks_exact_mut(rank.max(1)).zip(set) {
+            for ((c, &s), &n) in row.iter_mut().zip(&st).zip(&x.sizes) {
+                *c = ((flat / (s as usize).max(1)) % n.max(1)) as i64;
+            }
+        }
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
+}
+
 /// Output `out` as a copy of `self` with `src` (converted to its dtype) written into the
 /// window `sizes`/`layout` of it.
 fn embed(
@@ -854,6 +1014,10 @@ pub fn register(r: &mut KernelRegistry) {
     r.register_fn("aten::gather.out", gather);
     r.register_fn("aten::scatter.src_out", scatter);
     r.register_fn("aten::scatter.value_out", scatter);
+    r.register_fn("aten::scatter_add.out", scatter_add);
+    r.register_fn("aten::masked_select.out", masked_select);
+    r.register_fn("aten::masked_scatter.out", masked_scatter);
+    r.register_fn("aten::nonzero.out", nonzero);
     r.register_fn("aten::slice_scatter.out", slice_scatter);
     r.register_fn("aten::select_scatter.out", select_scatter);
     r.register_fn("aten::masked_fill.Scalar_out", masked_fill);

@@ -396,22 +396,34 @@ fn any(args: &mut Args<'_>, p: Plan, out: usize) -> KernelResult {
     io.finish()
 }
 
-/// `var.correction_out` (`correction`) and `var.out` (`unbiased`): `(self, dim?, ..,
+/// `var.correction_out` (`correction`), `var.out` (`unbiased`) and
+/// `var_mean.correction_out` (with the means into output 5): `(self, dim?, ..,
 /// keepdim, out)`, by Welford's algorithm in `f64`.
-fn var(args: &mut Args<'_>, correction: f64) -> KernelResult {
+fn var(args: &mut Args<'_>, correction: f64, with_mean: bool) -> KernelResult {
     let x = args.tensor(0)?;
     let dims = args.opt_int_list(1)?;
     let p = plan(&x, all_if_empty(dims.as_deref()), args.bool(3)?)?;
-    args.resize(4, &p.out_sizes)?;
-    let od = args.tensor(4)?.dtype;
-    if !x.dtype.is_float() || !od.is_float() {
-        return Err(KernelError::dtypes(&[x.dtype, od]));
+    let writes: &[Arg] = if with_mean {
+        &[Arg::At(4), Arg::At(5)]
+    } else {
+        &[Arg::At(4)]
+    };
+    for &w in writes {
+        args.resize(w, &p.out_sizes)?;
+        let od = args.tensor(w)?.dtype;
+        if !x.dtype.is_float() || !od.is_float() {
+            return Err(KernelError::dtypes(&[x.dtype, od]));
+        }
     }
     let n = args.tensor(4)?.numel();
-    let pieces = [gather_piece(&x, &p.reduced), Scratch::piece::<f64>(n)];
-    let mut io = Dense::io(args, &[0.into()], &[4.into()], &pieces)?;
+    let pieces = [
+        gather_piece(&x, &p.reduced),
+        Scratch::piece::<f64>(n),
+        Scratch::piece::<f64>(n),
+    ];
+    let mut io = Dense::io(args, &[0.into()], writes, &pieces)?;
     let (block, data) = arrange(io.bytes(0)?, &x, &p.reduced, &mut io.scratch)?;
-    let res = io.scratch.take::<f64>(n)?;
+    let (vars, means) = (io.scratch.take::<f64>(n)?, io.scratch.take::<f64>(n)?);
     crate::dispatch_float!(x.dtype, T => {
         let src = typed::<T>(data)?;
         let step = |(n, mean, m2): &mut (f64, f64, f64), v: T, _| {
@@ -421,13 +433,18 @@ fn var(args: &mut Args<'_>, correction: f64) -> KernelResult {
             *mean += delta / *n;
             *m2 += delta * (v - *mean);
         };
-        fold(src, block, (0.0, 0.0, 0.0), step, |i, (n, _, m2)| {
-            if let Some(r) = res.get_mut(i) {
-                *r = m2 / (n - correction).max(0.0);
+        fold(src, block, (0.0, 0.0, 0.0), step, |i, (n, mean, m2)| {
+            if let (Some(v), Some(m)) = (vars.get_mut(i), means.get_mut(i)) {
+                *v = m2 / (n - correction).max(0.0);
+                // The mean of nothing is NaN, as 0/0.
+                *m = if n == 0.0 { f64::NAN } else { mean };
             }
         });
     }, return Err(KernelError::dtypes(&[x.dtype])));
-    write(res, io.bytes_mut(0)?, od)?;
+    for (k, values) in [&*vars, &*means].into_iter().enumerate().take(writes.len()) {
+        let dtype = io.outputs.get(k).ok_or_else(oob)?.0.dtype;
+        write(values, io.bytes_mut(k)?, dtype)?;
+    }
     io.finish()
 }
 
@@ -596,11 +613,15 @@ pub fn register(r: &mut KernelRegistry) {
     });
     r.register_fn("aten::var.correction_out", |a| {
         let c = a.opt_scalar(2)?.map_or(1.0, Scalar::to_f64);
-        var(a, c)
+        var(a, c, false)
     });
     r.register_fn("aten::var.out", |a| {
         let c = f64::from(u8::from(a.bool(2)?));
-        var(a, c)
+        var(a, c, false)
+    });
+    r.register_fn("aten::var_mean.correction_out", |a| {
+        let c = a.opt_scalar(2)?.map_or(1.0, Scalar::to_f64);
+        var(a, c, true)
     });
     r.register_fn("aten::cumsum.out", cumsum);
     r.register_fn("aten::topk.values", topk);
