@@ -1077,7 +1077,9 @@ def _norm() -> None:
         call = plan.chains[0].instructions[0].instr_args
         rm, rv = plan.inputs[3], plan.inputs[4]
         call.args = call.args[:3] + [rm, rv] + call.args[3:]
-        plan.outputs = list(plan.outputs) + [rm, rv]
+        # The exported program returns rm * 1 and rv * 1 (keeping the inputs used); the
+        # rewritten one returns the running statistics themselves, as updated.
+        plan.outputs = list(plan.outputs)[:-2] + [rm, rv]
 
     def legit_eager(x, w, b, rm, rv):
         out = A._native_batch_norm_legit(x, w, b, rm, rv, True, 0.1, 1e-5)
