@@ -1,7 +1,7 @@
 //! Indexing: gathers and scatters addressed by index tensors (`index.Tensor`,
 //! `index_put`, `index_select`, `embedding`, `gather`, `scatter`), writes into a window of
-//! a copy (`slice_scatter`, `select_scatter`), `masked_fill`, and nearest-neighbour
-//! upsampling.
+//! a copy (`slice_scatter`, `select_scatter`), `masked_fill`, `masked_select`,
+//! `masked_scatter` and `nonzero`.
 //!
 //! Each kernel turns its indices into element offsets, checking every index read from a
 //! tensor against its dimension before moving anything (PyTorch's advanced indexing wraps
@@ -25,7 +25,7 @@ use crate::layout::{
 };
 use crate::num::Elem;
 use crate::util::{broadcast_shapes, broadcast_strides, dim_of, for_each_broadcast, numel_of};
-use crate::util::{oob, prod, same_dtype, scalar_as, slice_bounds, split_at_dim, to_size};
+use crate::util::{oob, same_dtype, scalar_as, slice_bounds, split_at_dim};
 use crate::util::{wrap_index, Checked, Stateful};
 
 /// The values of an int64 or int32 index tensor, read in place.
@@ -927,83 +927,6 @@ fn masked_fill(args: &mut Args<'_>) -> KernelResult {
     io.finish()
 }
 
-/// PyTorch's nearest source index for output index `o` (`nearest_idx`), computed in
-/// `f32` like upstream.
-fn nearest(o: usize, input: usize, output: usize, scale: Option<f64>) -> usize {
-    if output == input {
-        o
-    } else if output == 2 * input {
-        o >> 1
-    } else {
-        let s = match scale {
-            Some(s) if s > 0.0 => (1.0 / s) as f32,
-            _ => input as f32 / output as f32,
-        };
-        ((o as f32 * s).floor() as usize).min(input.saturating_sub(1))
-    }
-}
-
-/// `upsample_nearest2d.vec_out(input, output_size?, scale_factors?, out)` on NCHW input.
-fn upsample_nearest2d(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
-    let &[n, c, h, w] = x.sizes.as_slice() else {
-        return Err(KernelError::invalid(
-            "upsample_nearest2d expects a 4-D input",
-        ));
-    };
-    let output_size = args.opt_int_list(1)?;
-    let scales = if args.is_none(2)? {
-        None
-    } else {
-        Some(args.double_list(2)?)
-    };
-    let ((oh, ow), (sh, sw)) = match (output_size.as_deref(), scales) {
-        (Some(&[a, b]), None) => (
-            (to_size(a, "output size")?, to_size(b, "output size")?),
-            (None, None),
-        ),
-        (None, Some(&[fa, fb])) => {
-            let size = |n: usize, f: f64| {
-                let v = (n as f64 * f).floor();
-                if v.is_finite() && v >= 0.0 && v < usize::MAX as f64 {
-                    Ok(v as usize)
-                } else {
-                    Err(KernelError::invalid(format!("scale factor {f} is invalid")))
-                }
-            };
-            ((size(h, fa)?, size(w, fb)?), (Some(fa), Some(fb)))
-        }
-        _ => {
-            return Err(KernelError::invalid(
-                "upsample_nearest2d takes exactly one of two output sizes or two scale factors",
-            ))
-        }
-    };
-    if h == 0 || w == 0 || oh == 0 || ow == 0 {
-        return Err(KernelError::invalid(format!(
-            "upsample_nearest2d: sizes {h}x{w} -> {oh}x{ow} must be positive"
-        )));
-    }
-    let sizes = [n, c, oh, ow];
-    numel_of(&sizes)?;
-    args.resize(3, &sizes)?;
-    same_dtype(x.dtype, args.tensor(3)?.dtype)?;
-    let planes = prod(&[n, c]);
-    let mut io = Dense::io(args, &[0.into()], &[3.into()], &[])?;
-    let src = io.bytes(0)?;
-    let pairs = (0..planes).flat_map(|p| {
-        (0..oh).flat_map(move |oy| {
-            let y = nearest(oy, h, oh, sh);
-            (0..ow).map(move |ox| {
-                let xx = nearest(ox, w, ow, sw);
-                ((p * h + y) * w + xx, (p * oh + oy) * ow + ox)
-            })
-        })
-    });
-    move_elems(x.dtype.size(), src, io.bytes_mut(0)?, pairs)?;
-    io.finish()
-}
-
 /// Registers this module's kernels.
 pub fn register(r: &mut KernelRegistry) {
     r.register("aten::index.Tensor_out", Stateful(index_tensor));
@@ -1021,24 +944,11 @@ pub fn register(r: &mut KernelRegistry) {
     r.register_fn("aten::slice_scatter.out", slice_scatter);
     r.register_fn("aten::select_scatter.out", select_scatter);
     r.register_fn("aten::masked_fill.Scalar_out", masked_fill);
-    r.register_fn("aten::upsample_nearest2d.vec_out", upsample_nearest2d);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn nearest_source_indices_follow_pytorch() {
-        let idx = |input, output, scale| -> Vec<usize> {
-            (0..output)
-                .map(|o| nearest(o, input, output, scale))
-                .collect()
-        };
-        assert_eq!(idx(3, 6, None), [0, 0, 1, 1, 2, 2]);
-        assert_eq!(idx(4, 6, Some(1.5)), [0, 0, 1, 2, 2, 3]);
-        assert_eq!(idx(5, 3, None), [0, 1, 3]);
-    }
 
     #[test]
     fn mask_coordinates_are_row_major() {
