@@ -1646,8 +1646,12 @@ def _quant() -> None:
             cases_of(("rand", randn(3, 4, scale=3.0)), ("positive", uniform(0.5, 2.0, 3, 4)), ("zeros", torch.zeros(3, 4))),
             ["quantized_decomposed::choose_qparams.Tensor_out"], kind="quant",
             note="upstream: choose_qparams of an all-zero input gives scale 0.1 instead of eps")
+    # One program per input rank (programs are exported with static shapes).
     add(Z, "choose_qparams_per_token_asymmetric", lambda x: Q.choose_qparams_per_token_asymmetric(x, I8),
-        cases_of(("rand", randn(2, 3, 8, scale=3.0)), ("const_row", T([[1.0] * 4, [-2.0, 0.0, 2.0, 4.0]], F32))),
+        cases_of(("rand", randn(2, 3, 8, scale=3.0))),
+        ["quantized_decomposed::choose_qparams_per_token_asymmetric.out"], kind="quant")
+    add(Z, "choose_qparams_per_token_asymmetric_2d", lambda x: Q.choose_qparams_per_token_asymmetric(x, I8),
+        cases_of(("const_row", T([[1.0] * 4, [-2.0, 0.0, 2.0, 4.0]], F32))),
         ["quantized_decomposed::choose_qparams_per_token_asymmetric.out"], kind="quant")
     add(Z, "quantize_per_token", lambda x, s, z: Q.quantize_per_token(x, s, z, -128, 127, I8),
         cases_of(("rand", (randn(2, 3, 4, scale=5.0), uniform(0.01, 0.1, 2, 3, 1, dtype=F32), randint(-5, 5, 2, 3, 1, dtype=I64)))),

@@ -9,7 +9,8 @@
 //! Modules group kernels by kind: `prim` (scalar and size ops), `elementwise`, `shape`
 //! (views, copies, concatenation, creation), `reduce`, `index` (gather and scatter),
 //! `linalg` (matrix products), `nn` (convolution, pooling, normalization, softmax) and
-//! `complex` (conjugation, FFTs) and `random`.
+//! `complex` (conjugation, FFTs), `random` and `quant` (the `quantized_decomposed`
+//! family).
 //! They all build on the same lower layers, which never import them: `num` (the one
 //! hierarchy of numeric traits), `util` (dispatch, promotion, broadcasting, scratch
 //! memory), `layout` (strided copies, dim orders) and `product` (matrix products).
@@ -43,6 +44,7 @@ mod index;
 mod linalg;
 mod nn;
 mod prim;
+mod quant;
 mod random;
 mod reduce;
 mod shape;
@@ -74,6 +76,7 @@ pub fn registry() -> KernelRegistry {
     linalg::register(&mut r);
     complex::register(&mut r);
     random::register(&mut r);
+    quant::register(&mut r);
     nn::register(&mut r);
     let pure: Vec<String> = r
         .names()
