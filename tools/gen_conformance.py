@@ -1402,7 +1402,8 @@ def _upsample() -> None:
                     cases_of(("rand", (randn(1, 2, 3, 4), grid))), ["aten::grid_sampler_2d.out"], kind="reduction")
 
 
-@family("complex", "complex tensors: FFT (rfft/irfft, norms, sizes), conj_physical, view_as_real")
+@family("complex", "complex tensors: FFT (rfft/irfft, norms, sizes), conj_physical, view_as_real, "
+        "arithmetic (add, sub, mul, div, abs), sum, bmm, cat, conversions")
 def _complex() -> None:
     X = "complex"
     for tag, kw in [("basic", {}), ("ortho", dict(norm="ortho")), ("n", dict(n=6)), ("dim0", dict(dim=0))]:
@@ -1410,6 +1411,32 @@ def _complex() -> None:
         add(X, f"irfft_{tag}", lambda x, kw=kw: torch.fft.irfft(x, **kw), cases_of(("rand", randn(4, 5, dtype=torch.complex64))),
             ["aten::_fft_c2r.out"], kind="reduction")
     add(X, "rfft2", lambda x: torch.fft.rfft2(x), cases_of(("rand", randn(4, 6))), ["aten::_fft_r2c.out"], kind="reduction")
+    # Complex arithmetic where upstream supports it: add/sub (alpha), mul, div, abs, sum,
+    # bmm, cat, to_copy between complex and real types.
+    c64, c128 = torch.complex64, torch.complex128
+    # The edge dialect's verifier has no complex dtypes for these operators.
+    nocheck = {"_check_ir_validity": False}
+    for dt in [c64, c128]:
+        s = SHORT[dt]
+        pair = (randn(2, 3, dtype=dt), randn(2, 3, dtype=dt))
+        for name, fn, op in [("add", lambda a, b: a + b, "aten::add.out"), ("add_alpha", lambda a, b: torch.add(a, b, alpha=2), "aten::add.out"),
+                             ("sub", lambda a, b: a - b, "aten::sub.out"), ("mul", lambda a, b: a * b, "aten::mul.out"),
+                             ("div", lambda a, b: a / b, "aten::div.out")]:
+            add(X, f"{name}_{s}", fn, cases_of(("rand", pair)), [op], kind="elementwise", edge=nocheck)
+        add(X, f"mul_bcast_{s}", lambda a, b: a * b, cases_of(("rand", (randn(2, 1, 3, dtype=dt), randn(4, 1, dtype=dt)))), ["aten::mul.out"],
+            kind="elementwise", edge=nocheck)
+        add(X, f"abs_{s}", torch.abs, cases_of(("rand", randn(2, 3, dtype=dt))), ["aten::abs.out"], kind="elementwise", edge=nocheck)
+        add(X, f"sum_{s}", lambda x: x.sum(1), cases_of(("rand", randn(3, 4, dtype=dt))), ["aten::sum.IntList_out"], kind="reduction", edge=nocheck)
+        add(X, f"sum_all_{s}", lambda x: x.sum(), cases_of(("rand", randn(3, 4, dtype=dt))), ["aten::sum.IntList_out"], kind="reduction", edge=nocheck)
+        add(X, f"bmm_{s}", torch.bmm, cases_of(("rand", (randn(2, 3, 4, dtype=dt), randn(2, 4, 2, dtype=dt)))), ["aten::bmm.out"],
+            kind="reduction", edge=nocheck)
+        add(X, f"cat_{s}", lambda a, b: torch.cat([a, b], 1), cases_of(("rand", (randn(2, 3, dtype=dt), randn(2, 1, dtype=dt)))),
+            ["aten::cat.out"], kind="exact", edge=nocheck)
+    add(X, "to_copy_c64_c128", lambda x: x.to(c128), cases_of(("rand", randn(2, 3, dtype=c64))), ["dim_order_ops::_to_dim_order_copy.out"],
+        kind="exact", edge=nocheck)
+    add(X, "to_copy_f32_c64", lambda x: x.to(c64), cases_of(("rand", randn(2, 3))), ["dim_order_ops::_to_dim_order_copy.out"], kind="exact", edge=nocheck)
+    add(X, "add_c64_f32", lambda a, b: a + b, cases_of(("rand", (randn(2, 3, dtype=c64), randn(2, 3)))), ["aten::add.out"], kind="elementwise", edge=nocheck)
+    add(X, "mul_scalar_c64", lambda a: a * 2.5, cases_of(("rand", (randn(2, 3, dtype=c64),))), ["aten::mul.out"], kind="elementwise", edge=nocheck)
     for dt in [torch.complex64, torch.complex128]:
         add(X, f"conj_physical_{SHORT[dt]}", lambda x: A._conj_physical(x), cases_of(("rand", randn(2, 3, dtype=dt))), ["aten::_conj_physical.out"],
             kind="exact", edge={"preserve_ops": [A._conj_physical.default]})

@@ -5,7 +5,7 @@
 
 use pte_runtime::{Arg, Args, DType, KernelError, KernelRegistry, KernelResult, TensorInfo};
 
-use crate::layout::Dense;
+use crate::layout::{Dense, Vals};
 use crate::num::Elem;
 use crate::product::{Mat, MatMut, Product, Products, Scale};
 use crate::util::{broadcast_shapes, broadcast_strides, for_each_broadcast, oob, scalar_as};
@@ -151,6 +151,32 @@ fn plain<T: Elem>() -> Scale<T> {
     }
 }
 
+/// `batch` complex products `(m × k) × (k × n)` of inputs 0 and 1 into output 2, in
+/// `f64` part by part (upstream multiplies complex matrices in `bmm`).
+fn complex_products(
+    args: &mut Args<'_>,
+    (_, m, k, n): (usize, usize, usize, usize),
+) -> KernelResult {
+    let dtype = args.tensor(2)?.dtype;
+    let mut io = Dense::io(args, &[0.into(), 1.into()], &[2.into()], &[])?;
+    let (a, b) = (Vals::input(&io, 0)?, Vals::input(&io, 1)?);
+    let at = |v: Vals<'_>, i: usize| -> KernelResult<num_complex::Complex<f64>> {
+        Ok(num_complex::Complex::new(v.at(2 * i)?, v.at(2 * i + 1)?))
+    };
+    crate::dispatch_types!(dtype, P => {
+        let out = io.output::<[P; 2]>(0)?;
+        for (idx, o) in out.iter_mut().enumerate() {
+            let (bi, r, c) = (idx / (m * n).max(1), idx / n.max(1) % m.max(1), idx % n.max(1));
+            let mut acc = num_complex::Complex::new(0.0, 0.0);
+            for p in 0..k {
+                acc += at(a, (bi * m + r) * k + p)? * at(b, (bi * k + p) * n + c)?;
+            }
+            *o = [P::from_f64(acc.re), P::from_f64(acc.im)];
+        }
+    }, return Err(KernelError::dtypes(&[dtype])), [C32 => half::f16, C64 => f32, C128 => f64]);
+    io.finish()
+}
+
 /// `mm.out(self, mat2, out)`.
 fn mm(args: &mut Args<'_>) -> KernelResult {
     let (a, b) = (args.tensor(0)?, args.tensor(1)?);
@@ -158,6 +184,9 @@ fn mm(args: &mut Args<'_>) -> KernelResult {
     let ((m, k), (k2, n)) = (matrix(&a, "self")?, matrix(&b, "mat2")?);
     inner_dims(k, k2, &a.sizes, &b.sizes)?;
     args.resize(2, &[m, n])?;
+    if dtype.is_complex() {
+        return complex_products(args, (1, m, k, n));
+    }
     let shape = Shape {
         m,
         k,
@@ -180,6 +209,9 @@ fn bmm(args: &mut Args<'_>) -> KernelResult {
         }
     };
     args.resize(2, &[batch, m, n])?;
+    if dtype.is_complex() {
+        return complex_products(args, (batch, m, k, n));
+    }
     let shape = Shape {
         m,
         k,

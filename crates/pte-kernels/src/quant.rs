@@ -16,7 +16,7 @@
 use half::{bf16, f16};
 use pte_runtime::{Args, DType, Dims, KernelError, KernelRegistry, KernelResult, Scalar};
 
-use crate::layout::{first_scalar, Dense};
+use crate::layout::{first_scalar, Dense, Vals};
 use crate::num::Elem;
 use crate::util::{
     broadcast_shapes, broadcast_strides, for_each_broadcast, oob, prod, same_dtype, Checked,
@@ -38,75 +38,6 @@ fn opmath(dtype: DType) -> DType {
         DType::F64
     } else {
         DType::F32
-    }
-}
-
-/// A tensor's elements of any real dtype, read one by one as `f64`.
-#[derive(Clone, Copy)]
-enum Vals<'a> {
-    F32(&'a [f32]),
-    F64(&'a [f64]),
-    F16(&'a [f16]),
-    BF16(&'a [bf16]),
-    I64(&'a [i64]),
-    I32(&'a [i32]),
-    I16(&'a [i16]),
-    I8(&'a [i8]),
-    U8(&'a [u8]),
-}
-
-impl<'a> Vals<'a> {
-    fn of(info: &pte_runtime::TensorInfo, bytes: &'a [u8]) -> KernelResult<Self> {
-        use crate::layout::typed;
-        Ok(match info.dtype {
-            DType::F32 => Vals::F32(typed(bytes)?),
-            DType::F64 => Vals::F64(typed(bytes)?),
-            DType::F16 => Vals::F16(typed(bytes)?),
-            DType::BF16 => Vals::BF16(typed(bytes)?),
-            DType::I64 => Vals::I64(typed(bytes)?),
-            DType::I32 => Vals::I32(typed(bytes)?),
-            DType::I16 => Vals::I16(typed(bytes)?),
-            DType::I8 => Vals::I8(typed(bytes)?),
-            DType::U8 | DType::Bool => Vals::U8(typed(bytes)?),
-            other => return Err(KernelError::dtypes(&[other])),
-        })
-    }
-
-    /// Input `k` of a [`Dense`] view.
-    fn input(io: &Dense<'a>, k: usize) -> KernelResult<Self> {
-        let (info, bytes) = io.inputs.get(k).ok_or_else(oob)?;
-        Self::of(info, bytes)
-    }
-
-    fn len(self) -> usize {
-        match self {
-            Vals::F32(s) => s.len(),
-            Vals::F64(s) => s.len(),
-            Vals::F16(s) => s.len(),
-            Vals::BF16(s) => s.len(),
-            Vals::I64(s) => s.len(),
-            Vals::I32(s) => s.len(),
-            Vals::I16(s) => s.len(),
-            Vals::I8(s) => s.len(),
-            Vals::U8(s) => s.len(),
-        }
-    }
-
-    fn at(self, i: usize) -> KernelResult<f64> {
-        fn get<T: Elem>(s: &[T], i: usize) -> KernelResult<f64> {
-            s.get(i).map(|v| v.to_f64()).ok_or_else(oob)
-        }
-        match self {
-            Vals::F32(s) => get(s, i),
-            Vals::F64(s) => get(s, i),
-            Vals::F16(s) => get(s, i),
-            Vals::BF16(s) => get(s, i),
-            Vals::I64(s) => get(s, i),
-            Vals::I32(s) => get(s, i),
-            Vals::I16(s) => get(s, i),
-            Vals::I8(s) => get(s, i),
-            Vals::U8(s) => get(s, i),
-        }
     }
 }
 

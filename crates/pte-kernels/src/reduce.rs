@@ -209,6 +209,9 @@ fn arith(
     let p = plan(&x, dims, keepdim)?;
     args.resize(out, &p.out_sizes)?;
     let od = args.tensor(out)?.dtype;
+    if x.dtype.is_complex() || od.is_complex() {
+        return complex_arith(args, op, &p, out);
+    }
     if op == Arith::Mean && !od.is_float() {
         return Err(KernelError::invalid(format!(
             "mean needs a floating-point output, got {od}"
@@ -254,6 +257,39 @@ fn arith(
             write(res, io.bytes_mut(0)?, od)?;
         }
     }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
+}
+
+/// [`arith`] of a complex input into an output of the same dtype: sums (and means) in
+/// `f64`, part by part (upstream sums complex tensors; products are not supported).
+fn complex_arith(args: &mut Args<'_>, op: Arith, p: &Plan, out: usize) -> KernelResult {
+    let x = args.tensor(0)?;
+    let od = args.tensor(out)?.dtype;
+    if od != x.dtype || op == Arith::Prod {
+        return Err(KernelError::dtypes(&[x.dtype, od]));
+    }
+    let mut io = Dense::io(
+        args,
+        &[0.into()],
+        &[out.into()],
+        &[gather_piece(&x, &p.reduced)],
+    )?;
+    let (block, data) = arrange(io.bytes(0)?, &x, &p.reduced, &mut io.scratch)?;
+    crate::dispatch_types!(x.dtype, P => {
+        let src = typed::<[P; 2]>(data)?;
+        let dst = io.output::<[P; 2]>(0)?;
+        let count = block.red as f64;
+        let step = |a: &mut (f64, f64), v: [P; 2], _| {
+            let [re, im] = v;
+            *a = (a.0 + re.to_f64(), a.1 + im.to_f64());
+        };
+        fold(src, block, (0.0, 0.0), step, |i, (re, im)| {
+            let (re, im) = if op == Arith::Mean { (re / count, im / count) } else { (re, im) };
+            if let Some(d) = dst.get_mut(i) {
+                *d = [P::from_f64(re), P::from_f64(im)];
+            }
+        });
+    }, return Err(KernelError::dtypes(&[x.dtype])), [C32 => half::f16, C64 => f32, C128 => f64]);
     io.finish()
 }
 

@@ -436,7 +436,8 @@ fn grid_sampler_2d(args: &mut Args<'_>) -> KernelResult {
     crate::dispatch_float!(x.dtype, T => {
         let (src, grid) = (io.input::<T>(0)?, io.input::<T>(1)?);
         let dst = io.output::<T>(0)?;
-        for (p, plane) in dst.chunks_exact_mut(oh * ow).enumerate() {
+        // (An empty grid gives an empty output: no plane.)
+        for (p, plane) in dst.chunks_exact_mut((oh * ow).max(1)).enumerate() {
             let (b, s) = (p / c.max(1), src.span(p * h * w, h * w)?);
             let value = |ix: i64, iy: i64| -> f64 {
                 if (0..w as i64).contains(&ix) && (0..h as i64).contains(&iy) {
