@@ -3,6 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 mkdir -p "corpus/$1"
-find ../tests/fixtures \( -name '*.pte' -o -name '*.ptd' -o -name '*.bpte' \) | while read -r f; do
+find ../tests/fixtures \( -name '*.pte' -o -name '*.ptd' -o -name '*.bpte' -o -name '*.pt2' \) | while read -r f; do
   rel=${f#../tests/fixtures/}; cp "$f" "corpus/$1/${rel//\//_}"
 done

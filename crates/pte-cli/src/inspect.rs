@@ -27,13 +27,45 @@ struct Envelope<'a> {
     document: Document,
 }
 
+/// Summaries of the XNNPACK delegates' payloads, per method and delegate (`None` for
+/// other backends; an error message for a payload that does not validate).
+type Xnnpack = Vec<Vec<Option<std::result::Result<pte_xnnpack::Summary, String>>>>;
+
+fn xnnpack_details(pte: &Pte<'_>) -> Result<Xnnpack> {
+    let mut out = Vec::new();
+    for plan in pte.program().execution_plan()?.into_iter().flatten() {
+        let mut delegates = Vec::new();
+        for d in plan?.delegates()?.into_iter().flatten() {
+            let d = d?;
+            let entry = match (d.id()?, d.processed()?) {
+                (Some(pte_xnnpack::BACKEND_ID), Some(r)) => Some(
+                    pte.delegate_data(r)
+                        .map_err(|e| e.to_string())
+                        .and_then(|p| pte_xnnpack::summarize(p).map_err(|e| e.to_string())),
+                ),
+                _ => None,
+            };
+            delegates.push(entry);
+        }
+        out.push(delegates);
+    }
+    Ok(out)
+}
+
 pub fn run(path: &Path, json: bool) -> Result<()> {
     let bytes = FileBytes::read(path)?;
+    let mut xnnpack = Xnnpack::new();
     let document = match FileKind::detect(&bytes) {
-        Some(FileKind::Program) => Document::Program(summary::program(&Pte::parse(&bytes)?)?),
+        Some(FileKind::Program) => {
+            let pte = Pte::parse(&bytes)?;
+            xnnpack = xnnpack_details(&pte)?;
+            Document::Program(summary::program(&pte)?)
+        }
         Some(FileKind::Data) => Document::Data(summary::data(&Ptd::parse(&bytes)?)?),
         Some(FileKind::Bundled) => {
-            Document::Bundled(summary::bundled(&Bpte::parse(&bytes)?, bytes.len() as u64)?)
+            let bpte = Bpte::parse(&bytes)?;
+            xnnpack = xnnpack_details(bpte.program())?;
+            Document::Bundled(summary::bundled(&bpte, bytes.len() as u64)?)
         }
         None => bail!(
             "{} is not a .pte, .ptd or .bpte file (its identifier at offset 4 is {:?})",
@@ -50,6 +82,7 @@ pub fn run(path: &Path, json: bool) -> Result<()> {
         };
         let mut value = serde_json::to_value(&envelope).context("JSON output")?;
         mark_missing(&mut value, &missing);
+        add_xnnpack(&mut value, &xnnpack)?;
         println!(
             "{}",
             serde_json::to_string_pretty(&value).context("JSON output")?
@@ -57,9 +90,9 @@ pub fn run(path: &Path, json: bool) -> Result<()> {
         return Ok(());
     }
     let text = match &document {
-        Document::Program(p) => program_text(path, p, "program", &missing),
+        Document::Program(p) => program_text(path, p, "program", &missing, &xnnpack),
         Document::Data(d) => data_text(path, d),
-        Document::Bundled(b) => bundled_text(path, b, &missing),
+        Document::Bundled(b) => bundled_text(path, b, &missing, &xnnpack),
     };
     print!("{text}");
     Ok(())
@@ -80,6 +113,39 @@ fn missing_operators(document: &Document) -> BTreeSet<String> {
         .filter(|op| kernels.get(&op.name).is_none())
         .map(|op| op.name.clone())
         .collect()
+}
+
+/// Adds `"xnnpack"` (the payload summary, or `{"error": message}`) to every XNNPACK
+/// delegate of the JSON document.
+fn add_xnnpack(document: &mut serde_json::Value, xnnpack: &Xnnpack) -> Result<()> {
+    let program = match document.get("program") {
+        Some(serde_json::Value::Object(_)) => &mut document["program"],
+        _ => document,
+    };
+    let Some(methods) = program
+        .get_mut("methods")
+        .and_then(serde_json::Value::as_array_mut)
+    else {
+        return Ok(());
+    };
+    for (method, details) in methods.iter_mut().zip(xnnpack) {
+        let Some(delegates) = method
+            .get_mut("delegates")
+            .and_then(serde_json::Value::as_array_mut)
+        else {
+            continue;
+        };
+        for (d, detail) in delegates.iter_mut().zip(details) {
+            match detail {
+                Some(Ok(summary)) => {
+                    d["xnnpack"] = serde_json::to_value(summary).context("JSON output")?
+                }
+                Some(Err(e)) => d["xnnpack"] = serde_json::json!({ "error": e }),
+                None => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Adds `"missing": bool` to every operator and a `missing_operators` list to every method
@@ -122,7 +188,13 @@ fn bytes(n: u64) -> String {
     }
 }
 
-fn program_text(path: &Path, p: &ProgramSummary, what: &str, missing: &BTreeSet<String>) -> String {
+fn program_text(
+    path: &Path,
+    p: &ProgramSummary,
+    what: &str,
+    missing: &BTreeSet<String>,
+    xnnpack: &Xnnpack,
+) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -170,10 +242,25 @@ fn program_text(path: &Path, p: &ProgramSummary, what: &str, missing: &BTreeSet<
         out.push_str("\nnamed data:\n");
         out.push_str(&t.render());
     }
-    for m in &p.methods {
-        method_text(&mut out, m, missing);
+    for (i, m) in p.methods.iter().enumerate() {
+        method_text(
+            &mut out,
+            m,
+            missing,
+            xnnpack.get(i).map_or(&[], Vec::as_slice),
+        );
     }
     out
+}
+
+/// "Name count, name count, ..." of a count map.
+fn counts(map: &std::collections::BTreeMap<String, usize>) -> String {
+    let mut v: Vec<(&String, &usize)> = map.iter().collect();
+    v.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    v.iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn value_row(direction: &str, i: usize, v: &ValueSummary) -> Vec<String> {
@@ -202,7 +289,12 @@ fn value_row(direction: &str, i: usize, v: &ValueSummary) -> Vec<String> {
     ]
 }
 
-fn method_text(out: &mut String, m: &MethodSummary, missing: &BTreeSet<String>) {
+fn method_text(
+    out: &mut String,
+    m: &MethodSummary,
+    missing: &BTreeSet<String>,
+    xnnpack: &[Option<std::result::Result<pte_xnnpack::Summary, String>>],
+) {
     let _ = writeln!(
         out,
         "\nmethod {:?}: {} values, {} instructions",
@@ -290,6 +382,31 @@ fn method_text(out: &mut String, m: &MethodSummary, missing: &BTreeSet<String>) 
             ]);
         }
         out.push_str(&t.render());
+        for (i, detail) in xnnpack.iter().enumerate() {
+            match detail {
+                Some(Ok(x)) => {
+                    let _ = writeln!(
+                        out,
+                        "  XNNPACK delegate {i} ({}{}): {} nodes, {} values ({} constants, {}), \
+                         {} inputs, {} outputs",
+                        x.identifier,
+                        if x.header { ", XH00 header" } else { "" },
+                        x.num_nodes,
+                        x.num_values,
+                        x.constants,
+                        bytes(x.constant_bytes),
+                        x.inputs,
+                        x.outputs
+                    );
+                    let _ = writeln!(out, "    nodes: {}", counts(&x.nodes));
+                    let _ = writeln!(out, "    datatypes: {}", counts(&x.datatypes));
+                }
+                Some(Err(e)) => {
+                    let _ = writeln!(out, "  XNNPACK delegate {i}: invalid payload: {e}");
+                }
+                None => {}
+            }
+        }
     }
 }
 
@@ -332,7 +449,12 @@ fn data_text(path: &Path, d: &summary::DataSummary) -> String {
     out
 }
 
-fn bundled_text(path: &Path, b: &summary::BundledSummary, missing: &BTreeSet<String>) -> String {
+fn bundled_text(
+    path: &Path,
+    b: &summary::BundledSummary,
+    missing: &BTreeSet<String>,
+    xnnpack: &Xnnpack,
+) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -360,6 +482,7 @@ fn bundled_text(path: &Path, b: &summary::BundledSummary, missing: &BTreeSet<Str
         &b.program,
         "program",
         missing,
+        xnnpack,
     ));
     out
 }

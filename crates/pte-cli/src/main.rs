@@ -1,10 +1,11 @@
-//! The `pte` command line: a thin layer over the `pte-format`, `pte-runtime` and
-//! `pte-kernels` crates.
+//! The `pte` command line: a thin layer over the `pte-format`, `pte-runtime`,
+//! `pte-kernels` and `pte-xnnpack` crates.
 
 // One `unsafe` call, mapping files for `--mmap`, allowed where it is made.
 #![deny(unsafe_code)]
 
 mod bench;
+mod compile;
 mod inspect;
 mod ops;
 mod repack;
@@ -20,7 +21,7 @@ use clap::{Parser, Subcommand};
 #[command(
     name = "pte",
     version,
-    about = "Inspect, rewrite and run ExecuTorch programs"
+    about = "Compile, inspect, rewrite and run ExecuTorch programs"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -55,6 +56,8 @@ enum Command {
     Run(run::RunArgs),
     /// Time repeated executions of a method on generated inputs.
     Bench(bench::BenchArgs),
+    /// Compile a torch.export archive (.pt2, torch 2.15) to a program.
+    Compile(compile::CompileArgs),
     /// List the operators this build has kernels for, sorted, one per line.
     Ops {
         /// Print a JSON array of strings instead.
@@ -81,6 +84,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Ops { json } => ops::run(json),
+        Command::Compile(args) => compile::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -145,12 +145,7 @@ pub fn load(args: &ProgramArgs, threads: Option<usize>) -> Result<(String, Metho
         options.memory_limit = limit;
     }
     let mut method = program
-        .load_method_with(
-            &name,
-            &pte_kernels::registry(),
-            &BackendRegistry::new(),
-            &options,
-        )
+        .load_method_with(&name, &pte_kernels::registry(), &backends(), &options)
         .map_err(|e| {
             let hint = match e {
                 RuntimeError::ExternalData(_) if args.data.is_empty() => {
@@ -256,4 +251,11 @@ fn write_outputs(dir: &Path, outputs: &[EValue]) -> Result<()> {
         npy::write_value(dir.join(format!("{i}.npy")), v)?;
     }
     Ok(())
+}
+
+/// The backends this build runs delegates with.
+pub(crate) fn backends() -> BackendRegistry {
+    let mut b = BackendRegistry::new();
+    pte_xnnpack::register(&mut b);
+    b
 }

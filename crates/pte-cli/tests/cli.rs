@@ -85,3 +85,71 @@ fn run_names_every_missing_operator() {
     assert!(!err.contains("aten::add.out"), "{err}");
     std::fs::remove_file(path).unwrap();
 }
+
+/// A committed torch.export archive.
+fn archive(name: &str) -> String {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(format!("../../tests/fixtures/pt2/{name}/model.pt2"));
+    p.to_str().unwrap().to_owned()
+}
+
+#[test]
+fn compile_writes_a_program_that_runs_and_prints_stages() {
+    let dir = std::env::temp_dir().join(format!("pte-cli-compile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pte_path = dir.join("m.pte");
+    let ptd_path = dir.join("m.ptd");
+    let o = pte(&[
+        "compile",
+        &archive("linear_clamp"),
+        "-o",
+        pte_path.to_str().unwrap(),
+        "--external-constants",
+        ptd_path.to_str().unwrap(),
+        "--print",
+        "planned",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = stdout(&o);
+    assert!(text.contains("torch.ops.aten.addmm.out("), "{text}");
+    assert!(text.contains("Planned memory:"), "{text}");
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(
+        err.contains("planned memory") && err.contains("upstream"),
+        "{err}"
+    );
+    // Without the .ptd the program cannot load; with it, it runs.
+    assert!(!pte(&["run", pte_path.to_str().unwrap()]).status.success());
+    let run = pte(&[
+        "run",
+        pte_path.to_str().unwrap(),
+        "--data",
+        ptd_path.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn compile_rejects_unknown_stages_and_bad_archives() {
+    let o = pte(&[
+        "compile",
+        &archive("linear_clamp"),
+        "-o",
+        "/dev/null",
+        "--print",
+        "nope",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("export, core, edge, planned"));
+    let bad = std::env::temp_dir().join(format!("pte-cli-bad-{}.pt2", std::process::id()));
+    std::fs::write(&bad, b"not an archive").unwrap();
+    let o = pte(&["compile", bad.to_str().unwrap(), "-o", "/dev/null"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not a zip archive"));
+    std::fs::remove_file(&bad).ok();
+}

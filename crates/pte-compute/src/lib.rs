@@ -110,14 +110,18 @@
 #![cfg_attr(test, allow(clippy::indexing_slicing))]
 
 pub mod arch;
+pub mod broadcast;
 pub mod conv;
 pub mod elementwise;
 mod error;
 pub mod gemm;
 mod mat;
 mod math;
+pub mod nhwc;
 pub mod pool;
 pub mod pooling;
+pub mod qgemm;
+pub mod unary;
 mod window;
 
 pub use arch::Isa;

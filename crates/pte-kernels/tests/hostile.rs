@@ -289,6 +289,29 @@ fn a_tensor_list_must_name_earlier_tensors() {
     assert_invalid(load(&bytes), "out of range");
 }
 
+/// Found by the `mutate` fuzz target: a list naming itself made constant folding recurse
+/// until the stack overflowed.
+#[test]
+fn an_int_list_must_name_int_values() {
+    for own_index in [true, false] {
+        let bytes = edited(|p| {
+            let values = p.values.as_mut().unwrap();
+            let n = values.len() as i64;
+            values.push(et::EValue {
+                val: Some(et::KernelTypes::IntList(Box::new(et::IntList {
+                    items: Some(vec![if own_index { n } else { n + 1 }]),
+                }))),
+            });
+            values.push(et::EValue {
+                val: Some(et::KernelTypes::IntList(Box::new(et::IntList {
+                    items: Some(vec![n]),
+                }))),
+            });
+        });
+        assert_invalid(load(&bytes), "is not an Int value");
+    }
+}
+
 #[test]
 fn inputs_are_checked() {
     let mut m = load(&seed()).unwrap();

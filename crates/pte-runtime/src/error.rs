@@ -93,9 +93,12 @@ pub enum RuntimeError {
         #[source]
         source: KernelError,
     },
-    /// A delegate failed.
-    #[error("delegate {backend} (chain {chain}, instruction {instruction}): {source}")]
+    /// A delegate failed to load or to run. At load, the place is the delegate's first
+    /// call (chain 0, instruction 0 if it has none).
+    #[error("delegate {index} ({backend}, chain {chain}, instruction {instruction}): {source}")]
     Delegate {
+        /// The delegate's index in the method's delegate list.
+        index: usize,
         backend: String,
         chain: usize,
         instruction: usize,

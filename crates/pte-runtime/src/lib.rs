@@ -64,8 +64,8 @@ pub use method::{
 };
 pub use program::{MethodMeta, Program, TensorMeta, ValueMeta, MAX_SCHEMA_VERSION};
 pub use registry::{
-    Backend, BackendRegistry, DelegateInit, Kernel, KernelFn, KernelRegistry, NamedData,
-    PreparedKernel,
+    ArgDecl, Backend, BackendRegistry, DelegateCall, DelegateInit, Kernel, KernelFn,
+    KernelRegistry, NamedData, PreparedKernel,
 };
 pub use tensor::{contiguous_dim_order, strides_for, AlignedBuf, Dims, Tensor, MAX_RANK};
 pub use value::{Dynamism, EValue};

@@ -16,7 +16,9 @@ use crate::dtype::DType;
 use crate::error::{KernelError, Result, RuntimeError};
 use crate::memory::{Access, Memory, SharedBytes, Storage};
 use crate::program::{tensor_shape, MethodMeta, Program};
-use crate::registry::{BackendRegistry, DelegateInit, KernelRegistry, NamedData, PreparedKernel};
+use crate::registry::{
+    ArgDecl, BackendRegistry, DelegateCall, DelegateInit, KernelRegistry, NamedData, PreparedKernel,
+};
 use crate::tensor::Tensor;
 use crate::value::{EValue, Slot, TensorSlot};
 
@@ -379,6 +381,39 @@ impl Method {
             pte: &pte,
             ptds: &ptds,
         };
+        // Each delegate's calls, with their arguments as declared.
+        let mut calls: Vec<Vec<DelegateCall>> = vec![Vec::new(); delegate_refs.len()];
+        for (c, chain) in chains.iter().enumerate() {
+            for (k, instr) in chain.iter().enumerate() {
+                let Instr::Delegate { delegate, args } = instr else {
+                    continue;
+                };
+                let args = call_args
+                    .get(args.start as usize..args.end as usize)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|&v| match values.get(v as usize) {
+                        Some(Slot::Tensor(t)) => ArgDecl::Tensor {
+                            info: crate::TensorInfo {
+                                dtype: t.dtype,
+                                sizes: t.sizes.clone(),
+                                dim_order: t.dim_order.clone(),
+                            },
+                            dynamism: t.dynamism,
+                        },
+                        Some(other) => ArgDecl::Other(other.kind()),
+                        None => ArgDecl::Other("missing"),
+                    })
+                    .collect();
+                if let Some(list) = calls.get_mut(*delegate as usize) {
+                    list.push(DelegateCall {
+                        chain: c,
+                        instruction: k,
+                        args,
+                    });
+                }
+            }
+        }
         let mut delegates = Vec::with_capacity(delegate_refs.len());
         for (i, d) in delegate_refs.iter().enumerate() {
             let id = d.id()?.unwrap_or_default().to_owned();
@@ -402,11 +437,14 @@ impl Method {
                 named_data: &names,
                 budget: &memory.budget,
                 pool: &compute_pool,
+                calls: calls.get(i).map_or(&[], Vec::as_slice),
             };
+            let first = init.calls.first();
             let failed = |source| RuntimeError::Delegate {
+                index: i,
                 backend: id.clone(),
-                chain: 0,
-                instruction: 0,
+                chain: first.map_or(0, |c| c.chain),
+                instruction: first.map_or(0, |c| c.instruction),
                 source,
             };
             let backend = backends
@@ -853,6 +891,7 @@ impl Method {
                         handle
                             .run(&mut a)
                             .map_err(|source| RuntimeError::Delegate {
+                                index: *delegate as usize,
                                 backend: id.clone(),
                                 chain: c,
                                 instruction: pc,
@@ -1114,6 +1153,20 @@ fn parse_values(
             Some(K::Tensor(t)) => Slot::Tensor(parse_tensor(t, &what, pte, ptds, program, memory)?),
         };
         values.push(slot);
+    }
+    // Int lists name their elements by value index, later values included: each element
+    // must be an Int (as upstream reads them), which also keeps lists from nesting.
+    for (i, slot) in values.iter().enumerate() {
+        if let Slot::IntList(items) = slot {
+            if let Some(&x) = items
+                .iter()
+                .find(|&&x| !matches!(values.get(x as usize), Some(Slot::Int(_))))
+            {
+                return Err(bad(format!(
+                    "value {i}: int list element {x} is not an Int value"
+                )));
+            }
+        }
     }
     Ok(values)
 }

@@ -114,6 +114,28 @@ pub trait NamedData {
     fn get(&self, key: &str) -> Option<crate::SharedBytes>;
 }
 
+/// One argument of a delegate call, as the method declares it when it loads.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ArgDecl {
+    /// A tensor: dtype, sizes (for a dynamic one, the largest it may have) and dim order.
+    Tensor {
+        info: crate::TensorInfo,
+        dynamism: crate::Dynamism,
+    },
+    /// Any other value, by kind (`Int`, `None`, ...).
+    Other(&'static str),
+}
+
+/// A call of a delegate in the method's instructions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DelegateCall {
+    /// Where the call is.
+    pub chain: usize,
+    pub instruction: usize,
+    /// Its arguments (the delegate's inputs, then its outputs).
+    pub args: Vec<ArgDecl>,
+}
+
 /// What a backend gets to initialize one delegate.
 pub struct DelegateInit<'a> {
     /// Which delegate of the method this is (its index in the plan's delegate list).
@@ -129,6 +151,9 @@ pub struct DelegateInit<'a> {
     pub budget: &'a crate::MemoryBudget,
     /// The method's thread pool; a backend may keep it for its executions.
     pub pool: &'a std::sync::Arc<pte_compute::ThreadPool>,
+    /// Every call of this delegate in the method, so that a backend can check the
+    /// arguments against its payload once, at load.
+    pub calls: &'a [DelegateCall],
 }
 
 /// A backend that runs delegated subgraphs (`BackendDelegate.id` names it).

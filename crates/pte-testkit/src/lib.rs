@@ -1,6 +1,6 @@
 //! Test support shared by the workspace's integration tests: where the reference fixtures
-//! live and what `tests/fixtures/manifest.json` (written by `tools/gen_fixtures.py`) says
-//! about each of them, and [`program::ProgramBuilder`] for programs made up in tests.
+//! live and what `tests/fixtures/manifest.json` (written by `tools/gen_fixtures.py`) and
+//! `tests/xnnpack/manifest.json` (`tools/gen_xnnpack_fixtures.py`) say about each of them, and [`program::ProgramBuilder`] for programs made up in tests.
 
 #![forbid(unsafe_code)]
 
@@ -56,6 +56,10 @@ pub struct Fixture {
     pub lowering: String,
     /// Tolerance for float outputs; every fixture states its own.
     pub tolerance: Tolerance,
+    /// The directory its paths are relative to (set by [`manifest_in`]; the fixture
+    /// directory otherwise).
+    #[serde(skip)]
+    pub root: Option<PathBuf>,
 }
 
 /// One call of a method with upstream's recorded outputs.
@@ -104,7 +108,10 @@ impl Tolerance {
 impl Fixture {
     /// Absolute path of a fixture-relative path.
     pub fn path(&self, relative: &str) -> PathBuf {
-        fixtures_dir().join(relative)
+        self.root
+            .clone()
+            .unwrap_or_else(fixtures_dir)
+            .join(relative)
     }
 
     /// The program file.
@@ -120,10 +127,27 @@ impl Fixture {
 
 /// Reads the manifest.
 pub fn manifest() -> Manifest {
-    let path = fixtures_dir().join("manifest.json");
+    manifest_in(&fixtures_dir())
+}
+
+/// Reads the manifest of another fixture directory of the same layout; its fixtures'
+/// paths are relative to `dir`.
+pub fn manifest_in(dir: &Path) -> Manifest {
+    let path = dir.join("manifest.json");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad {}: {e}", path.display()))
+    let mut m: Manifest =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("bad {}: {e}", path.display()));
+    for f in &mut m.fixtures {
+        f.root = Some(dir.to_path_buf());
+    }
+    m
+}
+
+/// The committed XNNPACK-delegated fixtures (`tests/xnnpack`, written by
+/// `tools/gen_xnnpack_fixtures.py`).
+pub fn xnnpack_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/xnnpack")
 }
 
 /// The committed operator conformance suite (`tests/conformance`).

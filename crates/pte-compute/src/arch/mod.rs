@@ -16,8 +16,13 @@
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
 mod generic;
+mod indirect;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+
+pub(crate) use indirect::{
+    depthwise_pixels, indirect_microkernel, IndirectRows, PixelTaps, MAX_TAPS as INDIRECT_TAPS,
+};
 
 use crate::error::{Error, Result};
 use crate::mat::MatMut;

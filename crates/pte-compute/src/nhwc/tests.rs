@@ -1,0 +1,326 @@
+use super::*;
+use crate::gemm::Gemm;
+use crate::pool::ThreadPool;
+use crate::Isa;
+
+fn data(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s % 2000) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
+/// Direct NHWC convolution (regular weights `[cout, kh, kw, cig]`, or depthwise
+/// `[kh, kw, cout]`).
+#[allow(clippy::too_many_arguments)]
+fn reference(
+    g: &Geometry,
+    groups: usize,
+    cig: usize,
+    cog: usize,
+    depthwise: bool,
+    batch: usize,
+    x: &[f32],
+    w: &[f32],
+    b: &[f32],
+    min: f32,
+    max: f32,
+) -> Vec<f32> {
+    let [oh, ow] = g.output().unwrap();
+    let (cin, cout) = (groups * cig, groups * cog);
+    let [kh, kw] = g.kernel;
+    let mut y = vec![0.0; batch * oh * ow * cout];
+    for n in 0..batch {
+        for oy in 0..oh {
+            for ox in 0..ow {
+                for oc in 0..cout {
+                    let gi = oc / cog;
+                    let mut acc = b[oc] as f64;
+                    for ky in 0..kh {
+                        for kx in 0..kw {
+                            let Some((iy, ix)) = g.source(oy, ox, ky, kx) else {
+                                continue;
+                            };
+                            for ci in 0..cig {
+                                let xv = x[((n * g.input[0] + iy) * g.input[1] + ix) * cin
+                                    + gi * cig
+                                    + ci];
+                                let wv = if depthwise {
+                                    w[(ky * kw + kx) * cout + oc]
+                                } else {
+                                    w[((oc * kh + ky) * kw + kx) * cig + ci]
+                                };
+                                acc += xv as f64 * wv as f64;
+                            }
+                        }
+                    }
+                    y[((n * oh + oy) * ow + ox) * cout + oc] = (acc as f32).clamp(min, max);
+                }
+            }
+        }
+    }
+    y
+}
+
+/// (input, kernel, stride, dilation, padding, groups, cig, cog, depthwise)
+type ConvCase = (
+    [usize; 2],
+    [usize; 2],
+    [usize; 2],
+    [usize; 2],
+    [usize; 4],
+    usize,
+    usize,
+    usize,
+    bool,
+);
+
+#[test]
+fn convolutions_match_a_direct_loop() {
+    // (input, kernel, stride, dilation, padding, groups, cig, cog, depthwise)
+    let cases: &[ConvCase] = &[
+        ([5, 6], [1, 1], [1, 1], [1, 1], [0; 4], 1, 7, 9, false),
+        (
+            [12, 12],
+            [7, 7],
+            [2, 2],
+            [1, 1],
+            [3, 3, 3, 3],
+            1,
+            3,
+            20,
+            false,
+        ),
+        ([4, 5], [1, 1], [1, 1], [1, 1], [0; 4], 3, 40, 21, false),
+        (
+            [5, 6],
+            [3, 3],
+            [1, 1],
+            [1, 1],
+            [1, 1, 1, 1],
+            1,
+            5,
+            17,
+            false,
+        ),
+        ([9, 8], [3, 3], [2, 2], [1, 1], [1, 0, 0, 1], 1, 3, 8, false),
+        ([7, 7], [3, 2], [1, 2], [2, 1], [2, 1, 0, 3], 2, 4, 6, false),
+        ([6, 5], [1, 1], [2, 2], [1, 1], [0; 4], 1, 6, 4, false),
+        ([7, 9], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 37, 1, 1, true),
+        ([8, 8], [3, 3], [2, 2], [1, 1], [0, 1, 1, 0], 20, 1, 1, true),
+        ([6, 6], [5, 5], [1, 1], [2, 2], [4, 4, 4, 4], 5, 1, 1, true),
+        ([6, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 3, 1, 2, true),
+        (
+            [12, 12],
+            [7, 7],
+            [1, 1],
+            [1, 1],
+            [3, 3, 3, 3],
+            16,
+            1,
+            1,
+            true,
+        ),
+    ];
+    for isa in Isa::available() {
+        let gemm = Gemm::with_isa(isa).unwrap();
+        for threads in [1, 2] {
+            let pool = ThreadPool::new(threads).unwrap();
+            for &(input, kernel, stride, dilation, padding, groups, cig, cog, dw) in cases {
+                let g = Geometry {
+                    input,
+                    kernel,
+                    stride,
+                    dilation,
+                    padding,
+                };
+                let batch = 2;
+                let x = data(batch * input[0] * input[1] * groups * cig, 1);
+                let w = data(groups * cog * kernel[0] * kernel[1] * cig, 2);
+                let b = data(groups * cog, 3);
+                let conv =
+                    ConvNhwc::new(gemm, g, groups, cig, cog, dw, &w, Some(&b), -0.9, 2.0).unwrap();
+                let [oh, ow] = conv.output_size();
+                let mut y = vec![f32::NAN; batch * oh * ow * groups * cog];
+                let mut scratch = vec![0.0; conv.scratch_len(batch, threads).unwrap()];
+                conv.run(&pool, &x, batch, &mut y, &mut scratch).unwrap();
+                let want = reference(&g, groups, cig, cog, dw, batch, &x, &w, &b, -0.9, 2.0);
+                for (i, (a, e)) in y.iter().zip(&want).enumerate() {
+                    assert!(
+                        (a - e).abs() < 1e-4,
+                        "{isa:?} {} case {g:?} at {i}: {a} vs {e}",
+                        conv.algorithm()
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn pooling_matches_a_direct_loop() {
+    let pool = ThreadPool::new(2).unwrap();
+    let c = 19;
+    for (input, kernel, stride, padding) in [
+        ([6, 7], [2, 2], [2, 2], [0; 4]),
+        ([6, 7], [3, 3], [1, 1], [1, 1, 1, 1]),
+        ([9, 5], [3, 2], [2, 1], [1, 0, 1, 1]),
+        ([7, 7], [7, 7], [1, 1], [0; 4]),
+    ] {
+        let g = Geometry {
+            input,
+            kernel,
+            stride,
+            dilation: [1, 1],
+            padding,
+        };
+        let [oh, ow] = g.output().unwrap();
+        let x = data(2 * input[0] * input[1] * c, 4);
+        for kind in [PoolKind::Max, PoolKind::Average] {
+            let mut y = vec![0.0; 2 * oh * ow * c];
+            pool2d(Isa::best(), &pool, kind, &g, c, 2, &x, &mut y, -0.5, 0.7).unwrap();
+            for n in 0..2 {
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        for ch in 0..c {
+                            let vals: Vec<f32> = (0..kernel[0] * kernel[1])
+                                .filter_map(|t| g.source(oy, ox, t / kernel[1], t % kernel[1]))
+                                .map(|(iy, ix)| x[((n * input[0] + iy) * input[1] + ix) * c + ch])
+                                .collect();
+                            let want = match kind {
+                                PoolKind::Max => {
+                                    vals.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+                                }
+                                PoolKind::Average => vals.iter().sum::<f32>() / vals.len() as f32,
+                            }
+                            .clamp(-0.5, 0.7);
+                            let got = y[((n * oh + oy) * ow + ox) * c + ch];
+                            assert!((got - want).abs() < 1e-6, "{kind:?} {g:?}: {got} vs {want}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let x = data(2 * 12 * 5, 5);
+    let mut y = vec![0.0; 10];
+    global_avg_pool(
+        Isa::best(),
+        2,
+        12,
+        5,
+        &x,
+        &mut y,
+        f32::NEG_INFINITY,
+        f32::INFINITY,
+    )
+    .unwrap();
+    for n in 0..2 {
+        for ch in 0..5 {
+            let want: f32 = (0..12).map(|p| x[(n * 12 + p) * 5 + ch]).sum::<f32>() / 12.0;
+            assert!((y[n * 5 + ch] - want).abs() < 1e-6);
+        }
+    }
+}
+
+#[test]
+fn deconvolution_matches_a_scatter() {
+    let pool = ThreadPool::new(2).unwrap();
+    let gemm = Gemm::new();
+    for (input, kernel, stride, dilation, padding, adj, groups, cig, cog) in [
+        (
+            [3, 4],
+            [3, 3],
+            [2, 2],
+            [1, 1],
+            [1, 1, 1, 1],
+            [1, 1],
+            1,
+            3,
+            5,
+        ),
+        ([4, 4], [2, 2], [2, 2], [1, 1], [0; 4], [0, 0], 2, 2, 3),
+        (
+            [5, 3],
+            [3, 2],
+            [1, 2],
+            [2, 1],
+            [0, 1, 2, 0],
+            [0, 1],
+            1,
+            4,
+            2,
+        ),
+    ] {
+        let batch = 2;
+        let (cin, cout) = (groups * cig, groups * cog);
+        let x = data(batch * input[0] * input[1] * cin, 6);
+        let w = data(cout * kernel[0] * kernel[1] * cig, 7);
+        let b = data(cout, 8);
+        let d = DeconvNhwc::new(
+            gemm,
+            input,
+            kernel,
+            stride,
+            dilation,
+            padding,
+            adj,
+            groups,
+            cig,
+            cog,
+            &w,
+            Some(&b),
+            -1.5,
+            1.5,
+        )
+        .unwrap();
+        let [oh, ow] = d.output_size();
+        let mut y = vec![0.0; batch * oh * ow * cout];
+        let mut scratch = vec![0.0; d.scratch_len(2).unwrap()];
+        d.run(&pool, &x, batch, &mut y, &mut scratch).unwrap();
+        let mut want = vec![0.0f64; y.len()];
+        for n in 0..batch {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    for oc in 0..cout {
+                        want[((n * oh + oy) * ow + ox) * cout + oc] = b[oc] as f64;
+                    }
+                }
+            }
+            for iy in 0..input[0] {
+                for ix in 0..input[1] {
+                    for ky in 0..kernel[0] {
+                        for kx in 0..kernel[1] {
+                            let oy =
+                                (iy * stride[0] + ky * dilation[0]) as isize - padding[0] as isize;
+                            let ox =
+                                (ix * stride[1] + kx * dilation[1]) as isize - padding[3] as isize;
+                            if oy < 0 || ox < 0 || oy >= oh as isize || ox >= ow as isize {
+                                continue;
+                            }
+                            for oc in 0..cout {
+                                let gi = oc / cog;
+                                for ci in 0..cig {
+                                    let xv = x[((n * input[0] + iy) * input[1] + ix) * cin
+                                        + gi * cig
+                                        + ci];
+                                    let wv = w[((oc * kernel[0] + ky) * kernel[1] + kx) * cig + ci];
+                                    want[((n * oh + oy as usize) * ow + ox as usize) * cout
+                                        + oc] += xv as f64 * wv as f64;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        for (a, e) in y.iter().zip(&want) {
+            assert!((a - (*e as f32).clamp(-1.5, 1.5)).abs() < 1e-4);
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! Pooling nodes over NHWC images: max, average (over the taps inside the image),
+//! argmax (index within the window) and global average.
+
+use pte_compute::nhwc::{global_avg_pool, pool2d, Geometry, PoolKind};
+use pte_compute::Isa;
+
+use super::quant::{self, Q8};
+use super::{
+    arg, bytes, bytes_mut, describe, f32s, f32s_mut, family, i32s_mut, numel, set_shape, shape_of,
+    Family, KResult, Kernel, NodeCx, PResult, Prepared,
+};
+use crate::exec::{Cx, In, Out};
+use crate::graph::{Datatype, Dims, PoolGeometry};
+
+fn geometry(g: &PoolGeometry, input: [usize; 2]) -> Geometry {
+    let u = |v: u32| v as usize;
+    Geometry {
+        input,
+        kernel: [u(g.window[0]), u(g.window[1])],
+        stride: [u(g.stride[0]), u(g.stride[1])],
+        dilation: [u(g.dilation[0]), u(g.dilation[1])],
+        padding: g.padding.map(u),
+    }
+}
+
+/// `[n, h, w, c]` of a 4-D input.
+fn nhwc(s: &[usize]) -> KResult<[usize; 4]> {
+    match *s {
+        [n, h, w, c] => Ok([n, h, w, c]),
+        _ => Err(format!("input {s:?} is not 4-D (NHWC)")),
+    }
+}
+
+/// How 8-bit pooling maps input to output values.
+#[derive(Clone, Copy)]
+struct QuantMap {
+    signed: bool,
+    si: f32,
+    zi: i32,
+    so: f32,
+    zo: i32,
+    lo: i32,
+    hi: i32,
+}
+
+struct Pool {
+    kind: PoolKind,
+    g: PoolGeometry,
+    geo: Option<Geometry>,
+    min: f32,
+    max: f32,
+    quant: Option<QuantMap>,
+    isa: Isa,
+}
+
+impl Kernel for Pool {
+    fn reshape(&mut self, inputs: &[Option<&[usize]>], outputs: &mut [Dims]) -> KResult {
+        let [n, h, w, c] = nhwc(shape_of(inputs, 0)?)?;
+        let geo = geometry(&self.g, [h, w]);
+        let [oh, ow] = geo.output().map_err(|e| e.to_string())?;
+        self.geo = Some(geo);
+        set_shape(outputs, 0, &[n, oh, ow, c])
+    }
+
+    fn run(&self, cx: &mut Cx<'_>, inputs: &[Option<In<'_>>], outputs: &mut [Out<'_>]) -> KResult {
+        let x = arg(inputs, 0)?;
+        let [n, _, _, c] = nhwc(x.dims)?;
+        let geo = self.geo.as_ref().ok_or("not reshaped")?;
+        let out = outputs.first_mut().ok_or("no output")?;
+        let total = numel(out.dims);
+        match self.quant {
+            None => pool2d(
+                self.isa,
+                cx.pool,
+                self.kind,
+                geo,
+                c,
+                n,
+                f32s(x.bytes, numel(x.dims))?,
+                f32s_mut(out.bytes, total)?,
+                self.min,
+                self.max,
+            )
+            .map_err(|e| e.to_string()),
+            Some(q) if q.signed => quant_pool::<i8>(self.kind, geo, c, n, x, out, total, q),
+            Some(q) => quant_pool::<u8>(self.kind, geo, c, n, x, out, total, q),
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn quant_pool<T: Q8>(
+    kind: PoolKind,
+    geo: &Geometry,
+    c: usize,
+    n: usize,
+    x: &In<'_>,
+    out: &mut Out<'_>,
+    total: usize,
+    q: QuantMap,
+) -> KResult {
+    let src: &[T] = bytemuck::cast_slice(bytes(x.bytes, numel(x.dims))?);
+    let dst: &mut [T] = bytemuck::cast_slice_mut(bytes_mut(out.bytes, total)?);
+    let [oh, ow] = geo.output().map_err(|e| e.to_string())?;
+    let [ih, iw] = geo.input;
+    let [kh, kw] = geo.kernel;
+    for b in 0..n {
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let taps: Vec<(usize, usize)> = (0..kh * kw)
+                    .filter_map(|t| geo.source(oy, ox, t / kw, t % kw))
+                    .collect();
+                for ch in 0..c {
+                    let vals = taps.iter().filter_map(|&(iy, ix)| {
+                        src.get(((b * ih + iy) * iw + ix) * c + ch).map(|v| v.get())
+                    });
+                    let v = match kind {
+                        // Max pooling keeps the input's parameters (checked at load).
+                        PoolKind::Max => vals.max().unwrap_or(q.zo),
+                        PoolKind::Average => {
+                            let (sum, count) = vals
+                                .fold((0i64, 0i64), |(s, k), v| (s + i64::from(v - q.zi), k + 1));
+                            let mean = sum as f32 / count.max(1) as f32;
+                            quant::rint(mean * q.si / q.so) + q.zo
+                        }
+                    };
+                    if let Some(d) = dst.get_mut(((b * oh + oy) * ow + ox) * c + ch) {
+                        *d = T::from_i32(v.clamp(q.lo, q.hi));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn prepare_pool(cx: &NodeCx<'_>, g: &PoolGeometry, kind: PoolKind) -> PResult<Prepared> {
+    let (x, y) = (cx.input(0)?, cx.output(0)?);
+    let (min, max) = cx.bounds()?;
+    if g.window.contains(&0) || g.stride.contains(&0) || g.dilation.contains(&0) {
+        return Err(format!(
+            "window {:?}, stride {:?} and dilation {:?} must be positive",
+            g.window, g.stride, g.dilation
+        )
+        .into());
+    }
+    let quant = match (family(x), family(y)) {
+        (Family::Float, Family::Float) => None,
+        (a @ (Family::QInt8 | Family::QUInt8), b) if a == b => {
+            let ((si, zi), (so, zo)) = x
+                .per_tensor()
+                .zip(y.per_tensor())
+                .ok_or("8-bit pooling needs per-tensor parameters")?;
+            if kind == PoolKind::Max && (si, zi) != (so, zo) {
+                return Err("8-bit max pooling needs the same parameters in and out".into());
+            }
+            let signed = a == Family::QInt8;
+            let (lo, hi) = if signed {
+                quant::bounds::<i8>(min, max, so, zo)
+            } else {
+                quant::bounds::<u8>(min, max, so, zo)
+            };
+            Some(QuantMap {
+                signed,
+                si,
+                zi,
+                so,
+                zo,
+                lo,
+                hi,
+            })
+        }
+        _ => {
+            return Err(format!(
+                "pooling {} to {} is not supported",
+                describe(x),
+                describe(y)
+            )
+            .into())
+        }
+    };
+    Prepared::new(Pool {
+        kind,
+        g: *g,
+        geo: None,
+        min,
+        max,
+        quant,
+        isa: Isa::best(),
+    })
+}
+
+/// MaxPooling2d.
+pub(crate) fn max_pooling(cx: &NodeCx<'_>, g: &PoolGeometry) -> PResult<Prepared> {
+    prepare_pool(cx, g, PoolKind::Max)
+}
+
+/// AvgPooling2d (XNNPACK's average pooling has no dilation: the field is ignored).
+pub(crate) fn avg_pooling(cx: &NodeCx<'_>, g: &PoolGeometry) -> PResult<Prepared> {
+    let g = PoolGeometry {
+        dilation: [1, 1],
+        ..*g
+    };
+    prepare_pool(cx, &g, PoolKind::Average)
+}
+
+struct ArgMax {
+    g: PoolGeometry,
+    geo: Option<Geometry>,
+}
+
+impl Kernel for ArgMax {
+    fn reshape(&mut self, inputs: &[Option<&[usize]>], outputs: &mut [Dims]) -> KResult {
+        let [n, h, w, c] = nhwc(shape_of(inputs, 0)?)?;
+        let geo = geometry(&self.g, [h, w]);
+        let [oh, ow] = geo.output().map_err(|e| e.to_string())?;
+        self.geo = Some(geo);
+        set_shape(outputs, 0, &[n, oh, ow, c])?;
+        set_shape(outputs, 1, &[n, oh, ow, c])
+    }
+
+    fn run(&self, _cx: &mut Cx<'_>, inputs: &[Option<In<'_>>], outputs: &mut [Out<'_>]) -> KResult {
+        let x = arg(inputs, 0)?;
+        let [n, ih, iw, c] = nhwc(x.dims)?;
+        let geo = self.geo.as_ref().ok_or("not reshaped")?;
+        let [oh, ow] = geo.output().map_err(|e| e.to_string())?;
+        let [kh, kw] = geo.kernel;
+        let src = f32s(x.bytes, numel(x.dims))?;
+        let total = n * oh * ow * c;
+        let (first, rest) = outputs.split_first_mut().ok_or("no outputs")?;
+        let values = f32s_mut(first.bytes, total)?;
+        let indices = i32s_mut(rest.first_mut().ok_or("no index output")?.bytes, total)?;
+        for b in 0..n {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    for ch in 0..c {
+                        // The first maximum wins; its index is its position in the window.
+                        let mut best: Option<(f32, usize)> = None;
+                        for t in 0..kh * kw {
+                            let Some((iy, ix)) = geo.source(oy, ox, t / kw, t % kw) else {
+                                continue;
+                            };
+                            let v = src
+                                .get(((b * ih + iy) * iw + ix) * c + ch)
+                                .copied()
+                                .unwrap_or(f32::NAN);
+                            if best.is_none_or(|(m, _)| v > m) {
+                                best = Some((v, t));
+                            }
+                        }
+                        let o = ((b * oh + oy) * ow + ox) * c + ch;
+                        let (v, t) = best.unwrap_or((f32::NAN, 0));
+                        if let (Some(dv), Some(di)) = (values.get_mut(o), indices.get_mut(o)) {
+                            *dv = v;
+                            *di = t as i32;
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// ArgMaxPooling2d (float values, int32 indices).
+pub(crate) fn argmax_pooling(cx: &NodeCx<'_>, g: &PoolGeometry) -> PResult<Prepared> {
+    let (x, v, i) = (cx.input(0)?, cx.output(0)?, cx.output(1)?);
+    if !cx.all_float(&[x, v]) || i.dtype != Datatype::Int32 {
+        return Err(format!(
+            "argmax pooling of {} to {}, {} is not supported",
+            describe(x),
+            describe(v),
+            describe(i)
+        )
+        .into());
+    }
+    if g.window.contains(&0) {
+        return Err("the window must not be empty".into());
+    }
+    Prepared::new(ArgMax { g: *g, geo: None })
+}
+
+struct GlobalAvg {
+    keep_dims: bool,
+    min: f32,
+    max: f32,
+    quant: Option<QuantMap>,
+    isa: Isa,
+}
+
+impl Kernel for GlobalAvg {
+    fn reshape(&mut self, inputs: &[Option<&[usize]>], outputs: &mut [Dims]) -> KResult {
+        let s = shape_of(inputs, 0)?;
+        if s.len() < 3 {
+            return Err(format!("input {s:?} has fewer than 3 dimensions"));
+        }
+        let r = s.len();
+        let out: Dims = if self.keep_dims {
+            s.iter()
+                .enumerate()
+                .map(|(k, &d)| if k == r - 3 || k == r - 2 { 1 } else { d })
+                .collect()
+        } else {
+            s.iter()
+                .enumerate()
+                .filter(|&(k, _)| k != r - 3 && k != r - 2)
+                .map(|(_, &d)| d)
+                .collect()
+        };
+        set_shape(outputs, 0, &out)
+    }
+
+    fn run(&self, _cx: &mut Cx<'_>, inputs: &[Option<In<'_>>], outputs: &mut [Out<'_>]) -> KResult {
+        let x = arg(inputs, 0)?;
+        let r = x.dims.len();
+        let c = x.dims.last().copied().unwrap_or(1);
+        let pixels = x.dims.get(r.saturating_sub(3)).copied().unwrap_or(1)
+            * x.dims.get(r.saturating_sub(2)).copied().unwrap_or(1);
+        let batch = numel(x.dims.get(..r.saturating_sub(3)).unwrap_or_default());
+        let out = outputs.first_mut().ok_or("no output")?;
+        match self.quant {
+            None => global_avg_pool(
+                self.isa,
+                batch,
+                pixels,
+                c,
+                f32s(x.bytes, numel(x.dims))?,
+                f32s_mut(out.bytes, batch * c)?,
+                self.min,
+                self.max,
+            )
+            .map_err(|e| e.to_string()),
+            Some(q) => {
+                let src = bytes(x.bytes, numel(x.dims))?;
+                let dst = bytes_mut(out.bytes, batch * c)?;
+                let get = |v: u8| {
+                    if q.signed {
+                        i32::from(v as i8)
+                    } else {
+                        i32::from(v)
+                    }
+                };
+                for b in 0..batch {
+                    for ch in 0..c {
+                        let sum: i64 = (0..pixels)
+                            .filter_map(|p| src.get((b * pixels + p) * c + ch))
+                            .map(|&v| i64::from(get(v) - q.zi))
+                            .sum();
+                        let mean = sum as f32 / pixels.max(1) as f32;
+                        let v = (quant::rint(mean * q.si / q.so) + q.zo).clamp(q.lo, q.hi);
+                        if let Some(d) = dst.get_mut(b * c + ch) {
+                            *d = if q.signed { v as i8 as u8 } else { v as u8 };
+                        }
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// GlobalAvgPooling2d: the mean over the two dimensions before the last.
+pub(crate) fn global_avg_pooling(cx: &NodeCx<'_>, keep_dims: bool) -> PResult<Prepared> {
+    let (x, y) = (cx.input(0)?, cx.output(0)?);
+    let (min, max) = cx.bounds()?;
+    let quant = match (family(x), family(y)) {
+        (Family::Float, Family::Float) => None,
+        (a @ (Family::QInt8 | Family::QUInt8), b) if a == b => {
+            let ((si, zi), (so, zo)) = x
+                .per_tensor()
+                .zip(y.per_tensor())
+                .ok_or("8-bit pooling needs per-tensor parameters")?;
+            let signed = a == Family::QInt8;
+            let (lo, hi) = if signed {
+                quant::bounds::<i8>(min, max, so, zo)
+            } else {
+                quant::bounds::<u8>(min, max, so, zo)
+            };
+            Some(QuantMap {
+                signed,
+                si,
+                zi,
+                so,
+                zo,
+                lo,
+                hi,
+            })
+        }
+        _ => {
+            return Err(format!(
+                "pooling {} to {} is not supported",
+                describe(x),
+                describe(y)
+            )
+            .into())
+        }
+    };
+    Prepared::new(GlobalAvg {
+        keep_dims,
+        min,
+        max,
+        quant,
+        isa: Isa::best(),
+    })
+}

@@ -1,0 +1,125 @@
+//! Every XNNPACK-lowered fixture runs through the backend and matches upstream's
+//! recorded outputs: floats within the fixture's tolerance, integer outputs exactly.
+//! `PTE_FIXTURES=a,b` restricts the run to some fixtures.
+
+use pte_runtime::{npy, BackendRegistry, EValue, LoadOptions, Method, Program, Tensor};
+use pte_testkit::Fixture;
+
+fn backends() -> BackendRegistry {
+    let mut b = BackendRegistry::new();
+    pte_xnnpack::register(&mut b);
+    b
+}
+
+fn compare(f: &Fixture, k: usize, got: &EValue, path: &str) -> Result<(), String> {
+    let EValue::Tensor(got) = got else {
+        return Err(format!("output {k} is a {}, not a tensor", got.kind()));
+    };
+    let got: Tensor = got.to_contiguous().map_err(|e| e.to_string())?;
+    let want = npy::read_tensor(f.path(path)).map_err(|e| e.to_string())?;
+    if got.dtype() != want.dtype() || got.sizes() != want.sizes() {
+        return Err(format!(
+            "output {k}: {} {:?}, upstream {} {:?}",
+            got.dtype(),
+            got.sizes(),
+            want.dtype(),
+            want.sizes()
+        ));
+    }
+    let (a, b) = (got.to_f64_vec().unwrap(), want.to_f64_vec().unwrap());
+    if got.dtype().is_float() {
+        if let Some((i, x, y)) = f.tolerance.first_mismatch(&a, &b) {
+            return Err(format!(
+                "output {k} element {i}: {x}, upstream {y} (rtol {}, atol {})",
+                f.tolerance.rtol, f.tolerance.atol
+            ));
+        }
+    } else if let Some(i) = (0..a.len()).find(|&i| a[i] != b[i]) {
+        return Err(format!(
+            "output {k} element {i}: {}, upstream {}",
+            a[i], b[i]
+        ));
+    }
+    Ok(())
+}
+
+fn run_fixture(f: &Fixture, threads: usize) -> Result<usize, String> {
+    let mut program = Program::open(f.program_path()).map_err(|e| e.to_string())?;
+    for d in f.data_paths() {
+        program.add_data_file(d).map_err(|e| e.to_string())?;
+    }
+    let kernels = pte_kernels::registry();
+    let backends = backends();
+    let options = LoadOptions {
+        threads: Some(threads),
+        ..LoadOptions::default()
+    };
+    let mut methods: std::collections::BTreeMap<String, Method> = Default::default();
+    for (n, case) in f.cases.iter().enumerate() {
+        if !f.sequential || !methods.contains_key(&case.method) {
+            let m = program
+                .load_method_with(&case.method, &kernels, &backends, &options)
+                .map_err(|e| e.to_string())?;
+            methods.insert(case.method.clone(), m);
+        }
+        let method = methods.get_mut(&case.method).unwrap();
+        let inputs: Vec<EValue> = (0..case.inputs.len())
+            .map(|k| npy::read_input(f.path(&case.inputs[k]), &method.meta().inputs[k]).unwrap())
+            .collect();
+        method
+            .set_inputs(&inputs)
+            .map_err(|e| format!("case {n}: {e}"))?;
+        method.execute().map_err(|e| format!("case {n}: {e}"))?;
+        let outputs = method.outputs().map_err(|e| format!("case {n}: {e}"))?;
+        if outputs.len() != case.outputs.len() {
+            return Err(format!(
+                "case {n}: {} outputs, upstream {}",
+                outputs.len(),
+                case.outputs.len()
+            ));
+        }
+        for (k, (got, path)) in outputs.iter().zip(&case.outputs).enumerate() {
+            compare(f, k, got, path).map_err(|e| format!("case {n}: {e}"))?;
+        }
+    }
+    Ok(f.cases.len())
+}
+
+/// Runs every XNNPACK-lowered fixture of a manifest at 1 and 2 threads.
+fn run_all(manifest: &pte_testkit::Manifest) {
+    let only: Option<Vec<String>> = std::env::var("PTE_FIXTURES")
+        .ok()
+        .map(|s| s.split(',').map(str::to_owned).collect());
+    let mut failures = Vec::new();
+    let mut passed = 0;
+    for f in manifest.fixtures.iter().filter(|f| f.lowering == "xnnpack") {
+        if only.as_ref().is_some_and(|o| !o.contains(&f.name)) {
+            continue;
+        }
+        for threads in [1, 2] {
+            match run_fixture(f, threads) {
+                Ok(_) => passed += 1,
+                Err(e) => failures.push(format!("{} ({threads} threads): {e}", f.name)),
+            }
+        }
+    }
+    eprintln!("{passed} fixture runs passed, {} failed", failures.len());
+    assert!(passed + failures.len() > 0, "no XNNPACK fixture ran");
+    assert!(
+        failures.is_empty(),
+        "failing fixtures:\n  {}",
+        failures.join("\n  ")
+    );
+}
+
+/// The delegated programs among the general fixtures (`tests/fixtures`).
+#[test]
+fn general_fixtures_lowered_to_xnnpack_match_upstream() {
+    run_all(&pte_testkit::manifest());
+}
+
+/// The XNNPACK fixtures (`tests/xnnpack`): float, fp16, quantized, .ptd, dynamic shapes.
+#[test]
+fn xnnpack_fixtures_match_upstream() {
+    run_all(&pte_testkit::manifest_in(&pte_testkit::xnnpack_dir()));
+}
