@@ -1402,6 +1402,164 @@ def _upsample() -> None:
                     cases_of(("rand", (randn(1, 2, 3, 4), grid))), ["aten::grid_sampler_2d.out"], kind="reduction")
 
 
+def channels_last_3d(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last_3d)
+
+
+@family("layout", "non-default dim orders (channels-last 4-d, channels-last-3d 5-d) for the ops upstream "
+        "accepts them in: elementwise (unary, binary with broadcasting and mixed dim orders, activations), "
+        "copies and views, reductions, convolution, pooling, normalization, upsampling")
+def _layout() -> None:
+    L = "layout"
+    cl = lambda *s, dt=F32, **kw: channels_last(rand_of(dt, *s, **kw))  # noqa: E731
+    x = lambda dt=F32: cl(2, 3, 2, 3, dt=dt)  # noqa: E731
+    # Elementwise, one input.
+    for name, fn, op, kind in [
+        ("gelu", F.gelu, "aten::gelu.out", "transcendental"),
+        ("elu", lambda x: F.elu(x, 0.7), "aten::elu.out", "transcendental"),
+        ("leaky_relu", lambda x: F.leaky_relu(x, 0.2), "aten::leaky_relu.out", "elementwise"),
+        ("hardtanh", lambda x: F.hardtanh(x, -0.5, 0.5), "aten::hardtanh.out", "exact"),
+        ("clamp", lambda x: torch.clamp(x, -0.3, 0.8), "aten::clamp.out", "exact"),
+        ("pow_scalar", lambda x: x ** 2, "aten::pow.Tensor_Scalar_out", "elementwise"),
+        ("add_scalar", lambda x: A.add.Scalar(x, 1.5), "aten::add.Scalar_out", "elementwise"),
+        ("mul_scalar", lambda x: A.mul.Scalar(x, -2.0), "aten::mul.Scalar_out", "elementwise"),
+        ("gt_scalar", lambda x: A.gt.Scalar(x, 0.1), "aten::gt.Scalar_out", "exact"),
+        ("sigmoid", torch.sigmoid, "aten::sigmoid.out", "transcendental"),
+    ]:
+        add(L, f"{name}_channels_last", fn, cases_of(("rand", x())), [op], kind=kind)
+    add(L, "logit_channels_last", torch.logit, cases_of(("rand", channels_last(uniform(0.05, 0.95, 2, 3, 2, 3)))), ["aten::logit.out"],
+        kind="transcendental", edge={"preserve_ops": [A.logit.default]})
+    add(L, "bitwise_not_channels_last", torch.bitwise_not, cases_of(("rand", x(I32))), ["aten::bitwise_not.out"], kind="exact")
+    add(L, "logical_not_channels_last", torch.logical_not, cases_of(("rand", x(BOOL))), ["aten::logical_not.out"], kind="exact")
+    add(L, "to_copy_i32_channels_last", lambda x: x.to(I32), cases_of(("rand", cl(2, 3, 2, 3, scale=50.0))),
+        ["dim_order_ops::_to_dim_order_copy.out"], kind="exact")
+    # Elementwise, two or three inputs: same dim order, mixed, broadcast against a
+    # per-channel tensor (a convolution's output plus a bias), 0-d, integers.
+    add(L, "add_bias_channels_last", lambda a, b: a + b, cases_of(("rand", (x(), randn(3, 1, 1)))), ["aten::add.out"])
+    add(L, "mul_row_channels_last", lambda a, b: a * b, cases_of(("rand", (x(), randn(3)))), ["aten::mul.out"])
+    add(L, "sub_0d_channels_last", lambda a, b: a - b, cases_of(("rand", (x(), T(0.25)))), ["aten::sub.out"])
+    add(L, "add_bcast_batch_channels_last", lambda a, b: a + b, cases_of(("rand", (x(), cl(1, 3, 2, 3)))), ["aten::add.out"])
+    add(L, "mul_contiguous_channels_last", lambda a, b: a * b, cases_of(("rand", (randn(2, 3, 2, 3), x()))), ["aten::mul.out"])
+    add(L, "add_i32_channels_last", lambda a, b: a + b, cases_of(("rand", (x(I32), x(I32)))), ["aten::add.out"], kind="exact")
+    add(L, "add_i32_f32_channels_last", lambda a, b: a + b, cases_of(("rand", (x(I32), x()))), ["aten::add.out"])
+    add(L, "minimum_channels_last", torch.minimum, cases_of(("rand", (x(), x()))), ["aten::minimum.out"], kind="exact")
+    add(L, "floor_divide_channels_last", torch.floor_divide, cases_of(("rand", (x(), x())),), ["aten::floor_divide.out"],
+        edge={"preserve_ops": [A.floor_divide.default]})
+    add(L, "rsub_channels_last", lambda a: A.rsub.Scalar(a, 1.0), cases_of(("rand", x())), ["aten::rsub.Scalar_out"],
+        edge={"preserve_ops": [A.rsub.Scalar]})
+    add(L, "where_channels_last", torch.where, cases_of(("rand", (x(BOOL), x(), x()))), ["aten::where.self_out"], kind="exact")
+    add(L, "masked_fill_channels_last", lambda a, m: a.masked_fill(m, -1.0), cases_of(("rand", (x(), x(BOOL)))),
+        ["aten::masked_fill.Scalar_out"], kind="exact", edge={"preserve_ops": [A.masked_fill.Scalar]})
+    add(L, "eq_bias_channels_last", lambda a, b: a > b, cases_of(("rand", (x(), randn(3, 1, 1)))), ["aten::gt.Tensor_out"], kind="exact")
+    add(L, "add_channels_last_3d", lambda a, b: a + b, cases_of(("rand", (channels_last_3d(randn(2, 3, 2, 2, 3)), channels_last_3d(randn(2, 3, 2, 2, 3))))),
+        ["aten::add.out"])
+    add(L, "mul_channels_last_3d_bias", lambda a, b: a * b, cases_of(("rand", (channels_last_3d(randn(1, 3, 2, 2, 3)), randn(3, 1, 1, 1)))),
+        ["aten::mul.out"])
+    # Copies and views.
+    for name, fn, op, kw in [
+        ("clone", lambda x: A.clone.default(x), "aten::clone.out", dict(edge={"_skip_dim_order": True})),
+        ("alias_copy", lambda x: A.alias_copy(x), "aten::alias_copy.out", {}),
+        ("detach_copy", lambda x: A.detach_copy(x), "aten::detach_copy.out", {}),
+        ("slice", lambda x: x[:, :, :, 1:], "aten::slice_copy.Tensor_out", {}),
+        ("slice_channels", lambda x: x[:, 1:], "aten::slice_copy.Tensor_out", {}),
+        ("select", lambda x: x[:, 1], "aten::select_copy.int_out", {}),
+        ("select_batch", lambda x: x[1], "aten::select_copy.int_out", {}),
+        ("transpose", lambda x: A.transpose_copy.int(x, 1, 3), "aten::transpose_copy.int_out", dict(edge={"preserve_ops": [A.transpose_copy.int]})),
+        ("view", lambda x: A.view_copy(x, [2, -1]), "aten::view_copy.out", {}),
+        ("unsqueeze", lambda x: x.unsqueeze(2), "aten::unsqueeze_copy.out", {}),
+        ("expand", lambda x: A.expand_copy(x[:1], [3, 3, 2, 3]), "aten::expand_copy.out", {}),
+        ("flip", lambda x: x.flip((1, 3)), "aten::flip.out", {}),
+        ("roll", lambda x: torch.roll(x, (1, 2), (1, 3)), "aten::roll.out", dict(edge={"preserve_ops": [A.roll.default]})),
+        ("repeat", lambda x: x.repeat(1, 2, 1, 2), "aten::repeat.out", {}),
+        ("constant_pad", lambda x: F.pad(x, (1, 0, 0, 2), value=0.5), "aten::constant_pad_nd.out", {}),
+        ("reflection_pad2d", lambda x: F.pad(x, (1, 1, 1, 0), mode="reflect"), "aten::reflection_pad2d.out",
+         dict(edge={"preserve_ops": [A.reflection_pad2d.default]})),
+        ("replication_pad2d", lambda x: F.pad(x, (2, 0, 1, 1), mode="replicate"), "aten::replication_pad2d.out",
+         dict(edge={"preserve_ops": [A.replication_pad2d.default]})),
+        ("split", lambda x: torch.split(x, [1, 2], 1), "aten::split_with_sizes_copy.out", {}),
+        ("unbind", lambda x: A.unbind_copy.int(x, 1), "aten::unbind_copy.int_out", dict(edge={"preserve_ops": [A.unbind_copy.int]})),
+        ("tril", lambda x: x.tril(), "aten::tril.out", dict(edge={"preserve_ops": [A.tril.default]})),
+        ("narrow", lambda x: A.narrow_copy(x, 1, 1, 2), "aten::narrow_copy.out", {}),
+        ("index_select", lambda x: torch.index_select(x, 1, T([2, 0], I64)), "aten::index_select.out", {}),
+        ("cumsum", lambda x: torch.cumsum(x, 1), "aten::cumsum.out", {}),
+        ("to_contiguous", lambda x: x.contiguous(), "dim_order_ops::_clone_dim_order.out", {}),
+    ]:
+        add(L, f"{name}_channels_last", fn, cases_of(("rand", x())), [op], kind="exact" if op != "aten::cumsum.out" else "reduction", **kw)
+    add(L, "pixel_shuffle_channels_last", lambda x: F.pixel_shuffle(x, 2), cases_of(("rand", cl(1, 8, 2, 3))), ["aten::pixel_shuffle.out"],
+        kind="exact", edge={"preserve_ops": [A.pixel_shuffle.default]})
+    add(L, "cat_mixed_channels_last", lambda a, b: torch.cat([a, b], 1), cases_of(("rand", (x(), randn(2, 1, 2, 3)))), ["aten::cat.out"], kind="exact")
+    add(L, "select_scatter_channels_last", lambda a, b: torch.select_scatter(a, b, 1, 0), cases_of(("rand", (x(), randn(2, 2, 3)))),
+        ["aten::select_scatter.out"], kind="exact", edge={"preserve_ops": [A.select_scatter.default]})
+    add(L, "slice_scatter_channels_last", lambda a, b: torch.slice_scatter(a, b, 3, 1, 3), cases_of(("rand", (x(), cl(2, 3, 2, 2)))),
+        ["aten::slice_scatter.out"], kind="exact")
+    # Reductions.
+    for name, fn, op, kind in [
+        ("sum_hw", lambda x: x.sum((2, 3)), "aten::sum.IntList_out", "reduction"),
+        ("mean_c", lambda x: x.mean(1), "aten::mean.out", "reduction"),
+        ("var", lambda x: x.var(1, keepdim=True), "aten::var.correction_out", "reduction"),
+        ("amin", lambda x: x.amin(3), "aten::amin.out", "exact"),
+        ("argmax", lambda x: x.argmax(1), "aten::argmax.out", "exact"),
+        ("max_dim", lambda x: x.max(2), "aten::max.dim_max", "exact"),
+        ("softmax_last", lambda x: F.softmax(x, -1), "aten::_softmax.out", "transcendental"),
+    ]:
+        add(L, f"{name}_channels_last", fn, cases_of(("rand", x())), [op], kind=kind)
+    add(L, "any_channels_last", lambda x: x.any(1), cases_of(("rand", x(BOOL))), ["aten::any.out"], kind="exact")
+    # Convolution: weights in channels-last too (a model converted with
+    # .to(memory_format=torch.channels_last)), float64, transposed with groups.
+    add(L, "conv2d_weight_channels_last", lambda x, w, b: F.conv2d(x, w, b, padding=1),
+        cases_of(("rand", (cl(2, 3, 4, 5), cl(4, 3, 3, 3), randn(4)))), ["aten::convolution.out"], kind="reduction")
+    add(L, "conv2d_f64_channels_last", lambda x, w: F.conv2d(x, w, stride=2),
+        cases_of(("rand", (cl(1, 2, 5, 5, dt=F64), randn(3, 2, 3, 3, dtype=F64)))), ["aten::convolution.out"], kind="reduction")
+    add(L, "conv_transpose2d_groups_channels_last", lambda x, w: F.conv_transpose2d(x, w, stride=2, groups=2, padding=1, output_padding=1),
+        cases_of(("rand", (cl(1, 4, 3, 3), randn(4, 1, 3, 3)))), ["aten::convolution.out"], kind="reduction")
+    # Pooling.
+    add(L, "max_pool2d_s2_p1_channels_last", lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), cases_of(("rand", cl(2, 3, 5, 4))),
+        ["aten::max_pool2d_with_indices.out"], kind="exact")
+    add(L, "max_pool2d_i32_channels_last", lambda x: F.max_pool2d(x, 2, return_indices=True), cases_of(("rand", cl(1, 3, 4, 4, dt=I32, lo=-50, hi=50))),
+        ["aten::max_pool2d_with_indices.out"], kind="exact")
+    add(L, "avg_pool2d_ceil_pad_channels_last", lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+        cases_of(("rand", cl(2, 3, 5, 6))), ["aten::avg_pool2d.out"], kind="reduction")
+    add(L, "adaptive_avg_pool2d_odd_channels_last", lambda x: F.adaptive_avg_pool2d(x, (2, 3)), cases_of(("rand", cl(2, 3, 5, 7))),
+        ["aten::_adaptive_avg_pool2d.out"], kind="reduction")
+    xp = randn(1, 2, 4, 4)
+    _, idx = F.max_pool2d(xp, 2, return_indices=True)
+
+    def mpb(g, x):
+        _, i = A.max_pool2d_with_indices(x, [2, 2], [2, 2], [0, 0])
+        return A.max_pool2d_with_indices_backward(g, x, [2, 2], [2, 2], [0, 0], [1, 1], False, i)
+
+    add(L, "max_pool2d_backward_channels_last", mpb, cases_of(("rand", (channels_last(randn(*idx.shape)), channels_last(xp)))),
+        ["aten::max_pool2d_with_indices_backward.grad_input"], kind="reduction",
+        note="upstream: max_pool2d_with_indices_backward accumulates into its output without clearing it first")
+    # Normalization.
+    add(L, "layer_norm_channels_last", lambda x, w, b: F.layer_norm(x, (2, 3), w, b), cases_of(("rand", (x(), randn(2, 3), randn(2, 3)))),
+        ["aten::native_layer_norm.out"], kind="reduction")
+    add(L, "group_norm_affine_channels_last", lambda x, w, b: F.group_norm(x, 3, w, b), cases_of(("rand", (cl(2, 6, 2, 3), randn(6), randn(6)))),
+        ["aten::native_group_norm.out"], kind="reduction")
+    add(L, "batch_norm_eval_affine_channels_last", lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b),
+        cases_of(("rand", (x(), randn(3), uniform(0.5, 2, 3), randn(3), randn(3)))),
+        ["aten::_native_batch_norm_legit_no_training.out"], kind="reduction")
+    add(L, "batch_norm_train_channels_last", lambda x: F.batch_norm(x, None, None, training=True), cases_of(("rand", x())),
+        ["aten::_native_batch_norm_legit.no_stats_out"], kind="reduction")
+    # Upsampling and sampling.
+    add(L, "bilinear_ac_channels_last", lambda x: F.interpolate(x, size=(4, 5), mode="bilinear", align_corners=True), cases_of(("rand", x())),
+        ["aten::upsample_bilinear2d.vec_out"], kind="reduction")
+    add(L, "bilinear_aa_channels_last", lambda x: F.interpolate(x, size=(2, 2), mode="bilinear", antialias=True), cases_of(("rand", cl(2, 3, 5, 6))),
+        ["aten::_upsample_bilinear2d_aa.out"], kind="reduction")
+    add(L, "nearest_size_channels_last", lambda x: F.interpolate(x, size=(3, 5)), cases_of(("rand", x())),
+        ["aten::upsample_nearest2d.vec_out"], kind="exact")
+    add(L, "grid_sample_channels_last", lambda x, g: F.grid_sample(x, g, align_corners=False), cases_of(("rand", (x(), uniform(-1.1, 1.1, 2, 2, 3, 2)))),
+        ["aten::grid_sampler_2d.out"], kind="reduction")
+    # Dynamic sizes: outputs resized each call keep their dim order.
+    d = Dim("n", min=2, max=8)
+    add(L, "dynamic_conv_channels_last", lambda x, w: F.conv2d(x, w, padding=1),
+        [("n2", (cl(2, 2, 4, 5), randn(3, 2, 3, 3))), ("n3", (cl(3, 2, 4, 5), randn(3, 2, 3, 3)))],
+        ["aten::convolution.out"], kind="reduction", dynamic=({0: d}, None))
+    add(L, "dynamic_pool_bias_channels_last", lambda x, b: F.max_pool2d(x + b, 2),
+        [("h4", (cl(1, 3, 4, 4), randn(3, 1, 1))), ("h6", (cl(1, 3, 6, 4), randn(3, 1, 1)))],
+        ["aten::add.out", "aten::max_pool2d_with_indices.out"], kind="exact", dynamic=({2: Dim("h2", min=1, max=8) * 2}, None))
+
+
 @family("complex", "complex tensors: FFT (rfft/irfft, norms, sizes), conj_physical, view_as_real, "
         "arithmetic (add, sub, mul, div, abs), sum, bmm, cat, conversions")
 def _complex() -> None:
