@@ -1600,6 +1600,25 @@ def _complex() -> None:
             kind="exact", edge={"preserve_ops": [A._conj_physical.default]})
         add(X, f"view_as_real_{SHORT[dt]}", lambda x: torch.view_as_real(x), cases_of(("rand", randn(2, 3, dtype=dt))),
             ["aten::view_as_real_copy.out"], kind="exact", edge={"_check_ir_validity": False})
+    # Views and copies move complex elements whole (16 bytes for complex128).
+    for dt in [c64, c128]:
+        s = SHORT[dt]
+        for name, fn, op in [("permute", lambda x: x.permute(2, 0, 1), "aten::permute_copy.out"),
+                             ("view", lambda x: A.view_copy(x, [4, -1]), "aten::view_copy.out"),
+                             ("select", lambda x: x[:, 1], "aten::select_copy.int_out"),
+                             ("slice", lambda x: x[..., ::2], "aten::slice_copy.Tensor_out"),
+                             ("expand", lambda x: A.expand_copy(x[:1], [3, 3, 4]), "aten::expand_copy.out"),
+                             ("unsqueeze", lambda x: x.unsqueeze(1), "aten::unsqueeze_copy.out"),
+                             ("clone", lambda x: x.clone(), "dim_order_ops::_clone_dim_order.out")]:
+            add(X, f"{name}_{s}", fn, cases_of(("rand", randn(2, 3, 4, dtype=dt))), [op], kind="exact", edge=nocheck)
+    add(X, "transpose_c64", lambda x: A.transpose_copy.int(x, 0, 1), cases_of(("rand", randn(2, 3, dtype=c64))), ["aten::transpose_copy.int_out"],
+        kind="exact", edge={"_check_ir_validity": False, "preserve_ops": [A.transpose_copy.int]})
+    add(X, "sub_alpha_c128_channels_last", lambda a, b: torch.sub(a, b, alpha=3),
+        cases_of(("rand", (channels_last(randn(1, 2, 2, 3, dtype=c128)), channels_last(randn(1, 2, 2, 3, dtype=c128))))), ["aten::sub.out"],
+        kind="elementwise", edge=nocheck)
+    add(X, "mean_c64", lambda x: x.mean(0), cases_of(("rand", randn(3, 4, dtype=c64))), ["aten::mean.out"], kind="reduction", edge=nocheck)
+    add(X, "mm_c64", torch.mm, cases_of(("rand", (randn(2, 3, dtype=c64), randn(3, 2, dtype=c64)))), ["aten::mm.out"], kind="reduction", edge=nocheck)
+    add(X, "abs_empty_c64", torch.abs, cases_of(("rand", randn(0, 3, dtype=c64))), ["aten::abs.out"], kind="elementwise", edge=nocheck)
 
 
 def _rename_op(old: str, new_name: str, new_overload: str):
