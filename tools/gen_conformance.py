@@ -760,6 +760,11 @@ def _activation() -> None:
         add("activation", f"{name}_half_to_float", lambda x, op=op: getattr(A, op.split("::")[1].split(".")[0])(x, 1, True),
             cases_of(("a", randn(2, 4, dtype=F16))), [op], kind="transcendental",
             edge={"_check_ir_validity": False})
+    # Integer hardtanh: bounds outside the type or fractional compare before narrowing.
+    for dt in [U8, I8, I32]:
+        add("activation", f"hardtanh_default_{SHORT[dt]}", F.hardtanh, cases_of(("edge", edges_of(dt))), ["aten::hardtanh.out"], kind="exact")
+    add("activation", "hardtanh_frac_i32", lambda x: A.hardtanh(x, -2.5, 3.5), cases_of(("edge", edges_of(I32))), ["aten::hardtanh.out"], kind="exact")
+    add("activation", "hardtanh_wide_i8", lambda x: A.hardtanh(x, -300, 100), cases_of(("edge", edges_of(I8))), ["aten::hardtanh.out"], kind="exact")
 
 
 RED_EDGE = T([[1.0, nan, 3.0, -1.0], [2.0, 2.0, -inf, 0.0], [inf, 5.0, -0.0, 0.0]], F32)
@@ -864,6 +869,18 @@ def _reduce() -> None:
         ["aten::topk.values"], kind="exact")
     add(R, "topk_nan", lambda x: torch.topk(x, 2), cases_of(("edge", T([1.0, nan, 3.0, -inf, inf], F32))), ["aten::topk.values"], kind="exact")
     add(R, "topk_k0", lambda x: torch.topk(x, 0), cases_of(("base", randn(5))), ["aten::topk.values"], kind="exact")
+    # Ties and sorted=False: PyTorch leaves equal values (and, unsorted, the whole top k) as
+    # its C++ standard library's partial_sort / nth_element / sort arrange them.
+    for tag, shape, k, kw in [("ties_select", (3, 40), 5, {}), ("ties_partial", (2, 130), 2, {}), ("ties_min", (3, 40), 7, dict(largest=False)),
+                              ("ties_long", (2, 70), 33, {}), ("unsorted", (3, 12), 4, dict(sorted=False)),
+                              ("unsorted_min", (2, 50), 9, dict(sorted=False, largest=False))]:
+        add(R, f"topk_{tag}", lambda x, k=k, kw=kw: torch.topk(x, k, dim=-1, **kw),
+            cases_of(("ties", randint(0, 4, *shape).float()), ("perm", torch.randperm(shape[0] * shape[1]).reshape(shape).float())),
+            ["aten::topk.values"], kind="exact")
+    add(R, "topk_ties_i32_dim0", lambda x: torch.topk(x, 4, dim=0), cases_of(("ties", randint(-2, 2, 9, 5, dtype=I32))),
+        ["aten::topk.values"], kind="exact")
+    add(R, "topk_nans", lambda x: torch.topk(x, 4), cases_of(("edge", T([nan, 1.0, nan, 2.0, 2.0, nan, -inf, 1.0], F32))), ["aten::topk.values"],
+        kind="exact")
 
 
 @family("linalg", "matrix products: dtypes, batch, addmm's alpha/beta (beta=0 ignores NaN), linear "

@@ -212,9 +212,18 @@ fn clamp_in(
     map_any(args, operands, 3, compute, &op)
 }
 
-/// An integer scalar bound limited to the range of an integer compute type: PyTorch
-/// compares before narrowing (`clamp(uint8, -2, 3)` keeps 0, not 254).
+/// A scalar bound of an integer compute type (`hardtanh` of integers), limited to the
+/// type's range: PyTorch compares before narrowing (`clamp(uint8, -2, 3)` keeps 0, not
+/// 254). A fractional bound clamps in floating point and the result is truncated, which
+/// is the same as clamping to the truncated bound (truncation is monotonic).
 fn saturate(bound: Option<Operand>, compute: DType) -> Option<Operand> {
+    let bound = match bound {
+        Some(Operand::Scalar(Scalar::Double(v))) if compute.is_int() && !v.is_nan() => {
+            // (`as` saturates infinities to the i64 range, clamped below.)
+            Some(Operand::Scalar(Scalar::Int(v.trunc() as i64)))
+        }
+        other => other,
+    };
     match bound {
         Some(Operand::Scalar(Scalar::Int(v))) if compute.is_int() => {
             let (lo, hi) =

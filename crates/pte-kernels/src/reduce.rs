@@ -13,7 +13,7 @@
 //! Gathered inputs, accumulated results and `topk`'s sort order live in the method's
 //! scratch memory, so a steady-state run allocates nothing.
 
-use std::cmp::Ordering;
+mod select;
 
 use pte_runtime::TensorInfo;
 use pte_runtime::{Arg, Args, DType, Dims, KernelError, KernelRegistry, KernelResult, Scalar};
@@ -546,23 +546,17 @@ fn scan<T: Copy, A: Copy + Default>(
     }
 }
 
-/// PyTorch's sort order for `topk`: NaN above every number.
-fn nan_last<T: PartialOrd + Copy>(a: &T, b: &T) -> Ordering {
-    match (is_nan(*a), is_nan(*b)) {
-        (true, true) => Ordering::Equal,
-        (true, false) => Ordering::Greater,
-        (false, true) => Ordering::Less,
-        (false, false) => a.partial_cmp(b).unwrap_or(Ordering::Equal),
-    }
-}
-
 /// `topk.values(self, k, dim, largest, sorted, values, indices, returns)`: the k largest
-/// (or smallest) along a dim, always in sorted order, ties by lower index first.
+/// (or smallest) along a dim, NaN above every number, arranged as PyTorch arranges them:
+/// a partial sort when k is at most 1/64 of the dim, else a selection of the k-th element
+/// with the k - 1 before it sorted when `sorted` (ties and the unsorted order follow
+/// [`select`]).
 fn topk(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;
     let k = args.int(1)?;
     let dim = x.dim(args.int(2)?)?;
     let largest = args.bool(3)?;
+    let sorted = args.bool(4)?;
     let (outer, red, inner) = split_at_dim(&x.sizes, dim);
     let k = usize::try_from(k)
         .ok()
@@ -591,15 +585,22 @@ fn topk(args: &mut Args<'_>) -> KernelResult {
             for i in 0..inner {
                 let at = |r: usize| src.get((o * red + r) * inner + i).copied().unwrap_or_default();
                 lane.iter_mut().enumerate().for_each(|(r, p)| *p = r);
-                // Equal values keep index order.
-                lane.sort_unstable_by(|&a, &b| {
-                    let order = if largest {
-                        nan_last(&at(b), &at(a))
+                let before = |a: usize, b: usize| {
+                    let (x, y) = (at(a), at(b));
+                    if largest {
+                        (is_nan(x) && !is_nan(y)) || x > y
                     } else {
-                        nan_last(&at(a), &at(b))
-                    };
-                    order.then(a.cmp(&b))
-                });
+                        (!is_nan(x) && is_nan(y)) || x < y
+                    }
+                };
+                if k.saturating_mul(64) <= red {
+                    select::partial_sort(lane, k, &before);
+                } else if k > 0 {
+                    select::nth_element(lane, k - 1, &before);
+                    if sorted {
+                        select::sort(lane, k - 1, &before);
+                    }
+                }
                 for (j, &r) in lane.iter().take(k).enumerate() {
                     let to = (o * k + j) * inner + i;
                     *vals.at_mut(to)? = at(r);

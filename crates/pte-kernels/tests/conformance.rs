@@ -25,8 +25,13 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use pte_runtime::{npy, strides_for, DType, EValue, KernelRegistry, Program, Tensor, ValueMeta};
 use serde::Deserialize;
 
+/// `tests/conformance/`, or `PTE_CONFORMANCE_DIR` (a suite the generator wrote elsewhere
+/// with `--out`, e.g. an exploratory sweep).
 fn suite_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/conformance")
+    match std::env::var_os("PTE_CONFORMANCE_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/conformance"),
+    }
 }
 
 #[derive(Deserialize)]
