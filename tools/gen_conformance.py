@@ -879,6 +879,12 @@ def _reduce() -> None:
             ["aten::topk.values"], kind="exact")
     add(R, "topk_ties_i32_dim0", lambda x: torch.topk(x, 4, dim=0), cases_of(("ties", randint(-2, 2, 9, 5, dtype=I32))),
         ["aten::topk.values"], kind="exact")
+    # Products round to their type at each step: an intermediate overflow or underflow shows.
+    for dt in [F32, F16, BF16]:
+        big, tiny = {F32: (1e30, 1e-30), F16: (300.0, 1e-3), BF16: (1e30, 1e-30)}[dt]
+        add(R, f"prod_steps_{SHORT[dt]}", lambda x: x.prod(-1),
+            cases_of(("edge", T([[big, big, tiny, tiny], [tiny, tiny, big, big], [-2.5, 6e-8, 65504.0, -7.25]], dt))), ["aten::prod.int_out"],
+            kind="exact")
     add(R, "topk_nans", lambda x: torch.topk(x, 4), cases_of(("edge", T([nan, 1.0, nan, 2.0, 2.0, nan, -inf, 1.0], F32))), ["aten::topk.values"],
         kind="exact")
 
@@ -1349,6 +1355,13 @@ def _index() -> None:
             ["aten::embedding.out"], kind="exact")
     add(X, "embedding_i32_index", lambda w, i: F.embedding(i, w), cases_of(("rand", (randn(5, 3), T([4, 0, 1], I32)))), ["aten::embedding.out"], kind="exact")
     add(X, "embedding_0d_index", lambda w, i: F.embedding(i, w), cases_of(("rand", (randn(5, 3), T(3, I64)))), ["aten::embedding.out"], kind="exact")
+    # float16/bfloat16 scatter_add sums in float32 and rounds once (300 ones reach 300 in bfloat16).
+    for dt in [F16, BF16]:
+        add(X, f"scatter_add_many_{SHORT[dt]}", lambda x, i, s: torch.scatter_add(x, 1, i, s),
+            cases_of(("ones", (torch.zeros(2, 3, dtype=dt), torch.zeros(2, 300, dtype=I64), torch.ones(2, 300, dtype=dt)))),
+            ["aten::scatter_add.out"], kind="exact")
+        add(X, f"scatter_add_many_rand_{SHORT[dt]}", lambda x, i, s: torch.scatter_add(x, 1, i, s),
+            cases_of(("rand", (rand_of(dt, 2, 3), randint(0, 3, 2, 40), rand_of(dt, 2, 40)))), ["aten::scatter_add.out"], kind="exact")
 
 
 @family("create", "tensor creation: full/zeros/ones/empty/arange/scalar_tensor/fill with dtypes, "

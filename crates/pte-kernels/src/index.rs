@@ -26,7 +26,7 @@ use crate::layout::{
 use crate::num::Elem;
 use crate::util::{broadcast_shapes, broadcast_strides, dim_of, for_each_broadcast, numel_of};
 use crate::util::{oob, same_dtype, scalar_as, slice_bounds, split_at_dim};
-use crate::util::{wrap_index, Checked, Stateful};
+use crate::util::{wrap_index, Checked, Scratch, Stateful};
 
 /// The values of an int64 or int32 index tensor, read in place.
 #[derive(Clone, Copy)]
@@ -694,20 +694,39 @@ fn scatter_add(args: &mut Args<'_>) -> KernelResult {
     args.resize(4, &x.sizes)?;
     same_dtype(x.dtype, args.tensor(4)?.dtype)?;
     let sst: Dims = row_major(&ss).iter().map(|&v| v as usize).collect();
-    let mut io = Dense::io(args, &[0.into(), 2.into(), 3.into()], &[4.into()], &[])?;
+    // PyTorch sums float16 and bfloat16 in float32 and rounds once at the end.
+    let wide = matches!(x.dtype, DType::F16 | DType::BF16);
+    let n = if wide { x.numel() } else { 0 };
+    let pieces = [Scratch::piece::<f32>(n)];
+    let mut io = Dense::io(args, &[0.into(), 2.into(), 3.into()], &[4.into()], &pieces)?;
     let (input, index) = (io.bytes(0)?, IndexData::input(&io, 1)?);
     io.bytes_mut(0)?.copy_from_slice(input);
+    let acc = io.scratch.take::<f32>(n)?;
     let is_bool = x.dtype == DType::Bool;
+    let range = || KernelError::invalid("scatter_add: element out of range");
     crate::dispatch_all!(x.dtype, T => {
         let src = io.input::<T>(2)?;
         let dst = io.output::<T>(0)?;
         let mut ok = true;
-        along.each(index, &sst, |at, from| match (src.get(from), dst.get_mut(at)) {
-            (Some(&v), Some(d)) => *d = add(*d, v, is_bool),
-            _ => ok = false,
-        })?;
+        if wide {
+            for (a, d) in acc.iter_mut().zip(dst.iter()) {
+                *a = d.to_f64() as f32;
+            }
+            along.each(index, &sst, |at, from| match (src.get(from), acc.get_mut(at)) {
+                (Some(&v), Some(a)) => *a += v.to_f64() as f32,
+                _ => ok = false,
+            })?;
+            for (d, a) in dst.iter_mut().zip(acc.iter()) {
+                *d = T::from_f64(f64::from(*a));
+            }
+        } else {
+            along.each(index, &sst, |at, from| match (src.get(from), dst.get_mut(at)) {
+                (Some(&v), Some(d)) => *d = add(*d, v, is_bool),
+                _ => ok = false,
+            })?;
+        }
         if !ok {
-            return Err(KernelError::invalid("scatter_add: element out of range"));
+            return Err(range());
         }
     }, return Err(KernelError::dtypes(&[x.dtype])));
     io.finish()

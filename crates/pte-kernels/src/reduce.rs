@@ -227,8 +227,13 @@ fn arith(
         let in_bool = x.dtype == DType::Bool;
         if od.is_float() {
             let res = io.scratch.take::<f64>(n)?;
-            let (init, f): (f64, fn(f64, f64) -> f64) = match op {
-                Arith::Prod => (1.0, |a, b| a * b),
+            // Products round to the output's type at each step, as PyTorch multiplies
+            // in it (an intermediate overflow or underflow shows); sums accumulate wide.
+            let (init, f): (f64, fn(f64, f64) -> f64) = match (op, od) {
+                (Arith::Prod, DType::F32) => (1.0, |a, b| f64::from((a * b) as f32)),
+                (Arith::Prod, DType::F16) => (1.0, |a, b| half::f16::from_f64(a * b).to_f64()),
+                (Arith::Prod, DType::BF16) => (1.0, |a, b| half::bf16::from_f64(a * b).to_f64()),
+                (Arith::Prod, _) => (1.0, |a, b| a * b),
                 _ => (0.0, |a, b| a + b),
             };
             fold(src, block, init, |a, v, _| *a = f(*a, v.to_f64()), |i, a| {
