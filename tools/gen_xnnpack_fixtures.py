@@ -451,6 +451,34 @@ def _dynamic_batch():
     )
 
 
+class SiluNet(nn.Module):
+    """SiLU after a convolution, a depthwise convolution and a linear layer (fused into
+    their epilogues by pte), on a graph input, and on a value read twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.fc = nn.Linear(8, 6)
+
+    def forward(self, x):
+        y = F.silu(self.conv(x))
+        z = self.dw(y)
+        z = z * torch.sigmoid(z) + z
+        p = F.silu(self.fc(z.mean(dim=[2, 3])))
+        return p, x * torch.sigmoid(x)
+
+
+@fixture("xnn_silu")
+def _silu():
+    return XSpec(
+        "SiLU (as x * sigmoid(x) and F.silu) after conv, depthwise conv and linear, on an "
+        "input, and on a value with another reader.",
+        SiluNet(),
+        (torch.randn(1, 4, 9, 9) * 2,),
+    )
+
+
 class Unary(nn.Module):
     def forward(self, x, p):
         return (

@@ -79,7 +79,7 @@ pub use header::{align_up, DataHeader, ProgramHeader};
 pub use ptd::{NamedEntry, Ptd, TensorLayout, DATA_IDENTIFIER};
 pub use pte::{Pte, SubSegments, Verified, PROGRAM_IDENTIFIER};
 pub use source::FileBytes;
-pub use write::{write_ptd, DataEntry, ProgramImage, Segment, WriteOptions};
+pub use write::{finish_flatbuffer, write_ptd, DataEntry, ProgramImage, Segment, WriteOptions};
 
 /// The kind of file, told from its identifier at bytes 4..8.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -274,7 +274,7 @@ impl<'a> ProgramImage<'a> {
 /// planus 1.3 mangles the identifier when asked to write one, so we finish without it and
 /// insert the identifier plus four bytes of padding after the root offset: moving the body
 /// by 8 keeps every field at its alignment.
-pub(crate) fn finish_flatbuffer<T>(
+pub fn finish_flatbuffer<T>(
     root: &impl planus::WriteAsOffset<T>,
     identifier: &str,
 ) -> Result<Vec<u8>> {

@@ -482,9 +482,28 @@ impl Exec {
                 *p = Place::Arena { offset, len };
             }
         }
-        self.arena
-            .resize(top.max(self.arena.len()))
-            .map_err(|e| storage_err("delegate arena", e))?;
+        self.arena.resize(top.max(self.arena.len())).map_err(|e| {
+            // Name the largest value and the node producing it.
+            let largest = needs.iter().copied().max_by_key(|&v| {
+                let d = self.dtypes.get(v).copied().unwrap_or(Datatype::F32);
+                let q = self.quants.get(v).cloned().unwrap_or(Quant::None);
+                value_bytes(d, &q, self.shapes.get(v).map_or(&[][..], |s| s.as_slice()))
+            });
+            let what = match largest.and_then(|v| {
+                let step = self.steps.iter().find(|s| s.outputs.contains(&v))?;
+                Some((v, step))
+            }) {
+                Some((v, s)) => format!(
+                    "delegate arena (largest value: output {:?} of node {} ({}, debug handle {}))",
+                    self.shapes.get(v).map(|d| d.as_slice()).unwrap_or_default(),
+                    s.index,
+                    s.kind,
+                    s.debug_handle
+                ),
+                None => "delegate arena".to_owned(),
+            };
+            storage_err(&what, e)
+        })?;
         self.scratch
             .resize(scratch.max(self.scratch.len()))
             .map_err(|e| storage_err("delegate scratch memory", e))?;

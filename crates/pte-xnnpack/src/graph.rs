@@ -247,6 +247,8 @@ pub enum UnaryOp {
     },
     /// Only the node's output bounds.
     Clamp,
+    /// `x · sigmoid(x)`: not a schema node, the fusion of a sigmoid and a product.
+    Silu,
 }
 
 /// Geometry of a 2-D convolution (regular, depthwise or transposed), NHWC.
@@ -340,6 +342,8 @@ pub struct Node {
     pub max: f32,
     /// The schema's flags field.
     pub flags: u32,
+    /// A SiLU fused into the node's output (see `fuse.rs`).
+    pub fused_silu: bool,
 }
 
 /// A validated XNNGraph.
@@ -461,6 +465,7 @@ impl Graph {
                     min: f32::NEG_INFINITY,
                     max: f32::INFINITY,
                     flags: 0,
+                    fused_silu: false,
                 });
             } else {
                 insert_id(&mut ids, parsed.value.id, values.len())?;
@@ -1102,6 +1107,7 @@ fn read_node(
         min,
         max,
         flags: 0,
+        fused_silu: false,
     };
     // Field reads: errors name the node.
     macro_rules! get {

@@ -51,6 +51,7 @@
 
 mod error;
 mod exec;
+mod fuse;
 mod graph;
 mod ops;
 pub mod payload;
@@ -160,7 +161,7 @@ fn check_call(graph: &Graph, args: &[ArgDecl]) -> Result<Vec<Option<DType>>> {
 
 impl Backend for XnnpackBackend {
     fn init(&self, init: &DelegateInit<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
-        let graph = Graph::parse(&init.processed, init.named_data)?;
+        let mut graph = Graph::parse(&init.processed, init.named_data)?;
         // Every call of the delegate must fit the graph; the first one's dtypes decide
         // how values cross the boundary.
         let mut dtypes: Option<Vec<Option<DType>>> = None;
@@ -195,6 +196,7 @@ impl Backend for XnnpackBackend {
             }
             d
         });
+        fuse::fuse(&mut graph);
         let exec = exec::Exec::new(&graph, &dtypes, init.budget, Arc::clone(init.pool))?;
         Ok(Box::new(Delegate { exec }))
     }

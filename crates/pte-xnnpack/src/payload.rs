@@ -100,6 +100,29 @@ pub fn layout(payload: &[u8]) -> Result<Layout> {
     Ok(layout)
 }
 
+/// Writes a payload as upstream's serializer lays it out: the `XH00` header padded to
+/// 32 bytes, the graph (identifier `XN01`) padded to 16, then the constant region.
+/// Tests and the fuzzer build payloads with it.
+pub fn write(graph: &crate::schema::fb_xnnpack::XnnGraph, constants: &[u8]) -> Result<Vec<u8>> {
+    let fb = pte_format::finish_flatbuffer(graph, "XN01")
+        .map_err(|e| XnnError::payload(format!("writing the graph: {e}")))?;
+    let fb_padded = fb.len().div_ceil(16) * 16;
+    let cd_offset = 32 + fb_padded;
+    let mut out = Vec::with_capacity(cd_offset + constants.len());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(HEADER_MAGIC);
+    out.extend_from_slice(&(HEADER_MIN as u16).to_le_bytes());
+    out.extend_from_slice(&32u32.to_le_bytes());
+    out.extend_from_slice(&(fb.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(cd_offset as u32).to_le_bytes());
+    out.extend_from_slice(&(constants.len() as u64).to_le_bytes());
+    out.resize(32, 0);
+    out.extend_from_slice(&fb);
+    out.resize(cd_offset, 0);
+    out.extend_from_slice(constants);
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,7 @@ use super::Geometry;
 use crate::arch::{
     depthwise_pixels, indirect_microkernel, IndirectRows, PixelTaps, Post, TileBias, INDIRECT_TAPS,
 };
-use crate::elementwise::clamp;
+use crate::elementwise::{self, clamp, Activation};
 use crate::error::{self, Error, Result};
 use crate::gemm::{Gemm, PackedB};
 use crate::mat::{MatMut, MatRef};
@@ -41,8 +41,11 @@ pub struct ConvNhwc {
     padded_bias: Vec<f32>,
     /// A row of zeros for the taps that fall on padding.
     zero: Vec<f32>,
+    /// The clamp of the activation, fused into the kernels (infinite without one).
     min: f32,
     max: f32,
+    /// Another activation, applied to each tile once it is stored.
+    after: Activation,
 }
 
 impl std::fmt::Debug for ConvNhwc {
@@ -59,7 +62,8 @@ impl ConvNhwc {
     /// A convolution of `groups` groups of `cig` input and `cog` output channels.
     /// Regular weights are `[groups·cog, kh, kw, cig]`; with `depthwise` (then `cig` is
     /// 1 and `cog` the channel multiplier) they are `[kh, kw, groups·cog]`. The bias has
-    /// one value per output channel; outputs are clamped to `[min, max]`.
+    /// one value per output channel; `activation` follows (a clamp runs inside the
+    /// kernels, others on each stored tile).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         gemm: Gemm,
@@ -70,9 +74,13 @@ impl ConvNhwc {
         depthwise: bool,
         weights: &[f32],
         bias: Option<&[f32]>,
-        min: f32,
-        max: f32,
+        activation: Activation,
     ) -> Result<Self> {
+        let ((min, max), after) = match activation {
+            Activation::Clamp { min, max } => ((min, max), Activation::Identity),
+            Activation::Identity => ((f32::NEG_INFINITY, f32::INFINITY), Activation::Identity),
+            a => ((f32::NEG_INFINITY, f32::INFINITY), a),
+        };
         let out = g.output()?;
         let taps = error::mul(g.kernel[0], g.kernel[1], "kernel")?;
         let cout = error::mul(groups, cog, "output channels")?;
@@ -125,6 +133,7 @@ impl ConvNhwc {
             zero: vec![0.0; cig.max(groups)],
             min,
             max,
+            after,
         })
     }
 
@@ -474,6 +483,14 @@ impl ConvNhwc {
             if ok.is_err() {
                 fail();
             }
+            if last && self.after != Activation::Identity {
+                let cols = nr.min(self.cog - q * nr);
+                for i in 0..rows {
+                    if let Some(run) = c.row_run(mt + i, col, cols) {
+                        elementwise::activate(isa, run, self.after);
+                    }
+                }
+            }
         }
     }
 
@@ -530,6 +547,9 @@ impl ConvNhwc {
                 depthwise_pixels(
                     isa, &taps, weights, &self.bias, outs, true, true, self.min, self.max,
                 )?;
+                if self.after != Activation::Identity {
+                    elementwise::activate(isa, outs, self.after);
+                }
             }
             return Ok(());
         }
@@ -548,6 +568,9 @@ impl ConvNhwc {
                     depthwise_pixels(
                         isa, &taps, w, &self.bias, out, first, last, self.min, self.max,
                     )?;
+                    if last {
+                        elementwise::activate(isa, out, self.after);
+                    }
                     continue;
                 }
                 // Each input channel feeds `mult` outputs: expand the pixel.
@@ -569,6 +592,7 @@ impl ConvNhwc {
                     for o in out.iter_mut() {
                         *o = clamp(*o, self.min, self.max);
                     }
+                    elementwise::activate(isa, out, self.after);
                 }
             }
         }

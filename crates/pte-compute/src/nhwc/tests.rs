@@ -143,19 +143,42 @@ fn convolutions_match_a_direct_loop() {
                 let x = data(batch * input[0] * input[1] * groups * cig, 1);
                 let w = data(groups * cog * kernel[0] * kernel[1] * cig, 2);
                 let b = data(groups * cog, 3);
-                let conv =
-                    ConvNhwc::new(gemm, g, groups, cig, cog, dw, &w, Some(&b), -0.9, 2.0).unwrap();
-                let [oh, ow] = conv.output_size();
-                let mut y = vec![f32::NAN; batch * oh * ow * groups * cog];
-                let mut scratch = vec![0.0; conv.scratch_len(batch, threads).unwrap()];
-                conv.run(&pool, &x, batch, &mut y, &mut scratch).unwrap();
-                let want = reference(&g, groups, cig, cog, dw, batch, &x, &w, &b, -0.9, 2.0);
-                for (i, (a, e)) in y.iter().zip(&want).enumerate() {
-                    assert!(
-                        (a - e).abs() < 1e-4,
-                        "{isa:?} {} case {g:?} at {i}: {a} vs {e}",
-                        conv.algorithm()
+                for act in [
+                    crate::Activation::Clamp {
+                        min: -0.9,
+                        max: 2.0,
+                    },
+                    crate::Activation::Silu,
+                ] {
+                    let conv =
+                        ConvNhwc::new(gemm, g, groups, cig, cog, dw, &w, Some(&b), act).unwrap();
+                    let [oh, ow] = conv.output_size();
+                    let mut y = vec![f32::NAN; batch * oh * ow * groups * cog];
+                    let mut scratch = vec![0.0; conv.scratch_len(batch, threads).unwrap()];
+                    conv.run(&pool, &x, batch, &mut y, &mut scratch).unwrap();
+                    let mut want = reference(
+                        &g,
+                        groups,
+                        cig,
+                        cog,
+                        dw,
+                        batch,
+                        &x,
+                        &w,
+                        &b,
+                        f32::NEG_INFINITY,
+                        f32::INFINITY,
                     );
+                    for v in &mut want {
+                        *v = act.apply_scalar(*v);
+                    }
+                    for (i, (a, e)) in y.iter().zip(&want).enumerate() {
+                        assert!(
+                            (a - e).abs() < 1e-4,
+                            "{isa:?} {} case {g:?} at {i}: {a} vs {e}",
+                            conv.algorithm()
+                        );
+                    }
                 }
             }
         }

@@ -6,9 +6,11 @@
 //! folded out), multiply with int32 accumulation, and requantize per output channel
 //! the way XNNPACK's fp32 kernels do; depthwise ones accumulate per channel directly.
 
+use std::borrow::Cow;
+
 use pte_compute::nhwc::{ConvNhwc, DeconvNhwc, Geometry};
 use pte_compute::qgemm::{qgemm, PackedI8, Rows};
-use pte_compute::Gemm;
+use pte_compute::{Activation, Gemm};
 use pte_runtime::Charge;
 
 use super::linear::{charge, quant_bias, requant_scales};
@@ -122,19 +124,24 @@ struct FloatConv {
     cout: usize,
     layer: Option<(ConvNhwc, [usize; 2])>,
     batch: usize,
+    /// A SiLU fused into the output.
+    silu: bool,
     _charge: Charge,
 }
 
+/// Float values read in place when they can be, converted otherwise.
+type Floats<'a> = Cow<'a, [f32]>;
+
 /// The float values of a constant filter (dequantized if 8/4-bit) and bias.
-fn float_filter(
-    filter: &Value,
-    bias: Option<&Value>,
+fn float_filter<'a>(
+    filter: &'a Value,
+    bias: Option<&'a Value>,
     dim: usize,
-) -> KResult<(Vec<f32>, Option<Vec<f32>>)> {
+) -> KResult<(Floats<'a>, Option<Floats<'a>>)> {
     let w = if filter.dtype.is_float() {
         float_values(filter, "filter")
     } else {
-        super::weights::dequantized(filter, dim, "filter")
+        super::weights::dequantized(filter, dim, "filter").map(Cow::Owned)
     }
     .map_err(|e| format!("{e:?}"))?;
     let b = bias
@@ -166,10 +173,20 @@ impl FloatConv {
             self.kind == Kind::Depthwise,
             &weights,
             bias.as_deref(),
-            self.min,
-            self.max,
+            activation(self.min, self.max, self.silu),
         )
         .map_err(|e| e.to_string())
+    }
+}
+
+/// The activation of a float layer: its output bounds, or a fused SiLU.
+pub(crate) fn activation(min: f32, max: f32, silu: bool) -> Activation {
+    if silu {
+        Activation::Silu
+    } else if min == f32::NEG_INFINITY && max == f32::INFINITY {
+        Activation::Identity
+    } else {
+        Activation::Clamp { min, max }
     }
 }
 
@@ -258,6 +275,7 @@ pub(crate) fn convolution(cx: &NodeCx<'_>, g: &ConvGeometry, kind: Kind) -> PRes
                     cout,
                     layer: None,
                     batch: 0,
+                    silu: cx.node.fused_silu,
                     _charge: charge,
                 },
                 &[1, 2],

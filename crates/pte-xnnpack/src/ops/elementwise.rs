@@ -43,6 +43,7 @@ fn unary_fn(op: UnaryOp) -> UnaryFn {
         UnaryOp::Elu { alpha } => UnaryFn::Elu { alpha },
         UnaryOp::LeakyRelu { slope } => UnaryFn::LeakyRelu { slope },
         UnaryOp::Clamp => UnaryFn::Act(Activation::Identity),
+        UnaryOp::Silu => UnaryFn::Act(Activation::Silu),
     }
 }
 

@@ -10,7 +10,7 @@
 //!   float per row and channel (and block), plus the float bias.
 
 use pte_compute::qgemm::{qgemm, PackedI8, Rows};
-use pte_compute::{Activation, Bias, Epilogue, Gemm, Lhs, MatMut, MatRef, PackedB, Rhs};
+use pte_compute::{Bias, Epilogue, Gemm, Lhs, MatMut, MatRef, PackedB, Rhs};
 use pte_runtime::Charge;
 
 use super::elementwise::row_params;
@@ -51,14 +51,6 @@ fn fc_shape(input: &[usize], n: usize, k: usize) -> KResult<(Dims, usize)> {
     Ok((out, numel(input) / k.max(1)))
 }
 
-fn activation(min: f32, max: f32) -> Activation {
-    if min == f32::NEG_INFINITY && max == f32::INFINITY {
-        Activation::Identity
-    } else {
-        Activation::Clamp { min, max }
-    }
-}
-
 /// Charges `bytes` of prepared state to the method's budget.
 pub(crate) fn charge(cx: &NodeCx<'_>, bytes: usize) -> PResult<Charge> {
     Ok(cx.budget.charge(bytes as u64)?)
@@ -87,6 +79,8 @@ struct FloatFc {
     bias: FloatBias,
     min: f32,
     max: f32,
+    /// A SiLU fused into the output.
+    silu: bool,
     _charge: Charge,
 }
 
@@ -153,7 +147,7 @@ impl Kernel for FloatFc {
         let epi = Epilogue {
             accumulate: false,
             bias,
-            activation: activation(self.min, self.max),
+            activation: super::conv::activation(self.min, self.max, self.silu),
         };
         self.gemm
             .run(
@@ -170,12 +164,12 @@ impl Kernel for FloatFc {
 
 /// The float values of constant weights `[n, .., k]` (or `[k, n]`), dequantized if
 /// 8/4-bit.
-fn float_filter(w: &Value, transpose: bool) -> PResult<Vec<f32>> {
+fn float_filter(w: &Value, transpose: bool) -> PResult<std::borrow::Cow<'_, [f32]>> {
     if w.dtype.is_float() {
         float_values(w, "filter")
     } else {
         let dim = if transpose { 1 } else { 0 };
-        dequantized(w, dim, "filter")
+        dequantized(w, dim, "filter").map(std::borrow::Cow::Owned)
     }
 }
 
@@ -221,7 +215,7 @@ fn float_fc(cx: &NodeCx<'_>, transpose: bool) -> PResult<Prepared> {
                 return Err(format!("bias of {} values for {n} outputs", v.len()).into());
             }
             captured.push(2);
-            FloatBias::Const(v)
+            FloatBias::Const(v.into_owned())
         }
         Some(b) if b.dtype.is_float() => FloatBias::Dynamic,
         Some(b) => return Err(format!("a {} bias is not supported here", describe(b)).into()),
@@ -236,6 +230,7 @@ fn float_fc(cx: &NodeCx<'_>, transpose: bool) -> PResult<Prepared> {
             bias,
             min,
             max,
+            silu: cx.node.fused_silu,
             _charge: charge,
         },
         &captured,
@@ -535,7 +530,7 @@ fn dynamic_fc(cx: &NodeCx<'_>, transpose: bool) -> PResult<Prepared> {
         None => FloatBias::None,
         Some(b) if b.data.is_some() => {
             captured.push(2);
-            FloatBias::Const(float_values(b, "bias")?)
+            FloatBias::Const(float_values(b, "bias")?.into_owned())
         }
         Some(b) if b.dtype.is_float() => FloatBias::Dynamic,
         Some(b) => return Err(format!("a {} bias is not supported here", describe(b)).into()),

@@ -3,6 +3,8 @@
 //! uint8 shifted to int8, 4-bit values unpacked and centered), per-channel or per-block
 //! scales, int32 biases.
 
+use std::borrow::Cow;
+
 use half::{bf16, f16};
 
 use super::{PResult, PrepareError};
@@ -28,16 +30,21 @@ fn u16s(b: &[u8]) -> impl Iterator<Item = u16> + '_ {
     })
 }
 
-/// A float constant as f32 values.
-pub(crate) fn float_values(v: &Value, what: &str) -> PResult<Vec<f32>> {
+/// A float constant as f32 values: read in place when stored as aligned fp32 (upstream
+/// aligns named data to 16 bytes), converted otherwise.
+pub(crate) fn float_values<'a>(v: &'a Value, what: &str) -> PResult<Cow<'a, [f32]>> {
     let b = constant(v, what)?;
     Ok(match v.dtype {
-        Datatype::F32 => b
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(le4(c)))
-            .collect(),
-        Datatype::F16 => u16s(b).map(|h| f16::from_bits(h).to_f32()).collect(),
-        Datatype::Bf16 => u16s(b).map(|h| bf16::from_bits(h).to_f32()).collect(),
+        Datatype::F32 => match bytemuck::try_cast_slice::<u8, f32>(b) {
+            Ok(s) if cfg!(target_endian = "little") => Cow::Borrowed(s),
+            _ => Cow::Owned(
+                b.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(le4(c)))
+                    .collect(),
+            ),
+        },
+        Datatype::F16 => Cow::Owned(u16s(b).map(|h| f16::from_bits(h).to_f32()).collect()),
+        Datatype::Bf16 => Cow::Owned(u16s(b).map(|h| bf16::from_bits(h).to_f32()).collect()),
         d => return Err(format!("the {what} is {}, not a float type", d.name()).into()),
     })
 }
