@@ -441,6 +441,37 @@ def _einsum():
     )
 
 
+class NormsAndReductions(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rms = nn.RMSNorm(8)
+        self.rms2 = nn.RMSNorm((4, 8), eps=1e-3, elementwise_affine=False)
+
+    def forward(self, x, i):
+        return (
+            self.rms(x),
+            self.rms2(x),
+            torch.logsumexp(x, -1),
+            torch.logsumexp(x, (0, 2), keepdim=True),
+            torch.logsumexp(i, 1),
+        )
+
+
+@fixture("norms_reductions")
+def _norms_reductions():
+    x = torch.randn(3, 4, 8) * 4
+    x[0, 0, :] = float("-inf")  # a row whose maximum is infinite
+    args = (x, torch.randint(-5, 5, (2, 6)))
+    return dict(
+        description="RMSNorm (with and without weight, default and given eps, over one and "
+        "two dimensions), logsumexp (one and two dimensions, keepdim, a row of -inf, an "
+        "integer input).",
+        methods={"forward": (NormsAndReductions(), args, None)},
+        cases=[("forward", args)],
+        tol=(1e-5, 1e-6),
+    )
+
+
 class TwoMethods(nn.Module):
     def __init__(self):
         super().__init__()

@@ -363,13 +363,22 @@ pub fn window(
     let mut sizes: pte_runtime::Dims = sizes.into();
     let mut st: Strides = row_major(&sizes);
     let stride = *st.get(dim).ok_or_else(oob)?;
-    let offset = start * stride as usize;
+    let overflow = || KernelError::invalid("slice start or step is too large");
+    let offset = start.checked_mul(stride as usize).ok_or_else(overflow)?;
     if drop {
         sizes.remove(dim);
         st.remove(dim);
     } else {
         *sizes.get_mut(dim).ok_or_else(oob)? = len;
-        *st.get_mut(dim).ok_or_else(oob)? = stride * step as isize;
+        // With at most one entry the step is never taken, and may be any size.
+        *st.get_mut(dim).ok_or_else(oob)? = if len <= 1 {
+            stride
+        } else {
+            isize::try_from(step)
+                .ok()
+                .and_then(|s| stride.checked_mul(s))
+                .ok_or_else(overflow)?
+        };
     }
     Ok((sizes, Layout::new(offset, st)))
 }

@@ -139,6 +139,38 @@ fn a_huge_roll_is_one_rotation() {
     assert_eq!(run(&roll(shift)).unwrap(), run(&roll(shift % 8)).unwrap());
 }
 
+/// slice_copy of dim 0 of an [8, 4] int64 tensor from `start` with step `step`, into `len`
+/// rows.
+fn slice(start: i64, step: i64, len: i32) -> Vec<u8> {
+    let mut b = ProgramBuilder::new();
+    let x = b.tensor(Long, &[8, 4], Memory::Planned);
+    let dim = b.int(0);
+    let start = b.int(start);
+    let end = b.none();
+    let step = b.int(step);
+    let out = b.tensor(Long, &[len, 4], Memory::Unplanned);
+    b.call(
+        "aten::slice_copy",
+        "Tensor_out",
+        &[x, dim, start, end, step, out, out],
+    );
+    b.input(x);
+    b.output(out);
+    b.build()
+}
+
+/// Found by the `mutate` fuzz target: a step near 2^63 overflowed the window's stride
+/// although a slice that long takes one entry.
+#[test]
+fn a_huge_slice_step_takes_one_entry() {
+    for step in [i64::MAX, 1 << 62, 9] {
+        assert_eq!(
+            run(&slice(2, step, 1)).unwrap(),
+            run(&slice(2, 8, 1)).unwrap()
+        );
+    }
+}
+
 /// pow(x, e) on int64, then pow(that, f) when `f` is given.
 fn pow(e: i64, f: Option<i64>) -> Vec<u8> {
     let mut b = ProgramBuilder::new();

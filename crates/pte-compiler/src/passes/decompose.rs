@@ -150,6 +150,8 @@ pub fn rule(op: &Op) -> Option<Rule> {
         | "aten::conv_transpose3d.input" => conv_transpose,
         "aten::batch_norm" => batch_norm,
         "aten::layer_norm" => layer_norm,
+        "aten::rms_norm" => rms_norm,
+        "aten::logsumexp" => logsumexp,
         "aten::group_norm" => group_norm,
         "aten::dropout"
         | "aten::feature_dropout"
@@ -1069,6 +1071,86 @@ fn layer_norm(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
         "aten::native_layer_norm",
         vec![a(n, 0), a(n, 1), a(n, 2), a(n, 3), a(n, 4)],
     )?])
+}
+
+/// `x * rsqrt(mean(x^2) + eps) * weight` over the trailing dimensions, computed in float32
+/// for narrower floats, as PyTorch's composite kernel does; `eps` defaults to the machine
+/// epsilon of the input's type.
+fn rms_norm(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
+    let x = t(n, 0)?;
+    let m = rw.meta(x)?;
+    let k = a(n, 1).ints().map_or(0, |s| s.len());
+    if k == 0 || k > m.rank() {
+        return Err(CompileError::invalid(
+            n.op.key(),
+            "normalized_shape must name 1 to rank trailing dimensions",
+        ));
+    }
+    let eps = n
+        .args
+        .get(3)
+        .and_then(Arg::number)
+        .unwrap_or(match m.dtype {
+            DType::Double => f64::EPSILON,
+            DType::Half => 0.000_976_562_5,
+            DType::Bfloat16 => 0.007_812_5,
+            _ => f64::from(f32::EPSILON),
+        });
+    let wide = if m.dtype == DType::Double {
+        DType::Double
+    } else {
+        DType::Float
+    };
+    let xw = cast(rw, x, wide)?;
+    let sq = rw.call1("aten::mul.Tensor", vec![Arg::Tensor(xw), Arg::Tensor(xw)])?;
+    let dims = ints((1..=k as i64).map(|d| -d));
+    let ms = rw.call1(
+        "aten::mean.dim",
+        vec![Arg::Tensor(sq), dims, Arg::Bool(true), Arg::None],
+    )?;
+    let shifted = rw.call1(
+        "aten::add.Tensor",
+        vec![Arg::Tensor(ms), Arg::Float(eps), Arg::Int(1)],
+    )?;
+    let scale = rw.call1("aten::rsqrt", vec![Arg::Tensor(shifted)])?;
+    let y = rw.call1(
+        "aten::mul.Tensor",
+        vec![Arg::Tensor(xw), Arg::Tensor(scale)],
+    )?;
+    let y = cast(rw, y, m.dtype)?;
+    Ok(vec![match n.args.get(2).and_then(Arg::tensor) {
+        Some(w) => rw.call1("aten::mul.Tensor", vec![Arg::Tensor(y), Arg::Tensor(w)])?,
+        None => y,
+    }])
+}
+
+/// `log(sum(exp(x - m))) + m` with `m` the maximum over `dim` (zero where infinite), as
+/// PyTorch decomposes it; integer inputs are computed in the default float type.
+fn logsumexp(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
+    let out = out_meta(rw, n, 0)?;
+    let x = cast(rw, t(n, 0)?, out.dtype)?;
+    let keepdim = n.args.get(2).and_then(Arg::bool).unwrap_or(false);
+    let max = rw.call1("aten::amax", vec![Arg::Tensor(x), a(n, 1), Arg::Bool(true)])?;
+    let infinite = rw.call1("aten::isinf", vec![Arg::Tensor(max)])?;
+    let max = rw.call1(
+        "aten::masked_fill.Scalar",
+        vec![Arg::Tensor(max), Arg::Tensor(infinite), Arg::Float(0.0)],
+    )?;
+    let centred = rw.call1(
+        "aten::sub.Tensor",
+        vec![Arg::Tensor(x), Arg::Tensor(max), Arg::Int(1)],
+    )?;
+    let e = rw.call1("aten::exp", vec![Arg::Tensor(centred)])?;
+    let s = rw.call1(
+        "aten::sum.dim_IntList",
+        vec![Arg::Tensor(e), a(n, 1), Arg::Bool(true), Arg::None],
+    )?;
+    let l = rw.call1("aten::log", vec![Arg::Tensor(s)])?;
+    let y = rw.call1(
+        "aten::add.Tensor",
+        vec![Arg::Tensor(l), Arg::Tensor(max), Arg::Int(1)],
+    )?;
+    Ok(vec![if keepdim { y } else { view(rw, y, &out.sizes)? }])
 }
 
 fn group_norm(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
