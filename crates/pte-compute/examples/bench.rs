@@ -1,6 +1,6 @@
 //! Benchmarks of pte-compute against the `gemm` crate and rayon, printed as tables.
 //!
-//! `cargo run --release -p pte-compute --example bench [gemm|conv|pool|all] [--quick]`
+//! `cargo run --release -p pte-compute --example bench [peak|gemm|conv|pool|attention|ops|all] [--quick] [--isa avx2|avx512|generic] [--cpu-time]`
 //!
 //! Each figure is the median of several rounds; the rounds of the compared
 //! implementations are interleaved so that machine noise hits them alike.
@@ -15,12 +15,44 @@ use pte_compute::{
     Activation, Conv2d, Conv2dParams, Epilogue, Gemm, Isa, Lhs, MatMut, MatRef, Rhs, ThreadPool,
 };
 
+/// Set by `--cpu-time`: time by the process's CPU time instead of the wall clock. On a
+/// shared machine a one-thread run is then not charged for the time another process
+/// held its core (use it for one-thread rows only: two threads add up their CPU time).
+static CPU_TIME: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The process's CPU time (all threads).
+fn cpu_now() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write to.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// A stopwatch on the wall clock, or on CPU time with `--cpu-time`.
+struct Clock(Instant, Duration);
+
+impl Clock {
+    fn start() -> Self {
+        Clock(Instant::now(), cpu_now())
+    }
+    fn elapsed(&self) -> Duration {
+        if CPU_TIME.load(std::sync::atomic::Ordering::Relaxed) {
+            cpu_now() - self.1
+        } else {
+            self.0.elapsed()
+        }
+    }
+}
+
 /// Median seconds per call of `f`, timed in `rounds` rounds of at least `min` each.
 fn time<F: FnMut()>(f: &mut F, min: Duration) -> f64 {
     f();
     let mut iters = 1u32;
     loop {
-        let t = Instant::now();
+        let t = Clock::start();
         for _ in 0..iters {
             f();
         }
@@ -192,6 +224,49 @@ fn bench_gemm(o: &Opts) {
         }
     }
     println!();
+}
+
+/// The machine's f32 multiply-add peak on one thread: 12 independent chains of 256-bit
+/// FMAs (more than latency × throughput on any x86-64 core), GFLOP/s.
+#[cfg(target_arch = "x86_64")]
+fn fma_peak(o: &Opts) -> Option<f64> {
+    use std::arch::x86_64::*;
+    #[target_feature(enable = "avx2,fma")]
+    fn chains(iters: usize) -> f32 {
+        let mut acc = [_mm256_setzero_ps(); 12];
+        let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+        for _ in 0..iters {
+            for x in acc.iter_mut() {
+                *x = _mm256_fmadd_ps(*x, a, b);
+            }
+        }
+        let mut sum = _mm256_setzero_ps();
+        for x in acc {
+            sum = _mm256_add_ps(sum, x);
+        }
+        let mut out = [0f32; 8];
+        // SAFETY: `out` holds 8 floats.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), sum) };
+        out.iter().sum()
+    }
+    if !Isa::Avx2.is_available() {
+        return None;
+    }
+    let iters = 100_000;
+    // SAFETY: AVX2 and FMA are available (checked above).
+    let t = race(
+        &mut [&mut || {
+            black_box(unsafe { chains(black_box(iters)) });
+        }],
+        o.rounds,
+        o.min,
+    );
+    Some((iters * 12 * 8 * 2) as f64 / t[0] / 1e9)
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn fma_peak(_: &Opts) -> Option<f64> {
+    None
 }
 
 fn bench_pool(o: &Opts) {
@@ -698,9 +773,80 @@ fn bench_conv(o: &Opts, name: &str, layers: &[Layer]) {
     );
 }
 
+/// NHWC convolutions on the benchmark shapes: (name, c_in, c_out, groups, size, k,
+/// stride, pad), ReLU fused.
+fn bench_nhwc(o: &Opts) {
+    use pte_compute::nhwc::{ConvNhwc, ConvWeights};
+    type Shape = (
+        &'static str,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+    );
+    let shapes: &[Shape] = &[
+        ("mbv2 dw 32 112 s1", 32, 32, 32, 112, 3, 1, 1),
+        ("mbv2 dw 96 112 s2", 96, 96, 96, 112, 3, 2, 1),
+        ("mbv2 dw 144 56 s1", 144, 144, 144, 56, 3, 1, 1),
+        ("mbv2 dw 384 14 s1", 384, 384, 384, 14, 3, 1, 1),
+        ("mbv2 dw 960 7 s1", 960, 960, 960, 7, 3, 1, 1),
+        ("mbv2 pw 32->16 112", 32, 16, 1, 112, 1, 1, 0),
+        ("mbv2 pw 24->144 56", 24, 144, 1, 56, 1, 1, 0),
+        ("mbv2 pw 144->24 56", 144, 24, 1, 56, 1, 1, 0),
+        ("mbv2 pw 384->64 14", 384, 64, 1, 14, 1, 1, 0),
+        ("mbv2 pw 320->1280 7", 320, 1280, 1, 7, 1, 1, 0),
+        ("r18 3x3 64 56", 64, 64, 1, 56, 3, 1, 1),
+        ("r18 3x3 128 28", 128, 128, 1, 28, 3, 1, 1),
+        ("r18 3x3 256 14", 256, 256, 1, 14, 3, 1, 1),
+        ("r18 3x3 512 7", 512, 512, 1, 7, 3, 1, 1),
+        ("stem 3x3 s2 3->32 224", 3, 32, 1, 224, 3, 2, 1),
+        ("stem 7x7 s2 3->64 224", 3, 64, 1, 224, 7, 2, 3),
+    ];
+    println!(
+        "## NHWC convolutions, milliseconds per layer (median of {} rounds)\n",
+        o.rounds
+    );
+    println!("| layer | algorithm | 1T | 2T |");
+    println!("|---|---|---:|---:|");
+    let g = Gemm::with_isa(o.isa).unwrap();
+    let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
+    for &(name, ci, co, groups, size, k, s, pad) in shapes {
+        let p = layer(ci, co, groups, size, k, s, pad);
+        let w = values(co * ci / groups * k * k);
+        let bias = values(co);
+        let conv =
+            ConvNhwc::new(g, p, ConvWeights::Oihw(&w), Some(&bias), Activation::RELU).unwrap();
+        let (xl, yl) = conv.io_len(1).unwrap();
+        let x = values(xl);
+        let mut ys = [vec![0.0; yl], vec![0.0; yl]];
+        let mut sc = [
+            vec![0.0; conv.scratch_len().unwrap()],
+            vec![0.0; conv.scratch_len().unwrap()],
+        ];
+        let [y0, y1] = &mut ys;
+        let [s0, s1] = &mut sc;
+        let mut f0 = || conv.run(&pools[0], &x, 1, None, y0, s0).unwrap();
+        let mut f1 = || conv.run(&pools[1], &x, 1, None, y1, s1).unwrap();
+        let t = race(&mut [&mut f0, &mut f1], o.rounds, o.min);
+        println!(
+            "| {name} | {} | {:.3} | {:.3} |",
+            conv.algorithm(),
+            t[0] * 1e3,
+            t[1] * 1e3
+        );
+    }
+    println!();
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
+    if args.iter().any(|a| a == "--cpu-time") {
+        CPU_TIME.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     let what = args
         .first()
         .filter(|a| !a.starts_with("--"))
@@ -737,6 +883,12 @@ fn main() {
     if what == "pool" || what == "all" {
         bench_pool(&o);
     }
+    if what == "peak" || what == "gemm" || what == "all" {
+        match fma_peak(&o) {
+            Some(p) => println!("measured AVX2 FMA peak, 1 thread: {p:.1} GFLOP/s\n"),
+            None => println!("no AVX2 FMA peak on this CPU\n"),
+        }
+    }
     if what == "gemm" || what == "all" {
         bench_gemm(&o);
     }
@@ -745,11 +897,50 @@ fn main() {
         bench_conv(&o, "mobilenet_v2", &mobilenet_v2());
         println!("\\* without the depthwise layers, which the baseline column skips.\n");
     }
+    if what == "nhwc" || what == "all" {
+        bench_nhwc(&o);
+    }
     if what == "attention" || what == "all" {
         bench_attention(&o);
     }
     if what == "ops" || what == "all" {
         bench_ops(&o);
+    }
+    if what == "product" {
+        // One product in a loop, for a profiler: product M N K THREADS [packed-b]
+        let v: Vec<usize> = args.iter().skip(1).filter_map(|a| a.parse().ok()).collect();
+        if let [m, n, k, threads] = v[..] {
+            let g = Gemm::with_isa(o.isa).unwrap();
+            let pool = ThreadPool::new(threads).unwrap();
+            let (a, b) = (values(m * k), values(k * n));
+            let mut c = vec![0.0; m * n];
+            let bm = MatRef::row_major(&b, k, n).unwrap();
+            let pb = g.pack_b(bm).unwrap();
+            let packed = args.iter().any(|a| a == "packed-b");
+            let mut scratch = vec![0.0; g.scratch_len(m, n, k, false, packed, threads).unwrap()];
+            let am = MatRef::row_major(&a, m, k).unwrap();
+            let rhs = if packed {
+                Rhs::Packed(&pb)
+            } else {
+                Rhs::Mat(bm)
+            };
+            let pa = g.pack_a(am).unwrap();
+            let lhs = if args.iter().any(|a| a == "packed-a") {
+                Lhs::Packed(&pa)
+            } else {
+                Lhs::Mat(am)
+            };
+            let t = Clock::start();
+            let mut runs = 0;
+            while t.elapsed() < Duration::from_secs(3) {
+                let cm = MatMut::row_major(&mut c, m, n).unwrap();
+                g.run(&pool, cm, lhs, rhs, &Epilogue::default(), &mut scratch)
+                    .unwrap();
+                runs += 1;
+            }
+            let s = t.elapsed().as_secs_f64() / f64::from(runs);
+            println!("{:.1} GFLOP/s", 2.0 * (m * n * k) as f64 / s / 1e9);
+        }
     }
     if what == "batched" {
         // A batch in a loop, for a profiler: batched COUNT M N K THREADS
@@ -774,6 +965,41 @@ fn main() {
             println!(
                 "{:.1} us",
                 t.elapsed().as_secs_f64() * 1e6 / f64::from(runs)
+            );
+        }
+    }
+    if what == "nhwc-layer" {
+        // One NHWC layer in a loop: nhwc-layer C_IN C_OUT GROUPS SIZE K STRIDE PAD THREADS
+        let n: Vec<usize> = args.iter().skip(1).filter_map(|a| a.parse().ok()).collect();
+        if let [ci, co, g, size, k, s, pad, threads] = n[..] {
+            let p = layer(ci, co, g, size, k, s, pad);
+            let w = values(co * ci / g * k * k);
+            let gemm = Gemm::with_isa(o.isa).unwrap();
+            let conv = pte_compute::nhwc::ConvNhwc::new(
+                gemm,
+                p,
+                pte_compute::nhwc::ConvWeights::Oihw(&w),
+                None,
+                Activation::RELU,
+            )
+            .unwrap();
+            let pool = ThreadPool::new(threads).unwrap();
+            let (xl, yl) = conv.io_len(1).unwrap();
+            let (x, mut y) = (values(xl), vec![0.0; yl]);
+            let mut scratch = vec![0.0; conv.scratch_len().unwrap()];
+            let t = Clock::start();
+            let mut runs = 0;
+            while t.elapsed() < Duration::from_secs(3) {
+                conv.run(&pool, &x, 1, None, &mut y, &mut scratch).unwrap();
+                runs += 1;
+            }
+            let ms = t.elapsed().as_secs_f64() * 1e3 / f64::from(runs);
+            let [oh, ow] = conv.output_size();
+            let flops = 2.0 * (oh * ow * co * ci / g * k * k) as f64;
+            println!(
+                "{} {ms:.3} ms, {:.1} GFLOP/s ({runs} runs)",
+                conv.algorithm(),
+                flops / ms / 1e6
             );
         }
     }

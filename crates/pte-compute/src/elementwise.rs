@@ -171,6 +171,20 @@ pub fn add_vector_activate(isa: Isa, x: &mut [f32], bias: &[f32], a: Activation)
     Ok(())
 }
 
+multiversion! {
+    fn map_slices<const FMA: bool>(out: &mut [f32], x: &[f32], a: Activation) {
+        per_activation!(a, FMA, for (o, &v) in out.iter_mut().zip(x) => (y, o) { v });
+    }
+}
+
+/// `out[i] = act(x[i])`; both of the same length.
+pub fn map(isa: Isa, out: &mut [f32], x: &[f32], a: Activation) -> Result {
+    need("activation output", out.len(), x.len())?;
+    need("activation input", x.len(), out.len())?;
+    map_slices(isa, out, x, a);
+    Ok(())
+}
+
 /// Applies an activation in place.
 pub fn activate(isa: Isa, x: &mut [f32], a: Activation) {
     add_scalar_activate(isa, x, 0.0, a);
@@ -286,6 +300,38 @@ pub fn binary_channels(
     for (i, (o_row, x_row)) in out.chunks_mut(inner).zip(x.chunks(inner)).enumerate() {
         let c = y.get(i % y.len()).copied().unwrap_or(0.0);
         binary_scalar(isa, o_row, x_row, c, op, a);
+    }
+    Ok(())
+}
+
+/// `out = act(op(x, y))` with `y` repeated along every row of `y.len()` values of `x`
+/// (a per-channel vector in NHWC, or a bias per feature).
+pub fn binary_rows(
+    isa: Isa,
+    out: &mut [f32],
+    x: &[f32],
+    y: &[f32],
+    op: BinaryOp,
+    a: Activation,
+) -> Result {
+    if x.len() != out.len()
+        || (y.is_empty() && !out.is_empty())
+        || !out.len().is_multiple_of(y.len().max(1))
+    {
+        return Err(Error::ShapeMismatch {
+            what: format!(
+                "{} values into {} cannot be rows of {}",
+                x.len(),
+                out.len(),
+                y.len()
+            ),
+        });
+    }
+    for (o, r) in out
+        .chunks_exact_mut(y.len().max(1))
+        .zip(x.chunks_exact(y.len().max(1)))
+    {
+        binary_slices(isa, o, r, y, op, a);
     }
     Ok(())
 }

@@ -70,6 +70,9 @@
 //!   are fused. Weights are packed once by [`Conv2d::new`]. [`ConvTranspose2d`]: one
 //!   product per image and group with the transposed weights packed once, then
 //!   col2im (output padding, groups, dilation).
+//! - [`nhwc`]: convolution (indirect products, depthwise), transposed convolution
+//!   and pooling on channels-last images, for the XNNPACK delegate and for chains of
+//!   convolutions the kernels keep channels last; [`layout`] converts at the ends.
 //! - [`pooling`]: max pooling on the same window engine (NaN propagating), with
 //!   indices, average pooling (PyTorch's divisors, `ceil_mode`), global average.
 //! - [`elementwise`]: activations, binary operations with a per-channel vector,
@@ -101,9 +104,8 @@
 //!
 //! # Not done
 //!
-//! Winograd convolution, a blocked channel layout (NCHWc/NHWC) kept across layers,
-//! f16/bf16 and quantized types. NEON is compiled and
-//! type-checked only (no aarch64 machine to run it).
+//! Winograd convolution, a blocked channel layout (NCHWc), f16/bf16 products. NEON
+//! is compiled and type-checked only (no aarch64 machine to run it).
 
 #![deny(clippy::indexing_slicing)]
 // Tests index their reference data directly; a panic there is a test failure.
@@ -115,6 +117,7 @@ pub mod conv;
 pub mod elementwise;
 mod error;
 pub mod gemm;
+pub mod layout;
 mod mat;
 mod math;
 pub mod nhwc;

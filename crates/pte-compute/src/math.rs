@@ -134,16 +134,18 @@ fn erfc_scaled<const FMA: bool>(x: f32) -> f32 {
     t * exp::<FMA>(-0.5 * hi * hi) * exp::<FMA>(p - rest)
 }
 
-/// GELU, erf form: x · Φ(x) = x/2 · erfc(-x/√2).
+/// GELU, erf form: x · Φ(x) = x/2 · erfc(-x/√2). As eager PyTorch's float32 path,
+/// `x · 2Φ(x)` is formed before halving (it overflows to infinity near the largest
+/// float) and an infinite input gives NaN.
 #[inline(always)]
 pub(crate) fn gelu<const FMA: bool>(x: f32) -> f32 {
     let e = erfc_scaled::<FMA>(x);
     let phi2 = if x <= 0.0 { e } else { 2.0 - e };
-    let y = 0.5 * x * phi2;
-    if x.is_nan() {
-        x
-    } else {
+    let y = x * phi2 * 0.5;
+    if x.is_finite() {
         y
+    } else {
+        f32::NAN
     }
 }
 

@@ -40,6 +40,42 @@ pub struct AvgOptions {
 }
 
 impl Pool2dParams {
+    /// The same windows for [`crate::nhwc::pool2d`]: PyTorch's output size, a
+    /// `ceil_mode` extra row or column as padding at the bottom or right (no max
+    /// reads it: every window starts inside the input or its top/left padding).
+    pub fn nhwc_geometry(&self) -> Result<crate::nhwc::Geometry> {
+        let out = self.output()?;
+        // Padded extent the output's last window reaches, beyond the input and its
+        // leading padding (never less than the trailing padding PyTorch adds).
+        let extra = |out: usize, s: usize, k: usize, d: usize, i: usize, p: usize| {
+            (out - 1)
+                .checked_mul(s)
+                .and_then(|v| v.checked_add((k - 1).checked_mul(d)?))
+                .and_then(|v| v.checked_add(1))
+                .map(|reach| reach.saturating_sub(i + p).max(p))
+                .ok_or(Error::SizeOverflow {
+                    what: "pooling window",
+                })
+        };
+        let (s, k, d, i, p) = (
+            self.stride,
+            self.kernel,
+            self.dilation,
+            self.input,
+            self.padding,
+        );
+        let bottom = extra(out[0], s[0], k[0], d[0], i[0], p[0])?;
+        let right = extra(out[1], s[1], k[1], d[1], i[1], p[1])?;
+        let [ph, pw] = self.padding;
+        Ok(crate::nhwc::Geometry {
+            input: self.input,
+            kernel: self.kernel,
+            stride: self.stride,
+            dilation: self.dilation,
+            padding: [ph, right, bottom, pw],
+        })
+    }
+
     /// Output height and width, PyTorch's `pooling_output_shape`.
     pub fn output(&self) -> Result<[usize; 2]> {
         let axis = |i: usize, k: usize, s: usize, p: usize, d: usize| {
@@ -73,14 +109,14 @@ impl Pool2dParams {
     }
 
     fn window(&self, out: [usize; 2]) -> Window {
-        Window {
-            input: self.input,
-            kernel: self.kernel,
-            stride: self.stride,
-            dilation: self.dilation,
-            pad: self.padding,
+        Window::new(
+            self.input,
+            self.kernel,
+            self.stride,
+            self.dilation,
+            self.padding,
             out,
-        }
+        )
     }
 
     /// Scratch (f32 elements) [`max_pool2d`] needs on `threads` threads.
@@ -197,7 +233,8 @@ fn y_planes(len: usize, plane: usize) -> usize {
     len.checked_div(plane).unwrap_or(0)
 }
 
-/// The maximum of a window and its flat index (NaN wins, the first maximum wins ties).
+/// The maximum of a window and its flat index (as PyTorch: the first maximum wins ties,
+/// a NaN wins over anything, the last NaN over earlier ones).
 fn window_max(p: &Pool2dParams, src: &[f32], oy: usize, ox: usize) -> (f32, usize) {
     let w = p.input[1];
     let (sy, _, _, _) = p.span(0, oy);
@@ -216,7 +253,7 @@ fn window_max(p: &Pool2dParams, src: &[f32], oy: usize, ox: usize) -> (f32, usiz
             }
             let i = iy as usize * w + ix as usize;
             let v = src.get(i).copied().unwrap_or(f32::NAN);
-            if first || v > best || (v.is_nan() && !best.is_nan()) {
+            if first || v > best || v.is_nan() {
                 best = v;
                 at = i;
                 first = false;
@@ -461,5 +498,57 @@ mod tests {
             assert!((f64::from(v) - want).abs() < 1e-6);
         }
         assert!(global_avg_pool(Isa::best(), &x, 50, &mut y).is_err());
+    }
+
+    #[test]
+    fn nhwc_pooling_matches_nchw() {
+        use crate::nhwc::{global_avg_pool as global_nhwc, pool2d, PoolKind};
+        let pool = ThreadPool::new(2).unwrap();
+        for isa in Isa::available() {
+            for (n, p) in cases().into_iter().enumerate() {
+                let (batch, c) = (2, [3, 70][n % 2]);
+                let [oh, ow] = p.output().unwrap();
+                let (hw, ohw) = (p.input[0] * p.input[1], oh * ow);
+                let mut x = values(batch * c * hw, n as u32);
+                x[5] = f32::NAN;
+                let mut want = vec![0.0; batch * c * ohw];
+                let mut scratch = vec![0.0; p.scratch_len(2).unwrap()];
+                max_pool2d(isa, &pool, &p, &x, &mut want, None, &mut scratch).unwrap();
+                let mut xn = vec![0.0; x.len()];
+                crate::layout::transpose(&pool, &x, batch, c, hw, &mut xn).unwrap();
+                let mut yn = vec![0.0; want.len()];
+                let g = p.nhwc_geometry().unwrap();
+                assert_eq!(g.output().unwrap(), [oh, ow], "case {n}");
+                let (lo, hi) = (f32::NEG_INFINITY, f32::INFINITY);
+                pool2d(
+                    isa,
+                    &pool,
+                    PoolKind::Max,
+                    &g,
+                    c,
+                    batch,
+                    &xn,
+                    &mut yn,
+                    lo,
+                    hi,
+                )
+                .unwrap();
+                let mut got = vec![0.0; want.len()];
+                crate::layout::transpose(&pool, &yn, batch, ohw, c, &mut got).unwrap();
+                for (o, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        a == b || (a.is_nan() && b.is_nan()),
+                        "case {n} at {o}: {a} vs {b}"
+                    );
+                }
+                let mut g = vec![0.0; batch * c];
+                global_nhwc(isa, batch, hw, c, &xn, &mut g, lo, hi).unwrap();
+                let mut w = vec![0.0; batch * c];
+                global_avg_pool(isa, &x, hw, &mut w).unwrap();
+                for (a, b) in g.iter().zip(&w) {
+                    assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()) || (a.is_nan() && b.is_nan()));
+                }
+            }
+        }
     }
 }

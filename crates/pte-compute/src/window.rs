@@ -28,6 +28,29 @@ pub(crate) struct Window {
 }
 
 impl Window {
+    /// The window of these parameters. Along an axis of one output the stride is
+    /// never applied: it is taken as 1, so that the phase-split rows do not grow with
+    /// a stride however large (their length would be charged for nothing).
+    pub fn new(
+        input: [usize; 2],
+        kernel: [usize; 2],
+        stride: [usize; 2],
+        dilation: [usize; 2],
+        pad: [usize; 2],
+        out: [usize; 2],
+    ) -> Window {
+        let one = |s: usize, o: usize| if o == 1 { 1 } else { s };
+        let stride = [one(stride[0], out[0]), one(stride[1], out[1])];
+        Window {
+            input,
+            kernel,
+            stride,
+            dilation,
+            pad,
+            out,
+        }
+    }
+
     /// Whether [`plane`] handles this window.
     pub fn supported(&self) -> bool {
         self.kernel[0] <= MAX_TAPS

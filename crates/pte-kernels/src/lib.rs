@@ -14,6 +14,10 @@
 //! They all build on the same lower layers, which never import them: `num` (the one
 //! hierarchy of numeric traits), `util` (dispatch, promotion, broadcasting, scratch
 //! memory), `layout` (strided copies, dim orders) and `product` (matrix products).
+//! Float32 products, convolutions, pooling and common row operations take fast paths
+//! on `pte-compute` where a call allows (`fast`), with convolution, batch normalization,
+//! residual and activation chains fused at load and runs of convolutions kept channels
+//! last.
 //!
 //! No kernel panics on any input: the crate denies `unwrap`, `expect`, `panic!`,
 //! `unreachable!` and unchecked indexing, and forbids `unsafe` code.
@@ -40,6 +44,7 @@ mod product;
 
 mod complex;
 mod elementwise;
+mod fast;
 mod index;
 mod linalg;
 mod nn;
@@ -64,9 +69,18 @@ const IMPURE: &[&str] = &[
     "executorch_prim::et_copy_index.tensor",
 ];
 
-/// A registry with every kernel of this crate; the pure ones are marked so (see
+/// A registry with every kernel of this crate, float32 fast paths and fusion included
+/// (see [`install_fast_paths`]); the pure ones are marked so (see
 /// `KernelRegistry::mark_pure`), so that calls on constants run once at load.
 pub fn registry() -> KernelRegistry {
+    let mut r = reference_registry();
+    install_fast_paths(&mut r);
+    r
+}
+
+/// Every kernel of this crate without the fast paths and fusion: one generic
+/// implementation per operator, the reference the fast paths are tested against.
+pub fn reference_registry() -> KernelRegistry {
     let mut r = KernelRegistry::new();
     prim::register(&mut r);
     elementwise::register(&mut r);
@@ -87,4 +101,12 @@ pub fn registry() -> KernelRegistry {
         r.mark_pure(name);
     }
     r
+}
+
+/// Puts float32 fast paths on `pte-compute` in front of the registry's matrix product,
+/// convolution and pooling kernels (packed weights, fused epilogues; call sites that
+/// do not qualify keep the registered kernel), and sets the fuser that merges
+/// convolution, batch normalization, residual addition and activation chains.
+pub fn install_fast_paths(r: &mut KernelRegistry) {
+    fast::install(r);
 }

@@ -139,7 +139,22 @@ fn freeing_before_every_write_runs_in_constant_memory_with_the_same_outputs() {
             m.execute().unwrap();
             assert_eq!(m.memory_used().0, after_first);
         }
-        assert_eq!(bytes_of(&m.outputs().unwrap()), expected);
+        // Frees between calls keep the fuser from merging them, so the two programs
+        // may round differently in the last place.
+        let got = bytes_of(&m.outputs().unwrap());
+        assert_eq!(got.len(), expected.len());
+        for (g, e) in got.iter().zip(&expected) {
+            let floats = |b: &[u8]| -> Vec<f32> {
+                b.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect()
+            };
+            let (g, e) = (floats(g), floats(e));
+            assert_eq!(g.len(), e.len());
+            for (a, b) in g.iter().zip(&e) {
+                assert!((a - b).abs() <= 1e-5 * b.abs().max(1.0), "{a} vs {b}");
+            }
+        }
     }
 }
 

@@ -43,6 +43,8 @@ pub struct Graph<'a> {
     /// Instructions referring to each value (any kind of instruction).
     uses: Vec<u32>,
     io: &'a [u32],
+    /// Values other values alias (the sources of views the exporter elided), sorted.
+    viewed: &'a [u32],
 }
 
 impl<'a> Graph<'a> {
@@ -92,9 +94,39 @@ impl<'a> Graph<'a> {
         }
     }
 
+    /// A `Bool` value.
+    pub fn bool(&self, v: u32) -> Option<bool> {
+        match self.values.get(v as usize)? {
+            Slot::Bool(x) => Some(*x),
+            _ => None,
+        }
+    }
+
+    /// A `String` value.
+    pub fn string(&self, v: u32) -> Option<&str> {
+        match self.values.get(v as usize)? {
+            Slot::String(x) => Some(x),
+            _ => None,
+        }
+    }
+
+    /// An `IntList` value, its elements read from their values.
+    pub fn int_list(&self, v: u32) -> Option<SmallVec<[i64; 8]>> {
+        match self.values.get(v as usize)? {
+            Slot::IntList(items) => items.iter().map(|&i| self.int(i)).collect(),
+            _ => None,
+        }
+    }
+
     /// True for a `None` value.
     pub fn is_none(&self, v: u32) -> bool {
         matches!(self.values.get(v as usize), Some(Slot::None))
+    }
+
+    /// True when another value shares this value's memory (a view the exporter elided
+    /// reads it): such a value is read by more than [`Graph::uses`] counts.
+    pub fn is_aliased(&self, v: u32) -> bool {
+        self.viewed.binary_search(&v).is_ok()
     }
 
     /// How many instructions refer to a value (a value that is a method input or output
@@ -203,6 +235,7 @@ pub(crate) fn plan(
         values,
         uses,
         io,
+        viewed,
     };
     let jump_targets: Vec<(usize, usize)> = chains
         .iter()

@@ -61,6 +61,13 @@ impl ProgramBuilder {
         self.push(et::KernelTypes::Bool(Box::new(et::Bool { bool_val: v })))
     }
 
+    /// A `String` value.
+    pub fn string(&mut self, v: &str) -> i32 {
+        self.push(et::KernelTypes::String(Box::new(et::String {
+            string_val: Some(v.to_owned()),
+        })))
+    }
+
     /// A `Null` value (an absent optional).
     pub fn none(&mut self) -> i32 {
         self.push(et::KernelTypes::Null(Box::new(et::Null {})))

@@ -180,11 +180,6 @@ pub(crate) struct IndirectRows<'a> {
 }
 
 impl<'a> IndirectRows<'a> {
-    /// Rows of the tile.
-    pub(crate) fn rows(&self) -> usize {
-        self.rows
-    }
-
     /// Checks the lengths.
     pub(crate) fn new(a: &'a [&'a [f32]], rows: usize, taps: usize, kc: usize) -> Result<Self> {
         let n = taps.saturating_mul(rows);

@@ -175,35 +175,7 @@ pub(crate) fn microkernel(
 ) -> Result {
     let (mr, nr) = isa.gemm_tile();
     let tile = c.tile_ptr(i, j, rows, nr);
-    let raw = match post {
-        None => Some(RawPost {
-            on: false,
-            rows: std::ptr::null(),
-            cols: std::ptr::null(),
-            min: 0.0,
-            max: 0.0,
-        }),
-        Some(p) => {
-            let (r, cl) = match p.bias {
-                TileBias::None => (Some(std::ptr::null()), Some(std::ptr::null())),
-                TileBias::Rows(v) => (
-                    (v.len() >= rows).then_some(v.as_ptr()),
-                    Some(std::ptr::null()),
-                ),
-                TileBias::Cols(v) => (
-                    Some(std::ptr::null()),
-                    (v.len() >= nr).then_some(v.as_ptr()),
-                ),
-            };
-            r.zip(cl).map(|(rows, cols)| RawPost {
-                on: true,
-                rows,
-                cols,
-                min: p.min,
-                max: p.max,
-            })
-        }
-    };
+    let raw = raw_post(post, rows, nr);
     let ok = rows <= mr
         && raw.is_some()
         && kc.checked_mul(mr).is_some_and(|l| a.len() >= l)
@@ -237,6 +209,98 @@ pub(crate) fn microkernel(
         _ => unsafe { generic::kernel(rows, kc, a, b, c, rs, accumulate, post) },
     }
     Ok(())
+}
+
+/// [`Post`] as the kernels read it, or None when a bias is too short for the tile.
+fn raw_post(post: Option<&Post<'_>>, rows: usize, nr: usize) -> Option<RawPost> {
+    match post {
+        None => Some(RawPost {
+            on: false,
+            rows: std::ptr::null(),
+            cols: std::ptr::null(),
+            min: 0.0,
+            max: 0.0,
+        }),
+        Some(p) => {
+            let (r, cl) = match p.bias {
+                TileBias::None => (Some(std::ptr::null()), Some(std::ptr::null())),
+                TileBias::Rows(v) => (
+                    (v.len() >= rows).then_some(v.as_ptr()),
+                    Some(std::ptr::null()),
+                ),
+                TileBias::Cols(v) => (
+                    Some(std::ptr::null()),
+                    (v.len() >= nr).then_some(v.as_ptr()),
+                ),
+            };
+            r.zip(cl).map(|(rows, cols)| RawPost {
+                on: true,
+                rows,
+                cols,
+                min: p.min,
+                max: p.max,
+            })
+        }
+    }
+}
+
+/// Depthwise 3×3 convolution of one NHWC output row on a hand-written kernel, for the
+/// channels `0..c / 8 * 8` (the caller does the rest); `rows[ky]` is the input row of
+/// kernel row `ky` (`None` in the padding), `weights` is `[9][c]`, the output is
+/// clamped to `[min, max]`. False when this CPU has no such kernel or a length is off
+/// (nothing is written then).
+#[allow(clippy::too_many_arguments)] // one row's geometry and data
+pub(crate) fn depthwise3x3_row(
+    isa: Isa,
+    rows: [Option<&[f32]>; 3],
+    weights: &[f32],
+    bias: &[f32],
+    y: &mut [f32],
+    geometry: (usize, usize, usize, usize, usize, usize),
+    (min, max): (f32, f32),
+) -> bool {
+    let (c, ow, w_in, stride, dilation, pad) = geometry;
+    let row_len = w_in.checked_mul(c);
+    let ok = matches!(isa, Isa::Avx2 | Isa::Avx512)
+        && isa.is_available()
+        && row_len.is_some_and(|n| rows.iter().flatten().all(|r| r.len() >= n))
+        && c.checked_mul(9).is_some_and(|n| weights.len() >= n)
+        && bias.len() >= c
+        && ow.checked_mul(c).is_some_and(|n| y.len() >= n);
+    if !ok {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let ptr = |r: Option<&[f32]>| r.map_or(std::ptr::null(), <[f32]>::as_ptr);
+        let g = x86::DwRow {
+            c,
+            ow,
+            w_in,
+            stride,
+            dilation,
+            pad,
+            min,
+            max,
+        };
+        // SAFETY: AVX2 and FMA are available (Avx2 and Avx512 imply them), and every
+        // length the kernel relies on was checked above.
+        unsafe {
+            x86::depthwise3x3_avx2(
+                rows.map(ptr),
+                weights.as_ptr(),
+                bias.as_ptr(),
+                y.as_mut_ptr(),
+                g,
+            );
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (rows, weights, bias, y, stride, dilation, pad, min, max);
+        false
+    }
 }
 
 /// Defines `pub(crate) fn $name(isa: Isa, args...) -> $ret` that runs the body compiled

@@ -1,4 +1,5 @@
-//! x86-64 GEMM micro-kernels: AVX2+FMA 6×16 and AVX-512F 12×32.
+//! x86-64 GEMM micro-kernels (AVX2+FMA 6×16 and AVX-512F 12×32) and the AVX2 row
+//! kernel of 3×3 depthwise convolutions in NHWC.
 //!
 //! Each keeps `rows × (nr / lanes)` accumulators in vector registers; a step of `p` loads
 //! `nr / lanes` vectors of the B panel and broadcasts each of the `rows` values of the A
@@ -138,3 +139,109 @@ kernel!(
     _mm512_min_ps,
     [1 2 3 4 5 6 7 8 9 10 11]
 );
+
+/// The geometry of one output row of a depthwise 3×3 convolution in NHWC.
+#[derive(Clone, Copy)]
+pub(crate) struct DwRow {
+    /// Channels (the stride between pixels).
+    pub c: usize,
+    /// Output pixels of the row.
+    pub ow: usize,
+    /// Input width, horizontal stride, dilation and left padding.
+    pub w_in: usize,
+    pub stride: usize,
+    pub dilation: usize,
+    pub pad: usize,
+    /// Clamp of the output.
+    pub min: f32,
+    pub max: f32,
+}
+
+/// Depthwise 3×3 convolution of one output row, channels `0..c / 8 * 8` in blocks of
+/// eight. Pixels go by groups of four whose nine taps all lie inside the row (four
+/// independent accumulators per weight vector, the block's nine weight vectors in
+/// registers), the others one at a time with their taps checked; rows in the
+/// padding are skipped.
+///
+/// # Safety
+/// AVX2 and FMA are available. `rows[ky]` is null (a padded row) or points to `w_in *
+/// c` floats; `w` to `9 * c` (`w[tap * c + ch]`), `bias` to `c`, `y` to `ow * c`.
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn depthwise3x3_avx2(
+    rows: [*const f32; 3],
+    w: *const f32,
+    bias: *const f32,
+    y: *mut f32,
+    g: DwRow,
+) {
+    let (lo, hi) = (_mm256_set1_ps(g.min), _mm256_set1_ps(g.max));
+    let blocks = g.c / 8;
+    // Pixels whose three taps lie inside the row: ox·s ≥ pad and ox·s + 2d - pad < w_in.
+    let first = g.pad.div_ceil(g.stride);
+    let end = (g.w_in + g.pad)
+        .checked_sub(2 * g.dilation)
+        .map_or(0, |v| v.div_ceil(g.stride))
+        .min(g.ow);
+    let mut ox = 0;
+    while ox < g.ow {
+        if ox >= first && ox + 4 <= end {
+            let ix0 = ox * g.stride - g.pad;
+            for b in 0..blocks {
+                let c0 = b * 8;
+                // SAFETY: c0 + 8 <= c, and tap * c + c0 + 8 <= 9 * c.
+                let mut acc = [unsafe { _mm256_loadu_ps(bias.add(c0)) }; 4];
+                for (ky, &row) in rows.iter().enumerate() {
+                    if row.is_null() {
+                        continue;
+                    }
+                    for kx in 0..3 {
+                        // SAFETY: as above.
+                        let wv = unsafe { _mm256_loadu_ps(w.add((ky * 3 + kx) * g.c + c0)) };
+                        let ix = ix0 + kx * g.dilation;
+                        for (p, a) in acc.iter_mut().enumerate() {
+                            // SAFETY: ix + p·s < w_in for the four pixels of an inner group.
+                            let xv =
+                                unsafe { _mm256_loadu_ps(row.add((ix + p * g.stride) * g.c + c0)) };
+                            *a = _mm256_fmadd_ps(xv, wv, *a);
+                        }
+                    }
+                }
+                for (p, a) in acc.iter().enumerate() {
+                    let v = _mm256_min_ps(hi, _mm256_max_ps(lo, *a));
+                    // SAFETY: ox + p < ow and c0 + 8 <= c: inside y.
+                    unsafe { _mm256_storeu_ps(y.add((ox + p) * g.c + c0), v) };
+                }
+            }
+            ox += 4;
+            continue;
+        }
+        for b in 0..blocks {
+            let c0 = b * 8;
+            // SAFETY: c0 + 8 <= c.
+            let mut acc = unsafe { _mm256_loadu_ps(bias.add(c0)) };
+            for (ky, &row) in rows.iter().enumerate() {
+                if row.is_null() {
+                    continue;
+                }
+                for kx in 0..3 {
+                    let Some(ix) = (ox * g.stride + kx * g.dilation)
+                        .checked_sub(g.pad)
+                        .filter(|&ix| ix < g.w_in)
+                    else {
+                        continue;
+                    };
+                    // SAFETY: ix < w_in and c0 + 8 <= c: inside the row and the weights.
+                    unsafe {
+                        let wv = _mm256_loadu_ps(w.add((ky * 3 + kx) * g.c + c0));
+                        let xv = _mm256_loadu_ps(row.add(ix * g.c + c0));
+                        acc = _mm256_fmadd_ps(xv, wv, acc);
+                    }
+                }
+            }
+            let v = _mm256_min_ps(hi, _mm256_max_ps(lo, acc));
+            // SAFETY: ox < ow and c0 + 8 <= c: inside y.
+            unsafe { _mm256_storeu_ps(y.add(ox * g.c + c0), v) };
+        }
+        ox += 1;
+    }
+}

@@ -23,14 +23,14 @@ pub(crate) struct Layer<'a> {
 
 /// The window of a depthwise layer.
 pub(crate) fn window(p: &Conv2dParams, out: [usize; 2]) -> Window {
-    Window {
-        input: p.input,
-        kernel: p.kernel,
-        stride: p.stride,
-        dilation: p.dilation,
-        pad: [p.padding[0], p.padding[1]],
+    Window::new(
+        p.input,
+        p.kernel,
+        p.stride,
+        p.dilation,
+        [p.padding[0], p.padding[1]],
         out,
-    }
+    )
 }
 
 pub(crate) fn scratch_len(p: &Conv2dParams, out: [usize; 2], threads: usize) -> Result<usize> {

@@ -91,11 +91,51 @@ impl Conv2dParams {
         Ok(out)
     }
 
-    fn channels_per_group(&self) -> (usize, usize) {
+    pub(crate) fn channels_per_group(&self) -> (usize, usize) {
         (
             self.in_channels / self.groups,
             self.out_channels / self.groups,
         )
+    }
+
+    /// Kernel taps, depth of one group's product (`taps · in_channels / groups`), and
+    /// the weights' length; errors if `weights` is not that long.
+    pub(crate) fn weight_dims(&self, weights: usize) -> Result<(usize, usize)> {
+        let taps = error::mul(self.kernel[0], self.kernel[1], "convolution kernel")?;
+        let k = error::mul(self.channels_per_group().0, taps, "convolution depth")?;
+        let w_len = error::mul(self.out_channels, k, "convolution weights")?;
+        if weights != w_len {
+            return Err(Error::ShapeMismatch {
+                what: format!("convolution weights of {weights} elements, {w_len} expected"),
+            });
+        }
+        Ok((taps, k))
+    }
+
+    /// Elements of the input and output of a batch of `batch` images (either layout).
+    pub fn io_len(&self, batch: usize) -> Result<(usize, usize)> {
+        let [oh, ow] = self.output()?;
+        let x = error::mul(
+            error::mul(self.input[0], self.input[1], "input")?,
+            self.in_channels,
+            "input",
+        )?;
+        let y = error::mul(error::mul(oh, ow, "output")?, self.out_channels, "output")?;
+        Ok((
+            error::mul(x, batch, "input")?,
+            error::mul(y, batch, "output")?,
+        ))
+    }
+}
+
+/// A bias of `channels` values (zeros when there is none), checked.
+pub(crate) fn bias_or_zeros(bias: Option<&[f32]>, channels: usize) -> Result<Vec<f32>> {
+    match bias {
+        Some(b) if b.len() == channels => Ok(b.to_vec()),
+        Some(b) => Err(Error::ShapeMismatch {
+            what: format!("bias of {} values for {channels} output channels", b.len()),
+        }),
+        None => Ok(vec![0.0; channels]),
     }
 }
 
@@ -142,30 +182,8 @@ impl Conv2d {
     ) -> Result<Self> {
         let out = p.output()?;
         let (cig, cog) = p.channels_per_group();
-        let taps = error::mul(p.kernel[0], p.kernel[1], "convolution kernel")?;
-        let k = error::mul(cig, taps, "convolution depth")?;
-        let w_len = error::mul(p.out_channels, k, "convolution weights")?;
-        if weights.len() != w_len {
-            return Err(Error::ShapeMismatch {
-                what: format!(
-                    "convolution weights of {} elements, {w_len} expected",
-                    weights.len()
-                ),
-            });
-        }
-        let bias = match bias {
-            Some(b) if b.len() == p.out_channels => b.to_vec(),
-            Some(b) => {
-                return Err(Error::ShapeMismatch {
-                    what: format!(
-                        "bias of {} values for {} output channels",
-                        b.len(),
-                        p.out_channels
-                    ),
-                })
-            }
-            None => vec![0.0; p.out_channels],
-        };
+        let (_, k) = p.weight_dims(weights.len())?;
+        let bias = bias_or_zeros(bias, p.out_channels)?;
         let algo = if cig == 1 && p.groups > 1 && depthwise::window(&p, out).supported() {
             Algo::Depthwise {
                 weights: weights.to_vec(),
@@ -220,21 +238,7 @@ impl Conv2d {
 
     /// Elements of the input and output of a batch of `batch`.
     pub fn io_len(&self, batch: usize) -> Result<(usize, usize)> {
-        let p = &self.p;
-        let x = error::mul(
-            error::mul(p.input[0], p.input[1], "input")?,
-            p.in_channels,
-            "input",
-        )?;
-        let y = error::mul(
-            error::mul(self.out[0], self.out[1], "output")?,
-            p.out_channels,
-            "output",
-        )?;
-        Ok((
-            error::mul(x, batch, "input")?,
-            error::mul(y, batch, "output")?,
-        ))
+        self.p.io_len(batch)
     }
 
     /// Scratch (f32 elements) a run needs on `threads` threads.
@@ -258,9 +262,39 @@ impl Conv2d {
         output: &mut [f32],
         scratch: &mut [f32],
     ) -> Result {
+        self.run_inner(pool, input, batch, None, output, scratch)
+    }
+
+    /// Like [`Conv2d::run`], adding `residual` (shaped as the output) before the
+    /// activation: `output = act(conv(input) + bias + residual)`, e.g. a residual
+    /// block's shortcut. Products accumulate onto the residual in their epilogue.
+    pub fn run_add(
+        &self,
+        pool: &ThreadPool,
+        input: &[f32],
+        batch: usize,
+        residual: &[f32],
+        output: &mut [f32],
+        scratch: &mut [f32],
+    ) -> Result {
+        self.run_inner(pool, input, batch, Some(residual), output, scratch)
+    }
+
+    fn run_inner(
+        &self,
+        pool: &ThreadPool,
+        input: &[f32],
+        batch: usize,
+        residual: Option<&[f32]>,
+        output: &mut [f32],
+        scratch: &mut [f32],
+    ) -> Result {
         let (x_len, y_len) = self.io_len(batch)?;
         error::need("convolution input", input.len(), x_len)?;
         error::need("convolution output", output.len(), y_len)?;
+        if let Some(r) = residual {
+            error::need("convolution residual", r.len(), y_len)?;
+        }
         if y_len == 0 {
             return Ok(());
         }
@@ -269,25 +303,43 @@ impl Conv2d {
         let hw = p.input[0] * p.input[1];
         let ohw = self.out[0] * self.out[1];
         match &self.algo {
-            Algo::Depthwise { weights } => depthwise::run(
-                self.gemm.isa(),
-                pool,
-                &depthwise::Layer {
-                    p,
-                    out: self.out,
-                    weights,
-                    bias: &self.bias,
-                    activation: self.activation,
-                },
-                input.get(..x_len).unwrap_or_default(),
-                output.get_mut(..y_len).unwrap_or_default(),
-                scratch,
-            ),
+            Algo::Depthwise { weights } => {
+                let y = output.get_mut(..y_len).unwrap_or_default();
+                depthwise::run(
+                    self.gemm.isa(),
+                    pool,
+                    &depthwise::Layer {
+                        p,
+                        out: self.out,
+                        weights,
+                        bias: &self.bias,
+                        activation: if residual.is_some() {
+                            Activation::Identity
+                        } else {
+                            self.activation
+                        },
+                    },
+                    input.get(..x_len).unwrap_or_default(),
+                    y,
+                    scratch,
+                )?;
+                // Rare (depthwise layers seldom end a residual block): a second pass.
+                match residual.and_then(|r| r.get(..y_len)) {
+                    Some(r) => crate::elementwise::add_vector_activate(
+                        self.gemm.isa(),
+                        y,
+                        r,
+                        self.activation,
+                    ),
+                    None => Ok(()),
+                }
+            }
             Algo::Gemm { weights, implicit } => {
-                for (x_b, y_b) in input
+                for (b, (x_b, y_b)) in input
                     .chunks_exact(p.in_channels * hw)
                     .zip(output.chunks_exact_mut(p.out_channels * ohw))
                     .take(batch)
+                    .enumerate()
                 {
                     for (g, (x_g, y_g)) in x_b
                         .chunks_exact(cig * hw)
@@ -297,8 +349,14 @@ impl Conv2d {
                         let a = weights.get(g).ok_or_else(|| Error::InvalidParameter {
                             what: "missing group weights".into(),
                         })?;
+                        if let Some(r) = residual {
+                            let at = b * p.out_channels * ohw + g * cog * ohw;
+                            let r = r.get(at..at + cog * ohw).unwrap_or_default();
+                            error::need("convolution residual", r.len(), y_g.len())?;
+                            y_g.copy_from_slice(r);
+                        }
                         let epi = Epilogue {
-                            accumulate: false,
+                            accumulate: residual.is_some(),
                             bias: Bias::Row(self.bias.get(g * cog..).unwrap_or_default()),
                             activation: self.activation,
                         };

@@ -203,3 +203,101 @@ fn invalid_layers_are_refused() {
         Err(Error::ScratchTooSmall { .. })
     ));
 }
+
+#[test]
+fn nhwc_convolutions_match_the_reference() {
+    let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
+    for isa in Isa::available() {
+        let gemm = Gemm::with_isa(isa).unwrap();
+        for (i, p) in cases().iter().enumerate() {
+            let batch = 1 + i % 2;
+            let (cig, _) = p.channels_per_group();
+            let w = values(p.out_channels * cig * p.kernel[0] * p.kernel[1], i as u32);
+            let bias = values(p.out_channels, 100 + i as u32);
+            let act = [Activation::Identity, Activation::RELU6, Activation::Silu][i % 3];
+            let conv = crate::nhwc::ConvNhwc::new(
+                gemm,
+                *p,
+                crate::nhwc::ConvWeights::Oihw(&w),
+                Some(&bias),
+                act,
+            )
+            .unwrap();
+            let (x_len, y_len) = conv.io_len(batch).unwrap();
+            let x = values(x_len, 200 + i as u32);
+            let [oh, ow] = conv.output_size();
+            let pixels = (p.input[0] * p.input[1], oh * ow);
+            let mut x_nhwc = vec![0.0; x_len];
+            crate::layout::transpose(&pools[0], &x, batch, p.in_channels, pixels.0, &mut x_nhwc)
+                .unwrap();
+            // With a residual: act(conv + bias + r), r shaped as the output.
+            let residual = values(y_len, 300 + i as u32);
+            for with_residual in [false, true] {
+                let (want, mag) = reference(
+                    p,
+                    &x,
+                    &w,
+                    &bias,
+                    if with_residual {
+                        Activation::Identity
+                    } else {
+                        act
+                    },
+                    batch,
+                );
+                let want: Vec<f64> = if with_residual {
+                    want.iter()
+                        .zip(&residual)
+                        .map(|(&v, &r)| f64::from(act.apply_scalar((v + f64::from(r)) as f32)))
+                        .collect()
+                } else {
+                    want
+                };
+                let mut r_nhwc = vec![0.0; y_len];
+                crate::layout::transpose(
+                    &pools[1],
+                    &residual,
+                    batch,
+                    p.out_channels,
+                    pixels.1,
+                    &mut r_nhwc,
+                )
+                .unwrap();
+                for (pool, from_nchw) in pools.iter().zip([false, true]) {
+                    let mut y = vec![f32::NAN; y_len];
+                    let r = with_residual.then_some(&r_nhwc[..]);
+                    if from_nchw {
+                        let len = conv.nchw_scratch_len(batch).unwrap();
+                        let mut scratch = vec![f32::NAN; len];
+                        conv.run_nchw(pool, &x, batch, r, &mut y, &mut scratch)
+                            .unwrap();
+                    } else {
+                        let mut scratch = vec![f32::NAN; conv.scratch_len().unwrap()];
+                        conv.run(pool, &x_nhwc, batch, r, &mut y, &mut scratch)
+                            .unwrap();
+                    }
+                    let mut y_nchw = vec![0.0; y_len];
+                    crate::layout::transpose(
+                        pool,
+                        &y,
+                        batch,
+                        pixels.1,
+                        p.out_channels,
+                        &mut y_nchw,
+                    )
+                    .unwrap();
+                    for (j, (&got, (&w, &m))) in
+                        y_nchw.iter().zip(want.iter().zip(&mag)).enumerate()
+                    {
+                        assert!(
+                            (f64::from(got) - w).abs() <= 1e-5 * (m + 2.0),
+                            "{isa:?} case {i} {} residual {with_residual} threads {} at {j}: {got} vs {w}",
+                            conv.algorithm(),
+                            pool.threads()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -116,19 +116,7 @@ impl ConvTranspose2d {
                 ),
             });
         }
-        let bias = match bias {
-            Some(b) if b.len() == p.out_channels => b.to_vec(),
-            None => vec![0.0; p.out_channels],
-            Some(b) => {
-                return Err(Error::ShapeMismatch {
-                    what: format!(
-                        "bias of {} values for {} output channels",
-                        b.len(),
-                        p.out_channels
-                    ),
-                })
-            }
-        };
+        let bias = super::bias_or_zeros(bias, p.out_channels)?;
         let weights = weights
             .chunks_exact(cig * rows)
             .map(|w| gemm.pack_a(MatRef::row_major(w, cig, rows)?.t()))

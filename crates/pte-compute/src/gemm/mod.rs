@@ -99,15 +99,9 @@ impl Panels {
         self.buf.get(self.offset..).unwrap_or(&[])
     }
 
-    /// Panel `q` (lines `q·w..`) over the whole depth: `depth · w` values, depth-major.
-    pub(crate) fn panel(&self, q: usize) -> &[f32] {
-        let len = self.depth * self.w;
-        self.data().get(q * len..(q + 1) * len).unwrap_or_default()
-    }
-
     /// Panels holding lines `l0..` (`l0` a multiple of `w`) from depth `k0`, and the
     /// distance between panels.
-    fn block(&self, l0: usize, k0: usize) -> (&[f32], usize) {
+    pub(crate) fn block(&self, l0: usize, k0: usize) -> (&[f32], usize) {
         let stride = self.depth * self.w;
         (
             self.data()

@@ -1,140 +1,176 @@
-//! NHWC 2-D convolution: matrix products with implicit im2col, and depthwise
-//! convolution with register accumulators over channel blocks (see the module docs of
-//! [`crate::nhwc`]).
+//! NHWC 2-D convolution prepared once per layer (see the module docs of
+//! [`crate::nhwc`]): indirect products for regular convolutions, a direct loop over
+//! channel blocks for depthwise ones, residual and activation fused.
 
-use super::Geometry;
 use crate::arch::{
-    depthwise_pixels, indirect_microkernel, IndirectRows, PixelTaps, Post, TileBias, INDIRECT_TAPS,
+    self, depthwise_pixels, indirect_microkernel, IndirectRows, Isa, PixelTaps, Post, TileBias,
+    INDIRECT_TAPS,
 };
-use crate::elementwise::{self, clamp, Activation};
+use crate::conv::{bias_or_zeros, Conv2dParams};
+use crate::elementwise::{self, Activation};
 use crate::error::{self, Error, Result};
 use crate::gemm::{Gemm, PackedB};
 use crate::mat::{MatMut, MatRef};
 use crate::pool::ThreadPool;
 
-/// Channels accumulated at once in registers by the depthwise and pooling loops.
-pub(crate) const CB: usize = 16;
-/// Taps combined per pass (larger windows take several passes).
-pub(crate) const TAPS: usize = 32;
+/// Convolution weights as [`ConvNhwc::new`] takes them, in one of three layouts.
+#[derive(Clone, Copy, Debug)]
+pub enum ConvWeights<'a> {
+    /// PyTorch's `[out_channels, in_channels / groups, kh, kw]`.
+    Oihw(&'a [f32]),
+    /// Channels last, `[out_channels, kh, kw, in_channels / groups]` (XNNPACK's
+    /// regular convolution).
+    Ohwi(&'a [f32]),
+    /// `[kh, kw, out_channels]`, for one input channel per group (XNNPACK's depthwise
+    /// convolution).
+    Hwo(&'a [f32]),
+}
+
+impl ConvWeights<'_> {
+    fn data(&self) -> &[f32] {
+        match *self {
+            ConvWeights::Oihw(w) | ConvWeights::Ohwi(w) | ConvWeights::Hwo(w) => w,
+        }
+    }
+
+    /// The weight of output channel `o` at tap `t` (of `taps`) for input channel `i`
+    /// of its group (of `cig`), with `cout` output channels in all.
+    fn at(&self, (o, t, i): (usize, usize, usize), taps: usize, cig: usize, cout: usize) -> f32 {
+        let at = match self {
+            ConvWeights::Oihw(_) => (o * cig + i) * taps + t,
+            ConvWeights::Ohwi(_) => (o * taps + t) * cig + i,
+            ConvWeights::Hwo(_) => t * cout + o,
+        };
+        self.data().get(at).copied().unwrap_or(0.0)
+    }
+}
 
 enum Algo {
-    /// One product per group; `pointwise`: the input is the left operand as it is.
+    /// One product per group, weights packed as `K × c_out/groups`, K ordered (kernel
+    /// tap, input channel); `pointwise`: each output pixel reads one input pixel.
     Gemm {
         weights: Vec<PackedB>,
         pointwise: bool,
     },
-    /// Weights `[taps, channels]`, `mult` output channels per input channel.
-    Depthwise { weights: Vec<f32>, mult: usize },
+    /// Weights as `[kh·kw][channels]`.
+    Depthwise { weights: Vec<f32> },
+    /// A few input channels and no horizontal dilation (a network's stem): the input
+    /// is copied with its padding, so that a whole kernel row of a pixel's receptive
+    /// field is one run of `kw · c_in` values for the indirect micro-kernel.
+    Rows { weights: PackedB },
 }
 
-/// A 2-D NHWC convolution prepared for repeated runs.
+/// How the indirect micro-kernel's segments cover a receptive field.
+#[derive(Clone, Copy)]
+enum Gather {
+    /// A pointwise convolution: one segment, the output pixel's own input pixel.
+    Pixel,
+    /// One segment per kernel tap: a run of a group's channels, padding read as zeros.
+    Taps,
+    /// One segment per kernel row, in an input copied with its padding, `width` pixels
+    /// wide.
+    Rows { width: usize },
+}
+
+/// A 2-D convolution on NHWC images prepared for repeated runs.
 pub struct ConvNhwc {
-    g: Geometry,
-    groups: usize,
-    cig: usize,
-    cog: usize,
+    p: Conv2dParams,
     out: [usize; 2],
     gemm: Gemm,
     algo: Algo,
     bias: Vec<f32>,
-    /// Per group, its bias followed by `nr` zeros (tiles read whole panels of it).
-    padded_bias: Vec<f32>,
-    /// A row of zeros for the taps that fall on padding.
+    activation: Activation,
+    /// A row of zeros (one group's input channels, all channels for a depthwise
+    /// convolution): what taps in the padding read.
     zero: Vec<f32>,
-    /// The clamp of the activation, fused into the kernels (infinite without one).
-    min: f32,
-    max: f32,
-    /// Another activation, applied to each tile once it is stored.
-    after: Activation,
 }
 
 impl std::fmt::Debug for ConvNhwc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConvNhwc")
-            .field("geometry", &self.g)
-            .field("groups", &self.groups)
+            .field("params", &self.p)
             .field("algorithm", &self.algorithm())
             .finish()
     }
 }
 
 impl ConvNhwc {
-    /// A convolution of `groups` groups of `cig` input and `cog` output channels.
-    /// Regular weights are `[groups·cog, kh, kw, cig]`; with `depthwise` (then `cig` is
-    /// 1 and `cog` the channel multiplier) they are `[kh, kw, groups·cog]`. The bias has
-    /// one value per output channel; `activation` follows (a clamp runs inside the
-    /// kernels, others on each stored tile).
-    #[allow(clippy::too_many_arguments)]
+    /// Prepares a convolution of geometry `p` with `weights`, an optional bias per
+    /// output channel, and an activation applied after the bias (and residual).
     pub fn new(
         gemm: Gemm,
-        g: Geometry,
-        groups: usize,
-        cig: usize,
-        cog: usize,
-        depthwise: bool,
-        weights: &[f32],
+        p: Conv2dParams,
+        weights: ConvWeights<'_>,
         bias: Option<&[f32]>,
         activation: Activation,
     ) -> Result<Self> {
-        let ((min, max), after) = match activation {
-            Activation::Clamp { min, max } => ((min, max), Activation::Identity),
-            Activation::Identity => ((f32::NEG_INFINITY, f32::INFINITY), Activation::Identity),
-            a => ((f32::NEG_INFINITY, f32::INFINITY), a),
-        };
-        let out = g.output()?;
-        let taps = error::mul(g.kernel[0], g.kernel[1], "kernel")?;
-        let cout = error::mul(groups, cog, "output channels")?;
-        let k = error::mul(taps, cig, "convolution depth")?;
-        let w_len = error::mul(cout, k, "convolution weights")?;
-        if groups == 0 || cig == 0 || (depthwise && cig != 1) {
-            return Err(Error::InvalidParameter {
-                what: format!("{groups} groups of {cig} input channels (depthwise: {depthwise})"),
+        let out = p.output()?;
+        let (cig, cog) = p.channels_per_group();
+        let (taps, k) = p.weight_dims(weights.data().len())?;
+        if matches!(weights, ConvWeights::Hwo(_)) && cig != 1 {
+            return Err(Error::ShapeMismatch {
+                what: format!("depthwise weights for {cig} input channels per group"),
             });
         }
-        error::need("convolution weights", weights.len(), w_len)?;
-        let bias = match bias {
-            Some(b) if b.len() == cout => b.to_vec(),
-            Some(b) => {
-                return Err(Error::ShapeMismatch {
-                    what: format!("bias of {} values for {cout} output channels", b.len()),
-                })
-            }
-            None => vec![0.0; cout],
-        };
-        let weights = weights.get(..w_len).unwrap_or_default();
+        let bias = bias_or_zeros(bias, p.out_channels)?;
+        let cout = p.out_channels;
+        let depthwise = cig == 1 && cog == 1 && p.groups > 1;
         let algo = if depthwise {
-            Algo::Depthwise {
-                weights: weights.to_vec(),
-                mult: cog,
-            }
+            let weights = (0..taps)
+                .flat_map(|t| (0..cout).map(move |o| (o, t, 0)))
+                .map(|at| weights.at(at, taps, 1, cout))
+                .collect();
+            Algo::Depthwise { weights }
         } else {
-            let pointwise = g.kernel == [1, 1] && g.stride == [1, 1] && g.padding == [0; 4];
-            let weights = weights
-                .chunks_exact(cog * k)
-                .map(|w| gemm.pack_b(MatRef::row_major(w, cog, k)?.t()))
-                .collect::<Result<Vec<_>>>()?;
-            Algo::Gemm { weights, pointwise }
+            let mut packed = Vec::with_capacity(p.groups);
+            let mut reordered = vec![0.0; k * cog];
+            for g in 0..p.groups {
+                // K × cog, K ordered (tap, input channel).
+                for (d, row) in reordered.chunks_exact_mut(cog.max(1)).enumerate() {
+                    let (t, i) = (d / cig, d % cig);
+                    for (co, v) in row.iter_mut().enumerate() {
+                        *v = weights.at((g * cog + co, t, i), taps, cig, cout);
+                    }
+                }
+                packed.push(gemm.pack_b(MatRef::row_major(&reordered, k, cog)?)?);
+            }
+            let pointwise = p.kernel == [1, 1] && p.stride == [1, 1] && p.padding == [0; 4];
+            let rows = cig < MIN_SEGMENT && p.groups == 1 && p.dilation[1] == 1 && !pointwise;
+            match packed.pop() {
+                Some(weights) if rows && packed.is_empty() => Algo::Rows { weights },
+                last => {
+                    packed.extend(last);
+                    Algo::Gemm {
+                        weights: packed,
+                        pointwise,
+                    }
+                }
+            }
         };
-        let nr = gemm.isa().gemm_tile().1;
-        let padded_bias = bias
-            .chunks(cog.max(1))
-            .flat_map(|b| b.iter().copied().chain(std::iter::repeat_n(0.0, nr)))
-            .collect();
         Ok(Self {
-            g,
-            groups,
-            cig,
-            cog,
+            p,
             out,
             gemm,
             algo,
             bias,
-            padded_bias,
-            zero: vec![0.0; cig.max(groups)],
-            min,
-            max,
-            after,
+            activation,
+            zero: vec![0.0; if depthwise { p.in_channels } else { cig }],
         })
+    }
+
+    /// Heap bytes held (for memory budgets).
+    pub fn bytes(&self) -> usize {
+        let w = match &self.algo {
+            Algo::Gemm { weights, .. } => weights.iter().map(PackedB::bytes).sum(),
+            Algo::Depthwise { weights } => weights.len() * 4,
+            Algo::Rows { weights } => weights.bytes(),
+        };
+        w + (self.bias.len() + self.zero.len()) * 4
+    }
+
+    /// The geometry.
+    pub fn params(&self) -> &Conv2dParams {
+        &self.p
     }
 
     /// Output height and width.
@@ -142,460 +178,553 @@ impl ConvNhwc {
         self.out
     }
 
-    /// "pointwise", "im2col" or "depthwise".
+    /// "pointwise", "indirect", "depthwise" or "rows".
     pub fn algorithm(&self) -> &'static str {
         match self.algo {
             Algo::Gemm {
                 pointwise: true, ..
             } => "pointwise",
-            Algo::Gemm { .. } => "im2col",
+            Algo::Gemm { .. } => "indirect",
             Algo::Depthwise { .. } => "depthwise",
+            Algo::Rows { .. } => "rows",
         }
     }
 
-    /// Heap bytes held by the prepared weights and bias.
-    pub fn bytes(&self) -> usize {
-        let w = match &self.algo {
-            Algo::Gemm { weights, .. } => weights.iter().map(PackedB::bytes).sum(),
-            Algo::Depthwise { weights, .. } => weights.len() * 4,
-        };
-        w + self.bias.len() * 4
-    }
-
-    /// Elements of input and output for `batch` images.
+    /// Elements of the input and output of a batch of `batch` images.
     pub fn io_len(&self, batch: usize) -> Result<(usize, usize)> {
-        let cin = self.groups * self.cig;
-        let cout = self.groups * self.cog;
-        let x = error::mul(
-            error::mul(self.g.input[0] * self.g.input[1], cin, "input")?,
-            batch,
-            "input",
-        )?;
-        let y = error::mul(
-            error::mul(self.out[0] * self.out[1], cout, "output")?,
-            batch,
-            "output",
-        )?;
-        Ok((x, y))
+        self.p.io_len(batch)
     }
 
-    /// Scratch (f32 elements) a run over `batch` images needs on `threads` threads.
-    pub fn scratch_len(&self, _batch: usize, threads: usize) -> Result<usize> {
-        match self.algo {
-            Algo::Gemm { .. } => {
-                let (mr, _) = self.gemm.isa().gemm_tile();
-                let depth = self.g.kernel[0] * self.g.kernel[1] * self.cig;
-                Ok(if self.gathers() {
-                    mr * depth * threads
-                } else {
-                    0
-                })
-            }
-            Algo::Depthwise { mult, .. } => {
-                // Expanded input pixels when a channel feeds several outputs.
-                if mult > 1 {
-                    error::mul(self.groups * mult, threads, "depthwise scratch")
-                } else {
-                    Ok(0)
-                }
+    /// Scratch (f32 elements) a run needs (the same on any number of threads).
+    pub fn scratch_len(&self) -> Result<usize> {
+        match &self.algo {
+            Algo::Gemm { .. } | Algo::Depthwise { .. } => Ok(0),
+            // One image with its padding.
+            Algo::Rows { .. } => {
+                let p = &self.p;
+                let h = p.input[0] + p.padding[0] + p.padding[2];
+                let w = p.input[1] + p.padding[1] + p.padding[3];
+                error::mul(
+                    error::mul(h, w, "padded input")?,
+                    p.in_channels,
+                    "padded input",
+                )
             }
         }
     }
 
-    /// Runs on `batch` NHWC images: `x` `[batch, h, w, groups·cig]`, `y`
-    /// `[batch, oh, ow, groups·cog]`.
+    /// Scratch (f32 elements) [`ConvNhwc::run_nchw`] needs for `batch` images.
+    pub fn nchw_scratch_len(&self, batch: usize) -> Result<usize> {
+        let own = self.scratch_len()?;
+        match self.algo {
+            Algo::Rows { .. } => Ok(own),
+            _ => error::add(own, self.io_len(batch)?.0, "scratch"),
+        }
+    }
+
+    /// Like [`ConvNhwc::run`] with the input in NCHW (the output is NHWC): the first
+    /// convolution of a chain reads the program's tensor as it is.
+    pub fn run_nchw(
+        &self,
+        pool: &ThreadPool,
+        input: &[f32],
+        batch: usize,
+        residual: Option<&[f32]>,
+        output: &mut [f32],
+        scratch: &mut [f32],
+    ) -> Result {
+        if let Algo::Rows { .. } = self.algo {
+            return self.run_inner(pool, input, true, batch, residual, output, scratch);
+        }
+        let x_len = self.io_len(batch)?.0;
+        error::need("convolution input", input.len(), x_len)?;
+        let len = scratch.len();
+        let needed = self.nchw_scratch_len(batch)?;
+        let (x, rest) = scratch
+            .get_mut(..needed)
+            .ok_or(Error::ScratchTooSmall { len, needed })?
+            .split_at_mut(x_len);
+        let p = &self.p;
+        crate::layout::transpose(
+            pool,
+            input.get(..x_len).unwrap_or_default(),
+            batch,
+            p.in_channels,
+            p.input[0] * p.input[1],
+            x,
+        )?;
+        self.run_inner(pool, x, false, batch, residual, output, rest)
+    }
+
+    /// Runs the convolution on `batch` NHWC images: `input` is `[batch, h, w,
+    /// in_channels]`, `output` `[batch, oh, ow, out_channels]`; with `residual` (shaped
+    /// as the output), `output = act(conv(input) + bias + residual)`.
     pub fn run(
         &self,
         pool: &ThreadPool,
-        x: &[f32],
+        input: &[f32],
         batch: usize,
-        y: &mut [f32],
+        residual: Option<&[f32]>,
+        output: &mut [f32],
+        scratch: &mut [f32],
+    ) -> Result {
+        self.run_inner(pool, input, false, batch, residual, output, scratch)
+    }
+
+    /// `run`, the input in NCHW when `nchw` (only for [`Algo::Rows`], which copies it).
+    #[allow(clippy::too_many_arguments)] // `run`'s arguments and the input's layout
+    fn run_inner(
+        &self,
+        pool: &ThreadPool,
+        input: &[f32],
+        nchw: bool,
+        batch: usize,
+        residual: Option<&[f32]>,
+        output: &mut [f32],
         scratch: &mut [f32],
     ) -> Result {
         let (x_len, y_len) = self.io_len(batch)?;
-        error::need("convolution input", x.len(), x_len)?;
-        error::need("convolution output", y.len(), y_len)?;
+        error::need("convolution input", input.len(), x_len)?;
+        error::need("convolution output", output.len(), y_len)?;
+        if let Some(r) = residual {
+            error::need("convolution residual", r.len(), y_len)?;
+        }
         if y_len == 0 {
             return Ok(());
         }
-        let (x, y) = (
-            x.get(..x_len).unwrap_or_default(),
-            y.get_mut(..y_len).unwrap_or_default(),
-        );
-        let cin = self.groups * self.cig;
-        let cout = self.groups * self.cog;
+        let output = output.get_mut(..y_len).unwrap_or_default();
+        let residual = residual.and_then(|r| r.get(..y_len));
+        let p = &self.p;
         match &self.algo {
-            Algo::Gemm { weights, .. } => self.indirect(pool, x, batch, y, weights, scratch),
-            Algo::Depthwise { weights, mult } => {
-                let row = self.out[1] * cout;
-                let plane_in = self.g.input[0] * self.g.input[1] * cin;
-                let per_thread = if *mult > 1 { cout } else { 0 };
-                let failed = std::sync::atomic::AtomicBool::new(false);
-                pool.parallel_chunks(y, row, scratch, per_thread, |r, out_row, part| {
-                    let (n, oy) = (r / self.out[0], r % self.out[0]);
-                    let img = x.get(n * plane_in..(n + 1) * plane_in).unwrap_or_default();
-                    if self
-                        .depthwise_row(img, oy, out_row, weights, *mult, part)
-                        .is_err()
-                    {
-                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            Algo::Rows { weights } => {
+                let (xi, yi) = self.io_len(1)?;
+                let len = scratch.len();
+                let needed = self.scratch_len()?;
+                let padded = scratch
+                    .get_mut(..needed)
+                    .ok_or(Error::ScratchTooSmall { len, needed })?;
+                let wp = p.input[1] + p.padding[1] + p.padding[3];
+                let c = p.in_channels;
+                for (n, (x, y)) in input
+                    .chunks_exact(xi.max(1))
+                    .zip(output.chunks_exact_mut(yi.max(1)))
+                    .enumerate()
+                    .take(batch)
+                {
+                    padded.fill(0.0);
+                    let pixels = p.input[0] * p.input[1];
+                    for iy in 0..p.input[0] {
+                        let at = ((iy + p.padding[0]) * wp + p.padding[1]) * c;
+                        let dst = padded.get_mut(at..at + p.input[1] * c).unwrap_or_default();
+                        if nchw {
+                            for (ix, px) in dst.chunks_exact_mut(c).enumerate() {
+                                for (ch, v) in px.iter_mut().enumerate() {
+                                    *v = x
+                                        .get(ch * pixels + iy * p.input[1] + ix)
+                                        .copied()
+                                        .unwrap_or(0.0);
+                                }
+                            }
+                        } else {
+                            let src = x.get(iy * p.input[1] * c..(iy + 1) * p.input[1] * c);
+                            dst.copy_from_slice(src.unwrap_or_default());
+                        }
                     }
-                })?;
-                if failed.load(std::sync::atomic::Ordering::Relaxed) {
-                    return Err(Error::InvalidParameter {
-                        what: "depthwise row failed".into(),
-                    });
+                    if let Some(r) = residual.and_then(|r| r.get(n * yi..(n + 1) * yi)) {
+                        y.copy_from_slice(r);
+                    }
+                    let gather = Gather::Rows { width: wp };
+                    self.run_indirect(
+                        pool,
+                        std::slice::from_ref(weights),
+                        padded,
+                        1,
+                        residual.is_some(),
+                        y,
+                        gather,
+                    )?;
                 }
                 Ok(())
+            }
+            Algo::Depthwise { weights } => {
+                self.run_depthwise(pool, input, weights, residual, output)
+            }
+            Algo::Gemm { weights, pointwise } => {
+                if let Some(r) = residual {
+                    output.copy_from_slice(r);
+                }
+                let gather = if *pointwise {
+                    Gather::Pixel
+                } else {
+                    Gather::Taps
+                };
+                self.run_indirect(
+                    pool,
+                    weights,
+                    input,
+                    batch,
+                    residual.is_some(),
+                    output,
+                    gather,
+                )
             }
         }
     }
 
-    /// Whether each pixel's receptive field is gathered into a contiguous row before
-    /// the product: for few input channels per group, where per-tap rows would be too
-    /// short to keep the micro-kernel busy (a network's first layer).
-    fn gathers(&self) -> bool {
-        self.cig < 16 && self.g.kernel[0] * self.g.kernel[1] > 1
+    /// The clamp fused in the kernels' stores and the activation that follows them:
+    /// a clamp is fused unless a residual comes before it.
+    fn clamp_and_rest(&self, residual: bool) -> ((f32, f32), Activation) {
+        match self.activation {
+            Activation::Clamp { min, max } if !residual => ((min, max), Activation::Identity),
+            a => ((f32::NEG_INFINITY, f32::INFINITY), a),
+        }
     }
 
-    /// The products of a regular convolution, per group: output pixels × output
-    /// channels, the left operand read in place through each pixel's tap rows (a zero
-    /// row for padding) or gathered rows ([`Self::gathers`]), the weights' packed
-    /// panels as the right operand, bias and clamp fused. Threads take runs of pixel
-    /// tiles; within a run, blocks of panels stay in cache while the run's tiles pass
-    /// over them.
-    fn indirect(
+    /// A depthwise convolution, rows of the output split over the pool's threads.
+    fn run_depthwise(
         &self,
         pool: &ThreadPool,
-        x: &[f32],
-        batch: usize,
-        y: &mut [f32],
-        weights: &[PackedB],
-        scratch: &mut [f32],
+        input: &[f32],
+        weights: &[f32],
+        residual: Option<&[f32]>,
+        output: &mut [f32],
     ) -> Result {
+        let p = &self.p;
         let isa = self.gemm.isa();
-        let (mr, nr) = isa.gemm_tile();
-        let cin = self.groups * self.cig;
-        let cout = self.groups * self.cog;
-        let [oh, ow] = self.out;
-        let ohw = oh * ow;
-        let [kh, kw] = self.g.kernel;
-        let taps = kh * kw;
-        let depth = taps * self.cig;
-        let plane_in = self.g.input[0] * self.g.input[1] * cin;
-        let pixels = batch * ohw;
-        let tiles = pixels.div_ceil(mr);
-        // Tiles per task: enough for every thread, few enough that a task's rows stay
-        // in L2.
-        let per_task = tiles.div_ceil(pool.threads() * 2).clamp(1, 16);
-        let panels = self.cog.div_ceil(nr);
-        // Panels per block: about 64 KiB of weights.
-        let block = (16384 / (depth * nr).max(1)).clamp(1, panels.max(1));
-        let gather = self.gathers();
-        let pointwise = matches!(
-            self.algo,
-            Algo::Gemm {
-                pointwise: true,
-                ..
-            }
-        );
-        let per_thread = if gather { mr * depth } else { 0 };
-        let zero = &self.zero;
+        let (clamp, rest) = self.clamp_and_rest(residual.is_some());
+        let row = self.out[1] * p.out_channels;
+        let image = p.input[0] * p.input[1] * p.in_channels;
         let failed = std::sync::atomic::AtomicBool::new(false);
-        let fail = || failed.store(true, std::sync::atomic::Ordering::Relaxed);
-        // The input row of pixel `p` at tap `t` for group `gi`, if inside the image.
-        let source = |p: usize, t: usize, gi: usize| -> Option<&[f32]> {
-            let (n, pix) = (p / ohw, p % ohw);
-            let (iy, ix) = self.g.source(pix / ow, pix % ow, t / kw, t % kw)?;
-            let s = n * plane_in + (iy * self.g.input[1] + ix) * cin + gi * self.cig;
-            x.get(s..s + self.cig)
-        };
-        pool.parallel_chunks(
-            y,
-            per_task * mr * cout,
-            scratch,
-            per_thread,
-            |ci, chunk, buf| {
-                let m0 = ci * per_task * mr;
-                let rows_here = chunk.len() / cout.max(1);
-                let Ok(mut c) = MatMut::new(chunk, rows_here, cout, cout, 1) else {
-                    fail();
-                    return;
-                };
-                let mut a: [&[f32]; INDIRECT_TAPS * 12] = [&[]; INDIRECT_TAPS * 12];
-                for (gi, packed) in weights.iter().enumerate() {
-                    let panels_data = packed.panels();
-                    let bias = self
-                        .padded_bias
-                        .get(gi * (self.cog + nr)..)
-                        .unwrap_or_default();
-                    for q0 in (0..panels).step_by(block) {
-                        for mt in (0..rows_here).step_by(mr) {
-                            let rows = mr.min(rows_here - mt);
-                            if gather {
-                                for (i, row) in
-                                    buf.chunks_exact_mut(depth.max(1)).take(rows).enumerate()
-                                {
-                                    for (t, dst) in row.chunks_exact_mut(self.cig).enumerate() {
-                                        match source(m0 + mt + i, t, gi) {
-                                            Some(src) => dst.copy_from_slice(src),
-                                            None => dst.fill(0.0),
-                                        }
-                                    }
-                                }
-                                let gathered: [&[f32]; 12] = std::array::from_fn(|i| {
-                                    buf.get(i * depth..(i + 1) * depth).unwrap_or_default()
-                                });
-                                let Ok(r) = IndirectRows::new(
-                                    gathered.get(..rows).unwrap_or_default(),
-                                    rows,
-                                    1,
-                                    depth,
-                                ) else {
-                                    fail();
-                                    return;
-                                };
-                                self.panels(
-                                    isa,
-                                    &r,
-                                    panels_data,
-                                    bias,
-                                    &mut c,
-                                    mt,
-                                    gi,
-                                    q0..(q0 + block).min(panels),
-                                    true,
-                                    true,
-                                    0,
-                                    &fail,
-                                );
-                                continue;
-                            }
-                            for t0 in (0..taps).step_by(INDIRECT_TAPS) {
-                                let nt = INDIRECT_TAPS.min(taps - t0);
-                                if pointwise {
-                                    for (i, slot) in a.iter_mut().take(rows).enumerate() {
-                                        let s = (m0 + mt + i) * cin + gi * self.cig;
-                                        *slot = x.get(s..s + self.cig).unwrap_or(zero);
-                                    }
-                                } else {
-                                    for t in 0..nt {
-                                        for i in 0..rows {
-                                            if let Some(slot) = a.get_mut(t * rows + i) {
-                                                *slot =
-                                                    source(m0 + mt + i, t0 + t, gi).unwrap_or(zero);
-                                            }
-                                        }
-                                    }
-                                }
-                                let Ok(r) = IndirectRows::new(
-                                    a.get(..nt * rows).unwrap_or_default(),
-                                    rows,
-                                    nt,
-                                    self.cig,
-                                ) else {
-                                    fail();
-                                    return;
-                                };
-                                self.panels(
-                                    isa,
-                                    &r,
-                                    panels_data,
-                                    bias,
-                                    &mut c,
-                                    mt,
-                                    gi,
-                                    q0..(q0 + block).min(panels),
-                                    t0 == 0,
-                                    t0 + nt == taps,
-                                    t0 * self.cig,
-                                    &fail,
-                                );
-                            }
-                        }
-                    }
-                }
-            },
-        )?;
+        pool.parallel_chunks(output, row, &mut [0u8; 0], 0, |r, y, _| {
+            let (n, oy) = (r / self.out[0], r % self.out[0]);
+            let x = input.get(n * image..(n + 1) * image).unwrap_or_default();
+            if self.depthwise_row(isa, x, weights, clamp, oy, y).is_err() {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            if residual.is_none() && rest != Activation::Identity {
+                elementwise::activate(isa, y, rest);
+            }
+        })?;
         if failed.load(std::sync::atomic::Ordering::Relaxed) {
             return Err(Error::InvalidParameter {
-                what: "convolution tile failed".into(),
+                what: "depthwise convolution input too short".into(),
             });
+        }
+        if let Some(r) = residual {
+            elementwise::add_vector_activate(isa, output, r, self.activation)?;
         }
         Ok(())
     }
 
-    /// One tile's rows against panels `qs` of a group's weights, from depth `d0`:
-    /// `first` overwrites the output, `last` adds the bias and clamps.
-    #[allow(clippy::too_many_arguments)]
-    fn panels(
-        &self,
-        isa: crate::Isa,
-        r: &IndirectRows<'_>,
-        panels: &crate::gemm::Panels,
-        bias: &[f32],
-        c: &mut MatMut<'_>,
-        mt: usize,
-        gi: usize,
-        qs: std::ops::Range<usize>,
-        first: bool,
-        last: bool,
-        d0: usize,
-        fail: &dyn Fn(),
-    ) {
-        let nr = isa.gemm_tile().1;
-        let rows = r.rows();
-        for q in qs {
-            let b = panels.panel(q).get(d0 * nr..).unwrap_or_default();
-            let post = last.then(|| Post {
-                bias: TileBias::Cols(bias.get(q * nr..).unwrap_or_default()),
-                min: self.min,
-                max: self.max,
-            });
-            let col = gi * self.cog + q * nr;
-            let ok = if (q + 1) * nr <= self.cog {
-                indirect_microkernel(isa, r, b, c, (mt, col), !first, post.as_ref())
-            } else {
-                // An edge panel: through a tile buffer, so that columns past the
-                // group stay untouched.
-                let cols = self.cog - q * nr;
-                let mut tile = [0f32; 12 * 32];
-                let tile = tile.get_mut(..rows * nr).unwrap_or_default();
-                if !first {
-                    for (i, tr) in tile.chunks_exact_mut(nr).enumerate() {
-                        if let Some(src) = c.row_run(mt + i, col, cols) {
-                            tr.iter_mut().zip(src.iter()).for_each(|(d, &s)| *d = s);
-                        }
-                    }
-                }
-                MatMut::row_major(tile, rows, nr)
-                    .and_then(|mut tv| {
-                        indirect_microkernel(isa, r, b, &mut tv, (0, 0), !first, post.as_ref())
-                    })
-                    .map(|()| {
-                        for (i, tr) in tile.chunks_exact(nr).enumerate() {
-                            if let Some(dst) = c.row_run(mt + i, col, cols) {
-                                dst.iter_mut().zip(tr).for_each(|(d, &s)| *d = s);
-                            }
-                        }
-                    })
-            };
-            if ok.is_err() {
-                fail();
-            }
-            if last && self.after != Activation::Identity {
-                let cols = nr.min(self.cog - q * nr);
-                for i in 0..rows {
-                    if let Some(run) = c.row_run(mt + i, col, cols) {
-                        elementwise::activate(isa, run, self.after);
-                    }
-                }
-            }
-        }
-    }
-
-    /// One output row of a depthwise convolution: runs of pixels, each with one input
-    /// row per tap (the zero row for padding), through the depthwise kernel.
+    /// One output row `oy` of a depthwise convolution: the hand-written 3×3 kernel
+    /// (channels in blocks of eight, a row of pixels per pass, measured faster on
+    /// wide rows), else runs of pixels, each with one input row per tap (the zero row
+    /// for padding), through the channel-blocked kernel.
     fn depthwise_row(
         &self,
+        isa: Isa,
         img: &[f32],
+        weights: &[f32],
+        (min, max): (f32, f32),
         oy: usize,
         out_row: &mut [f32],
-        weights: &[f32],
-        mult: usize,
-        expanded: &mut [f32],
     ) -> Result {
-        let c = self.groups * mult;
-        let cin = self.groups;
-        let [kh, kw] = self.g.kernel;
-        let [ih, iw] = self.g.input;
-        let isa = self.gemm.isa();
+        let p = &self.p;
+        let c = p.out_channels;
+        let [kh, kw] = p.kernel;
+        let [ih, iw] = p.input;
+        if p.kernel == [3, 3] && c.is_multiple_of(8) && self.out[1] >= DW3X3_MIN_WIDTH {
+            let row_len = iw * c;
+            let rows: [Option<&[f32]>; 3] = std::array::from_fn(|ky| {
+                (oy * p.stride[0] + ky * p.dilation[0])
+                    .checked_sub(p.padding[0])
+                    .filter(|&iy| iy < ih)
+                    .and_then(|iy| img.get(iy * row_len..(iy + 1) * row_len))
+            });
+            let geometry = (c, self.out[1], iw, p.stride[1], p.dilation[1], p.padding[1]);
+            if arch::depthwise3x3_row(
+                isa,
+                rows,
+                weights,
+                &self.bias,
+                out_row,
+                geometry,
+                (min, max),
+            ) {
+                return Ok(());
+            }
+        }
         let total = kh * kw;
-        let (sh, dh, pt) = (self.g.stride[0], self.g.dilation[0], self.g.padding[0]);
-        let (sw, dw, pl) = (self.g.stride[1], self.g.dilation[1], self.g.padding[3]);
-        let zero = self.zero.get(..cin).unwrap_or_default();
-        // The input row of tap t for output column ox.
+        let zero = self.zero.get(..c).unwrap_or_default();
+        // The input pixel of tap t for output column ox.
         let tap = |ox: usize, t: usize| -> &[f32] {
-            let iy = (oy * sh + (t / kw) * dh)
-                .checked_sub(pt)
+            let iy = (oy * p.stride[0] + (t / kw) * p.dilation[0])
+                .checked_sub(p.padding[0])
                 .filter(|&v| v < ih);
-            let ix = (ox * sw + (t % kw) * dw)
-                .checked_sub(pl)
+            let ix = (ox * p.stride[1] + (t % kw) * p.dilation[1])
+                .checked_sub(p.padding[1])
                 .filter(|&v| v < iw);
             match (iy, ix) {
                 (Some(iy), Some(ix)) => {
-                    let p = (iy * iw + ix) * cin;
-                    img.get(p..p + cin).unwrap_or(zero)
+                    let at = (iy * iw + ix) * c;
+                    img.get(at..at + c).unwrap_or(zero)
                 }
                 _ => zero,
             }
         };
         const SLOTS: usize = 256;
         let mut a: [&[f32]; SLOTS] = [&[]; SLOTS];
-        if mult == 1 && total <= INDIRECT_TAPS {
+        if total <= INDIRECT_TAPS {
             let run = (SLOTS / total.max(1)).clamp(1, 8);
             for (r, outs) in out_row.chunks_mut(run * c).enumerate() {
                 let pixels = outs.len() / c.max(1);
-                for p in 0..pixels {
+                for px in 0..pixels {
                     for t in 0..total {
-                        if let Some(slot) = a.get_mut(p * total + t) {
-                            *slot = tap(r * run + p, t);
+                        if let Some(slot) = a.get_mut(px * total + t) {
+                            *slot = tap(r * run + px, t);
                         }
                     }
                 }
                 let taps = PixelTaps::new(&a, pixels, total, c)?;
-                depthwise_pixels(
-                    isa, &taps, weights, &self.bias, outs, true, true, self.min, self.max,
-                )?;
-                if self.after != Activation::Identity {
-                    elementwise::activate(isa, outs, self.after);
-                }
+                depthwise_pixels(isa, &taps, weights, &self.bias, outs, true, true, min, max)?;
             }
             return Ok(());
         }
+        // Large windows: passes of INDIRECT_TAPS taps, accumulating in the output.
         for (ox, out) in out_row.chunks_exact_mut(c).enumerate() {
             for t0 in (0..total).step_by(INDIRECT_TAPS) {
                 let nt = INDIRECT_TAPS.min(total - t0);
+                for (t, slot) in a.iter_mut().take(nt).enumerate() {
+                    *slot = tap(ox, t0 + t);
+                }
+                let taps = PixelTaps::new(&a, 1, nt, c)?;
+                let w = weights.get(t0 * c..).unwrap_or_default();
                 let (first, last) = (t0 == 0, t0 + nt == total);
-                if mult == 1 {
-                    for t in 0..nt {
-                        if let Some(slot) = a.get_mut(t) {
-                            *slot = tap(ox, t0 + t);
+                depthwise_pixels(isa, &taps, w, &self.bias, out, first, last, min, max)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The products on the indirect micro-kernel: tiles of `mr` output pixels × `nr`
+    /// output channels, each pixel's receptive field read in place through a list of
+    /// rows (one run of a group's input channels per kernel tap, or per kernel row for
+    /// [`Gather::Rows`]), the weights' panels streamed from cache. Rows of the output
+    /// are split over the pool's threads; output channels go in blocks of panels that
+    /// stay in L2.
+    #[allow(clippy::too_many_arguments)] // one product's operands and how to read them
+    fn run_indirect(
+        &self,
+        pool: &ThreadPool,
+        weights: &[PackedB],
+        x: &[f32],
+        batch: usize,
+        accumulate: bool,
+        y: &mut [f32],
+        gather: Gather,
+    ) -> Result {
+        let p = &self.p;
+        let isa = self.gemm.isa();
+        let (mr, nr) = isa.gemm_tile();
+        let cig = p.channels_per_group().0;
+        let taps = p.kernel[0] * p.kernel[1];
+        let (cout, ohw) = (p.out_channels, self.out[0] * self.out[1]);
+        let m = error::mul(batch, ohw, "convolution output")?;
+        let (clamp, rest) = self.clamp_and_rest(false);
+        let tiles = m.div_ceil(mr);
+        let work = m.saturating_mul(cout).saturating_mul(cig * taps);
+        let tasks = if work < (1 << 17) {
+            1
+        } else {
+            (pool.threads() * 3).min(tiles).max(1)
+        };
+        let rows_per_task = tiles.div_ceil(tasks) * mr;
+        // Panels of weights per block: a block stays in L2 while tiles stream past.
+        let panel_bytes = (taps * cig * nr * 4).max(1);
+        let block = (L2_WEIGHTS / panel_bytes).max(1);
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        pool.parallel_chunks(y, rows_per_task * cout, &mut [0u8; 0], 0, |task, yc, _| {
+            let r0 = task * rows_per_task;
+            if self
+                .indirect_rows(weights, x, r0, yc, accumulate, clamp, block, gather)
+                .is_err()
+            {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            if rest != Activation::Identity {
+                elementwise::activate(isa, yc, rest);
+            }
+        })?;
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::InvalidParameter {
+                what: "indirect convolution failed".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Output rows (pixels) `r0..` into `yc` (whole rows of `out_channels`).
+    #[allow(clippy::too_many_arguments)]
+    fn indirect_rows(
+        &self,
+        weights: &[PackedB],
+        x: &[f32],
+        r0: usize,
+        yc: &mut [f32],
+        accumulate: bool,
+        (min, max): (f32, f32),
+        block: usize,
+        gather: Gather,
+    ) -> Result {
+        let p = &self.p;
+        let isa = self.gemm.isa();
+        let (mr, nr) = isa.gemm_tile();
+        let (cig, cog) = p.channels_per_group();
+        // Segments of the receptive field and depths per segment.
+        let (taps, k) = match gather {
+            Gather::Pixel => (1, cig),
+            Gather::Taps => (p.kernel[0] * p.kernel[1], cig),
+            Gather::Rows { .. } => (p.kernel[0], p.kernel[1] * cig),
+        };
+        let cout = p.out_channels;
+        let rows_here = yc.len() / cout.max(1);
+        let mut c = MatMut::row_major(yc, rows_here, cout)?;
+        let panels = cog.div_ceil(nr);
+        let ohw = self.out[0] * self.out[1];
+        let image = p.input[0] * p.input[1] * p.in_channels;
+        let zero = self.zero.get(..k).unwrap_or_default();
+        let mut a: [&[f32]; INDIRECT_TAPS * MAX_MR] = [&[]; INDIRECT_TAPS * MAX_MR];
+        let mut padded = [0f32; MAX_NR];
+        for (g, b) in weights.iter().enumerate() {
+            for q0 in (0..panels).step_by(block) {
+                for r in (0..rows_here).step_by(mr) {
+                    let rows = mr.min(rows_here - r);
+                    for t0 in (0..taps).step_by(INDIRECT_TAPS) {
+                        let seg = INDIRECT_TAPS.min(taps - t0);
+                        // This tile's rows for taps t0..t0 + seg.
+                        if let Gather::Pixel = gather {
+                            for (i, slot) in a.iter_mut().take(rows).enumerate() {
+                                let at = (r0 + r + i) * p.in_channels + g * cig;
+                                *slot = x.get(at..at + k).unwrap_or(zero);
+                            }
+                        }
+                        for i in (0..rows).filter(|_| !matches!(gather, Gather::Pixel)) {
+                            let pixel = r0 + r + i;
+                            let (n, pix) = (pixel / ohw, pixel % ohw);
+                            let (oy, ox) = (pix / self.out[1], pix % self.out[1]);
+                            for t in 0..seg {
+                                let at = match gather {
+                                    Gather::Pixel => None,
+                                    Gather::Taps => {
+                                        let (ky, kx) =
+                                            ((t0 + t) / p.kernel[1], (t0 + t) % p.kernel[1]);
+                                        let iy = (oy * p.stride[0] + ky * p.dilation[0])
+                                            .checked_sub(p.padding[0])
+                                            .filter(|&v| v < p.input[0]);
+                                        let ix = (ox * p.stride[1] + kx * p.dilation[1])
+                                            .checked_sub(p.padding[1])
+                                            .filter(|&v| v < p.input[1]);
+                                        iy.zip(ix).map(|(iy, ix)| {
+                                            n * image
+                                                + (iy * p.input[1] + ix) * p.in_channels
+                                                + g * cig
+                                        })
+                                    }
+                                    // The padded copy of one image: every run is inside.
+                                    Gather::Rows { width } => {
+                                        let iy = oy * p.stride[0] + (t0 + t) * p.dilation[0];
+                                        Some((iy * width + ox * p.stride[1]) * p.in_channels)
+                                    }
+                                };
+                                if let Some(slot) = a.get_mut(t * rows + i) {
+                                    *slot = at.and_then(|o| x.get(o..o + k)).unwrap_or(zero);
+                                }
+                            }
+                        }
+                        let last = t0 + seg == taps;
+                        let list = IndirectRows::new(
+                            a.get(..seg * rows).unwrap_or_default(),
+                            rows,
+                            seg,
+                            k,
+                        )?;
+                        for q in q0..panels.min(q0 + block) {
+                            let j = g * cog + q * nr;
+                            let cols = nr.min(cog - q * nr);
+                            let (panel, _) = b.panels().block(q * nr, t0 * k);
+                            let bias = self.bias.get(j..).unwrap_or_default();
+                            let bias = if bias.len() >= nr {
+                                bias
+                            } else {
+                                padded.iter_mut().zip(bias).for_each(|(d, &v)| *d = v);
+                                &padded[..]
+                            };
+                            let post = last.then_some(Post {
+                                bias: TileBias::Cols(bias),
+                                min,
+                                max,
+                            });
+                            let acc = accumulate || t0 > 0;
+                            if cols == nr {
+                                indirect_microkernel(
+                                    isa,
+                                    &list,
+                                    panel,
+                                    &mut c,
+                                    (r, j),
+                                    acc,
+                                    post.as_ref(),
+                                )?;
+                            } else {
+                                // A partial panel of channels: through a tile buffer, so
+                                // that the next group's columns stay untouched.
+                                let mut tile = [0f32; MAX_MR * MAX_NR];
+                                let mut t = MatMut::row_major(&mut tile, rows, nr)?;
+                                for i in 0..rows {
+                                    if let (Some(src), Some(dst)) =
+                                        (c.row_run(r + i, j, cols), t.row_run(i, 0, cols))
+                                    {
+                                        dst.copy_from_slice(src);
+                                    }
+                                }
+                                indirect_microkernel(
+                                    isa,
+                                    &list,
+                                    panel,
+                                    &mut t,
+                                    (0, 0),
+                                    acc,
+                                    post.as_ref(),
+                                )?;
+                                for i in 0..rows {
+                                    if let (Some(dst), Some(src)) =
+                                        (c.row_run(r + i, j, cols), t.row_run(i, 0, cols))
+                                    {
+                                        dst.copy_from_slice(src);
+                                    }
+                                }
+                            }
                         }
                     }
-                    let taps = PixelTaps::new(&a, 1, nt, c)?;
-                    let w = weights.get(t0 * c..).unwrap_or_default();
-                    depthwise_pixels(
-                        isa, &taps, w, &self.bias, out, first, last, self.min, self.max,
-                    )?;
-                    if last {
-                        elementwise::activate(isa, out, self.after);
-                    }
-                    continue;
-                }
-                // Each input channel feeds `mult` outputs: expand the pixel.
-                let exp = expanded.get_mut(..c).unwrap_or_default();
-                if first {
-                    out.copy_from_slice(self.bias.get(..c).unwrap_or_default());
-                }
-                for t in t0..t0 + nt {
-                    let px = tap(ox, t);
-                    for (k, e) in exp.iter_mut().enumerate() {
-                        *e = px.get(k / mult).copied().unwrap_or(0.0);
-                    }
-                    let w = weights.get(t * c..(t + 1) * c).unwrap_or_default();
-                    for ((o, &e), &w) in out.iter_mut().zip(exp.iter()).zip(w) {
-                        *o = e.mul_add(w, *o);
-                    }
-                }
-                if last {
-                    for o in out.iter_mut() {
-                        *o = clamp(*o, self.min, self.max);
-                    }
-                    elementwise::activate(isa, out, self.after);
                 }
             }
         }
         Ok(())
     }
 }
+
+/// Input channels per group below which a stem convolution reads whole kernel rows
+/// of a padded copy ([`Algo::Rows`]): runs of a few channels per tap leave the
+/// micro-kernel fetching rows more than multiplying.
+const MIN_SEGMENT: usize = 8;
+
+/// Output width from which a 3×3 depthwise convolution runs on the row kernel (it
+/// goes four pixels at a time; narrower rows are faster pixel by pixel).
+const DW3X3_MIN_WIDTH: usize = 8;
+
+/// Bytes of packed weights a block of output channels may take (half a typical L2).
+const L2_WEIGHTS: usize = 256 * 1024;
+
+/// Largest tile of any micro-kernel.
+const MAX_MR: usize = 12;
+const MAX_NR: usize = 32;

@@ -98,15 +98,7 @@ impl DeconvNhwc {
             weights.len(),
             error::mul(per_group, groups, "weights")?,
         )?;
-        let bias = match bias {
-            Some(b) if b.len() == cout => b.to_vec(),
-            Some(b) => {
-                return Err(Error::ShapeMismatch {
-                    what: format!("bias of {} values for {cout} output channels", b.len()),
-                })
-            }
-            None => vec![0.0; cout],
-        };
+        let bias = crate::conv::bias_or_zeros(bias, cout)?;
         let n = taps * cog;
         let mut packed = Vec::with_capacity(groups);
         let mut t = vec![0f32; cig * n];

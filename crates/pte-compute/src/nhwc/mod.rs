@@ -2,17 +2,23 @@
 //! XNNPACK-style graphs: an image is `[height, width, channels]`, a pixel's channels
 //! contiguous.
 //!
-//! - [`ConvNhwc`]: a 2-D convolution as one matrix product per group, output pixels ×
-//!   output channels: 1×1 stride-1 convolutions read the input as the left operand in
-//!   place; others gather each output pixel's receptive field (contiguous channel runs
-//!   per tap) straight into the product's packed panels (implicit im2col). Weights,
-//!   `[out, kh, kw, in/groups]`, are packed once; bias and clamp run in the product's
-//!   epilogue; rows of the output are written with the output's channel stride, so the
-//!   result lands in NHWC directly.
-//! - Depthwise convolutions ([`ConvNhwc`] with one input channel per group): for each
-//!   output pixel, taps accumulate 16 channels at a time in registers (the pixel's
-//!   input pointers form an indirection list, padding taps skipped), stored once
-//!   through the clamp.
+//! - [`ConvNhwc`]: a 2-D convolution, weights given in PyTorch's, XNNPACK's regular
+//!   or XNNPACK's depthwise layout ([`ConvWeights`]) and arranged once; residual and
+//!   activation fused. Regular convolutions are indirect products (output pixels ×
+//!   output channels on the GEMM micro-kernel's register tile, the left operand read
+//!   in place through a list of rows: the pixel itself for 1×1 stride-1, one run of a
+//!   group's channels per kernel tap otherwise, padding a zero row); a stem with few
+//!   input channels reads whole kernel rows of a padded copy of the image instead.
+//!   Output rows are split over threads, blocks of the weights' panels stay in L2.
+//! - Depthwise convolutions (one input and one output channel per group): 3×3 on a
+//!   hand-written row kernel (eight channels per vector, a row of pixels per pass),
+//!   other windows per pixel with 16 channels accumulated in registers per tap. A
+//!   channel multiplier above 1 runs as a grouped product.
+//!
+//! Measured against the two NHWC convolutions this module replaced (one per caller)
+//! on mobilenet_v2 and resnet18 layers and two stems, at 1 and 2 threads: 2-3× faster
+//! on stems and depthwise rows of large images, 10-25% on resnet18's 56×56 and
+//! 28×28 layers, within noise elsewhere (crate BENCHMARKS.md).
 //! - [`DeconvNhwc`]: transposed convolution as a product per input pixel into a
 //!   column buffer, then added into the output (col2im).
 //! - [`pool2d`]: max and average pooling (average over the taps inside the image,
@@ -22,10 +28,11 @@ mod conv;
 mod deconv;
 mod pool;
 
-pub use conv::ConvNhwc;
+pub use conv::{ConvNhwc, ConvWeights};
 pub use deconv::DeconvNhwc;
 pub use pool::{global_avg_pool, pool2d, PoolKind};
 
+use crate::conv::Conv2dParams;
 use crate::error::{Error, Result};
 
 /// The geometry shared by convolutions and pooling, NHWC.
@@ -90,6 +97,22 @@ impl Geometry {
                 self.dilation[1],
             )?,
         ])
+    }
+
+    /// The same geometry as [`Conv2dParams`] for a convolution of `in_channels` to
+    /// `out_channels` in `groups` groups (its padding is top, left, bottom, right).
+    pub fn conv2d(&self, in_channels: usize, out_channels: usize, groups: usize) -> Conv2dParams {
+        let [top, right, bottom, left] = self.padding;
+        Conv2dParams {
+            in_channels,
+            out_channels,
+            groups,
+            input: self.input,
+            kernel: self.kernel,
+            stride: self.stride,
+            padding: [top, left, bottom, right],
+            dilation: self.dilation,
+        }
     }
 
     /// Input row and column of output pixel `(oy, ox)` at tap `(ky, kx)`, if inside the

@@ -1,17 +1,21 @@
 //! NHWC pooling: each output pixel combines the input pixels of its window, 16
 //! channels at a time in registers.
 
-use super::conv::{CB, TAPS};
 use super::Geometry;
 use crate::arch::{multiversion, Isa};
 use crate::elementwise::clamp;
 use crate::error::{self, Result};
 use crate::pool::ThreadPool;
 
+/// Channels combined at once in registers.
+const CB: usize = 16;
+/// Window pixels combined per pass (larger windows take several passes).
+const TAPS: usize = 32;
+
 /// What a pooling computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PoolKind {
-    /// The maximum over the window.
+    /// The maximum over the window (NaN if the window holds one, as PyTorch).
     Max,
     /// The mean over the window's positions inside the image (padding excluded).
     Average,
@@ -47,7 +51,7 @@ multiversion! {
                 let Some(x) = x.get(c0..c0 + len) else { continue };
                 if max_pool {
                     for (a, &v) in acc.iter_mut().zip(x) {
-                        *a = if v > *a { v } else { *a };
+                        *a = if v > *a || v.is_nan() { v } else { *a };
                     }
                 } else {
                     for (a, &v) in acc.iter_mut().zip(x) {

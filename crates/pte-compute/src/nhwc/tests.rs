@@ -150,12 +150,18 @@ fn convolutions_match_a_direct_loop() {
                     },
                     crate::Activation::Silu,
                 ] {
-                    let conv =
-                        ConvNhwc::new(gemm, g, groups, cig, cog, dw, &w, Some(&b), act).unwrap();
+                    let weights = if dw {
+                        ConvWeights::Hwo(&w)
+                    } else {
+                        ConvWeights::Ohwi(&w)
+                    };
+                    let p = g.conv2d(groups * cig, groups * cog, groups);
+                    let conv = ConvNhwc::new(gemm, p, weights, Some(&b), act).unwrap();
                     let [oh, ow] = conv.output_size();
                     let mut y = vec![f32::NAN; batch * oh * ow * groups * cog];
-                    let mut scratch = vec![0.0; conv.scratch_len(batch, threads).unwrap()];
-                    conv.run(&pool, &x, batch, &mut y, &mut scratch).unwrap();
+                    let mut scratch = vec![0.0; conv.scratch_len().unwrap()];
+                    conv.run(&pool, &x, batch, None, &mut y, &mut scratch)
+                        .unwrap();
                     let mut want = reference(
                         &g,
                         groups,

@@ -8,7 +8,7 @@
 
 use std::borrow::Cow;
 
-use pte_compute::nhwc::{ConvNhwc, DeconvNhwc, Geometry};
+use pte_compute::nhwc::{ConvNhwc, ConvWeights, DeconvNhwc, Geometry};
 use pte_compute::qgemm::{qgemm, PackedI8, Rows};
 use pte_compute::{Activation, Gemm};
 use pte_runtime::Charge;
@@ -123,7 +123,6 @@ struct FloatConv {
     cin: usize,
     cout: usize,
     layer: Option<(ConvNhwc, [usize; 2])>,
-    batch: usize,
     /// A SiLU fused into the output.
     silu: bool,
     _charge: Charge,
@@ -164,14 +163,14 @@ impl FloatConv {
         };
         let dim = if self.kind == Kind::Depthwise { 3 } else { 0 };
         let (weights, bias) = float_filter(&self.filter, self.bias.as_ref(), dim)?;
+        let weights = match self.kind {
+            Kind::Depthwise => ConvWeights::Hwo(&weights),
+            Kind::Regular => ConvWeights::Ohwi(&weights),
+        };
         ConvNhwc::new(
             Gemm::new(),
-            geo,
-            groups,
-            cig,
-            cog,
-            self.kind == Kind::Depthwise,
-            &weights,
+            geo.conv2d(groups * cig, groups * cog, groups),
+            weights,
             bias.as_deref(),
             activation(self.min, self.max, self.silu),
         )
@@ -199,14 +198,12 @@ impl Kernel for FloatConv {
         }
         let (layer, _) = self.layer.as_ref().ok_or("no layer")?;
         let [oh, ow] = layer.output_size();
-        self.batch = n;
         set_shape(outputs, 0, &[n, oh, ow, self.cout])
     }
 
-    fn scratch_bytes(&self, threads: usize) -> usize {
+    fn scratch_bytes(&self, _threads: usize) -> usize {
         self.layer.as_ref().map_or(0, |(l, _)| {
-            l.scratch_len(self.batch, threads)
-                .map_or(usize::MAX / 8, |s| s * 4)
+            l.scratch_len().map_or(usize::MAX / 8, |s| s * 4)
         })
     }
 
@@ -215,9 +212,7 @@ impl Kernel for FloatConv {
         let (layer, _) = self.layer.as_ref().ok_or("not reshaped")?;
         let n = x.dims.first().copied().unwrap_or(0);
         let (xl, yl) = layer.io_len(n).map_err(|e| e.to_string())?;
-        let len = layer
-            .scratch_len(n, cx.pool.threads())
-            .map_err(|e| e.to_string())?;
+        let len = layer.scratch_len().map_err(|e| e.to_string())?;
         let scratch = cx
             .scratch
             .slice_mut::<f32>(len)
@@ -227,6 +222,7 @@ impl Kernel for FloatConv {
                 cx.pool,
                 f32s(x.bytes, xl)?,
                 n,
+                None,
                 f32s_mut(outputs.first_mut().ok_or("no output")?.bytes, yl)?,
                 scratch,
             )
@@ -274,7 +270,6 @@ pub(crate) fn convolution(cx: &NodeCx<'_>, g: &ConvGeometry, kind: Kind) -> PRes
                     cin,
                     cout,
                     layer: None,
-                    batch: 0,
                     silu: cx.node.fused_silu,
                     _charge: charge,
                 },

@@ -224,74 +224,33 @@ fn permute(cx: &Cx<'_>, src: &[u8], dst: &mut [u8], dims: &[usize], perm: &[usiz
             return;
         }
     };
-    let plane = a * b * w;
-    let jobs = outer;
-    let dst_len = dst.len();
-    let _ = dst_len;
-    if jobs == 1 && cx.pool.threads() > 1 && a * b > 1 << 16 {
-        // One big plane: split its rows of the output across threads.
-        let rows_per = b.div_ceil(cx.pool.threads() * 2).max(1);
-        let _ = cx
-            .pool
-            .parallel_chunks(dst, rows_per * a * w, &mut [0u8; 0], 0, |i, chunk, _| {
-                let j0 = i * rows_per;
-                let rows = chunk.len() / (a * w);
-                transpose_2d(src, chunk, a, b, j0, rows, w);
-            });
-        return;
-    }
-    for (s, d) in src.chunks_exact(plane).zip(dst.chunks_exact_mut(plane)) {
-        transpose_2d(s, d, a, b, 0, b, w);
+    let src = src.get(..dst.len()).unwrap_or_default();
+    let done = match w {
+        1 => transpose_as::<u8>(cx, src, dst, (outer, a, b)),
+        2 => transpose_as::<u16>(cx, src, dst, (outer, a, b)),
+        4 => transpose_as::<u32>(cx, src, dst, (outer, a, b)),
+        8 => transpose_as::<u64>(cx, src, dst, (outer, a, b)),
+        _ => false,
+    };
+    if !done {
+        generic_permute(src, dst, dims, perm, w);
     }
 }
 
-/// Rows `j0..j0 + rows` of the transpose of `src` (a × b) into `dst` (rows × a),
-/// in 8 × 8 blocks.
-fn transpose_2d(src: &[u8], dst: &mut [u8], a: usize, b: usize, j0: usize, rows: usize, w: usize) {
-    const BLK: usize = 8;
-    match w {
-        4 => {
-            let (Ok(s), Ok(d)) = (
-                bytemuck::try_cast_slice::<u8, u32>(src),
-                bytemuck::try_cast_slice_mut::<u8, u32>(dst),
-            ) else {
-                return transpose_bytes(src, dst, a, b, j0, rows, w);
-            };
-            for jb in (0..rows).step_by(BLK) {
-                for ib in (0..a).step_by(BLK) {
-                    for j in jb..(jb + BLK).min(rows) {
-                        for i in ib..(ib + BLK).min(a) {
-                            if let (Some(o), Some(&v)) =
-                                (d.get_mut(j * a + i), s.get(i * b + j0 + j))
-                            {
-                                *o = v;
-                            }
-                        }
-                    }
-                }
-            }
-            let _ = b;
-        }
-        _ => transpose_bytes(src, dst, a, b, j0, rows, w),
-    }
-}
-
-fn transpose_bytes(
+/// `outer` transposes of `a × b` elements of type `T` on pte-compute's transpose;
+/// false if the bytes are not aligned for `T` or the sizes disagree.
+fn transpose_as<T: bytemuck::Pod + Send + Sync>(
+    cx: &Cx<'_>,
     src: &[u8],
     dst: &mut [u8],
-    a: usize,
-    b: usize,
-    j0: usize,
-    rows: usize,
-    w: usize,
-) {
-    for j in 0..rows {
-        for i in 0..a {
-            let (so, d0) = ((i * b + j0 + j) * w, (j * a + i) * w);
-            if let (Some(o), Some(v)) = (dst.get_mut(d0..d0 + w), src.get(so..so + w)) {
-                o.copy_from_slice(v);
-            }
-        }
+    (outer, a, b): (usize, usize, usize),
+) -> bool {
+    match (
+        bytemuck::try_cast_slice::<u8, T>(src),
+        bytemuck::try_cast_slice_mut::<u8, T>(dst),
+    ) {
+        (Ok(s), Ok(d)) => pte_compute::layout::transpose(cx.pool, s, outer, a, b, d).is_ok(),
+        _ => false,
     }
 }
 

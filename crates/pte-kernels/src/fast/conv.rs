@@ -1,0 +1,407 @@
+//! `aten::convolution.out` on `pte_compute::Conv2d`: float32, NCHW (1-d as height 1),
+//! constant weights, any groups, stride, padding and dilation; not transposed. Alone, or
+//! as the fused call of a convolution with the batch normalization (folded into the
+//! weights and bias at load), residual addition and activation after it.
+
+use std::borrow::Cow;
+
+use pte_compute::{Activation, Conv2d, Conv2dParams, Gemm};
+use pte_runtime::{Args, Charge, KernelError, KernelResult, PreparedKernel};
+use smallvec::SmallVec;
+
+use super::{at, charge, compute, constant_f32, f32_tensor, scratch, settle};
+
+/// Where a fused call's arguments are: the convolution's nine (input, weight, bias,
+/// stride, padding, dilation, transposed, output padding, groups) come first.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Layout {
+    /// First of the convolution's nine arguments.
+    pub conv: usize,
+    /// First of the batch normalization's weight, bias, mean, variance and eps.
+    pub bn: Option<usize>,
+    /// A tensor added before the activation.
+    pub residual: Option<usize>,
+    /// The activation.
+    pub act: Act,
+    /// The output.
+    pub out: usize,
+}
+
+impl Layout {
+    /// A convolution alone.
+    const PLAIN: Layout = Layout {
+        conv: 0,
+        bn: None,
+        residual: None,
+        act: Act::None,
+        out: 9,
+    };
+}
+
+/// An activation as a fused call's arguments give it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Act {
+    None,
+    Relu,
+    /// `hardtanh` or `clamp` with both bounds: positions of the bounds.
+    Clamp {
+        min: usize,
+        max: usize,
+    },
+    /// `clamp` with optional bounds (None: unbounded on that side).
+    ClampOptional {
+        min: usize,
+        max: usize,
+    },
+    Sigmoid,
+    Tanh,
+    /// `x · sigmoid(x)`.
+    Silu,
+    HardSwish,
+    /// `gelu`: position of its `approximate` string.
+    Gelu {
+        approximate: usize,
+    },
+}
+
+impl Act {
+    /// The activation, its scalars read now.
+    pub fn resolve(self, args: &Args<'_>) -> KernelResult<Activation> {
+        Ok(match self {
+            Act::None => Activation::Identity,
+            Act::Relu => Activation::RELU,
+            Act::Clamp { min, max } => Activation::Clamp {
+                min: args.double(min)? as f32,
+                max: args.double(max)? as f32,
+            },
+            Act::ClampOptional { min, max } => {
+                let bound = |i: usize, none: f64| -> KernelResult<f32> {
+                    Ok(if args.is_none(i)? {
+                        none as f32
+                    } else {
+                        args.scalar(i)?.to_f64() as f32
+                    })
+                };
+                Activation::Clamp {
+                    min: bound(min, f64::NEG_INFINITY)?,
+                    max: bound(max, f64::INFINITY)?,
+                }
+            }
+            Act::Sigmoid => Activation::Sigmoid,
+            Act::Tanh => Activation::Tanh,
+            Act::Silu => Activation::Silu,
+            Act::HardSwish => Activation::HardSwish,
+            Act::Gelu { approximate } => match args.string(approximate)? {
+                "none" => Activation::Gelu,
+                "tanh" => Activation::GeluTanh,
+                other => {
+                    return Err(KernelError::invalid(format!(
+                        "gelu: unknown approximation {other:?}"
+                    )))
+                }
+            },
+        })
+    }
+
+    /// The scalars the activation reads (for noticing a change).
+    fn key(self, args: &Args<'_>, key: &mut Key) -> KernelResult {
+        if let Activation::Clamp { min, max } = self.resolve(args)? {
+            key.push(i64::from(min.to_bits()));
+            key.push(i64::from(max.to_bits()));
+        }
+        Ok(())
+    }
+}
+
+/// Everything a prepared layer depends on that a call could change: the input's sizes,
+/// the geometry lists, and the scalars (batch normalization's eps, activation bounds).
+pub(super) type Key = SmallVec<[i64; 24]>;
+
+pub(super) fn key(args: &Args<'_>, l: &Layout) -> KernelResult<Key> {
+    let c = l.conv;
+    let mut k = Key::new();
+    k.extend(args.tensor(c)?.sizes.iter().map(|&s| s as i64));
+    for list in 3..6 {
+        k.push(-1);
+        k.extend(args.int_list(c + list)?);
+    }
+    k.push(args.int(c + 8)?);
+    k.push(i64::from(args.bool(c + 6)?));
+    if let Some(bn) = l.bn {
+        k.push(args.double(bn + 4)?.to_bits() as i64);
+    }
+    l.act.key(args, &mut k)?;
+    Ok(k)
+}
+
+/// A convolution prepared for one input shape.
+struct Layer {
+    key: Key,
+    conv: Conv2d,
+    /// Batch, output sizes.
+    batch: usize,
+    out_sizes: SmallVec<[usize; 4]>,
+    _charge: Charge,
+}
+
+/// A convolution call site: alone, or fused (see [`Layout`]).
+pub(super) struct FastConv {
+    layout: Layout,
+    layer: Layer,
+}
+
+/// Prepares a plain convolution when it qualifies.
+pub(super) fn prepare(args: &Args<'_>, _: &dyn pte_runtime::Kernel) -> super::Prepared {
+    Ok(build(args, &Layout::PLAIN)?.map(|layer| {
+        Box::new(FastConv {
+            layout: Layout::PLAIN,
+            layer,
+        }) as Box<dyn PreparedKernel>
+    }))
+}
+
+/// Prepares a fused convolution; the fuser only proposes calls that qualify.
+pub(super) fn prepare_fused(
+    args: &Args<'_>,
+    layout: Layout,
+) -> KernelResult<Box<dyn PreparedKernel>> {
+    let layer = build(args, &layout)?.ok_or_else(|| {
+        KernelError::invalid(format!(
+            "{}: arguments do not qualify for the fused convolution",
+            args.op()
+        ))
+    })?;
+    Ok(Box::new(FastConv { layout, layer }))
+}
+
+/// A per-axis list as (height, width), for `spatial` axes.
+fn pair(list: &[i64], spatial: usize, flat: usize) -> Option<[usize; 2]> {
+    let v = |i: usize| list.get(i).and_then(|&x| usize::try_from(x).ok());
+    match (spatial, list.len()) {
+        (1, 1) => Some([flat, v(0)?]),
+        (2, 1) => Some([v(0)?, v(0)?]),
+        (2, 2) => Some([v(0)?, v(1)?]),
+        _ => None,
+    }
+}
+
+/// A convolution ready to be prepared: geometry, weights and bias (batch
+/// normalization folded in), activation, batch and output sizes.
+pub(super) struct Spec<'a> {
+    pub p: Conv2dParams,
+    pub weights: Cow<'a, [f32]>,
+    pub bias: Option<Vec<f32>>,
+    pub activation: Activation,
+    pub batch: usize,
+    pub out_sizes: SmallVec<[usize; 4]>,
+}
+
+/// The convolution of the call's current arguments, or `None` when the call does not
+/// qualify (then the generic kernel runs it).
+pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Spec<'a>>> {
+    let c = l.conv;
+    let (Some(x), Some(w)) = (f32_tensor(args, c)?, f32_tensor(args, c + 1)?) else {
+        return Ok(None);
+    };
+    if args.bool(c + 6)? || f32_tensor(args, l.out)?.is_none() {
+        return Ok(None);
+    }
+    let spatial = match (x.rank(), w.rank()) {
+        (4, 4) => 2,
+        (3, 3) => 1,
+        _ => return Ok(None),
+    };
+    let (Some(weights), groups) = (constant_f32(args, c + 1)?, args.int(c + 8)?) else {
+        return Ok(None);
+    };
+    let bias = if args.is_none(c + 2)? {
+        None
+    } else {
+        match (f32_tensor(args, c + 2)?, constant_f32(args, c + 2)?) {
+            (Some(_), Some(b)) => Some(b),
+            _ => return Ok(None),
+        }
+    };
+    let dims = |t: &pte_runtime::TensorInfo| -> SmallVec<[usize; 4]> {
+        let mut d: SmallVec<[usize; 4]> = t.sizes.iter().copied().collect();
+        if spatial == 1 {
+            d.insert(2, 1);
+        }
+        d
+    };
+    let (xs, ws) = (dims(&x), dims(&w));
+    let (&[batch, c_in, h, wd], &[c_out, _, kh, kw]) = (xs.as_slice(), ws.as_slice()) else {
+        return Ok(None);
+    };
+    let (Some(stride), Some(pad), Some(dilation), Ok(groups)) = (
+        pair(&args.int_list(c + 3)?, spatial, 1),
+        pair(&args.int_list(c + 4)?, spatial, 0),
+        pair(&args.int_list(c + 5)?, spatial, 1),
+        usize::try_from(groups),
+    ) else {
+        return Ok(None);
+    };
+    let p = Conv2dParams {
+        in_channels: c_in,
+        out_channels: c_out,
+        groups,
+        input: [h, wd],
+        kernel: [kh, kw],
+        stride,
+        padding: [pad[0], pad[1], pad[0], pad[1]],
+        dilation,
+    };
+    // An invalid geometry, or weights that do not fit it: the generic kernel says why.
+    let Ok(out) = p.output() else {
+        return Ok(None);
+    };
+    if groups == 0
+        || ws.get(1).copied().and_then(|c| c.checked_mul(groups)) != Some(c_in)
+        || bias.is_some_and(|b| b.len() != c_out)
+        || batch == 0
+    {
+        return Ok(None);
+    }
+    let activation = l.act.resolve(args)?;
+    // Batch normalization folded into the weights and bias:
+    // w' = w·s, b' = (b - mean)·s + beta with s = gamma / sqrt(var + eps), in f64.
+    let (weights, bias) = match l.bn {
+        None => (Cow::Borrowed(weights), bias.map(<[f32]>::to_vec)),
+        Some(bn) => {
+            let vector = |i: usize| -> KernelResult<Option<&[f32]>> {
+                if args.is_none(i)? {
+                    return Ok(None);
+                }
+                match constant_f32(args, i)? {
+                    Some(v) if v.len() == c_out => Ok(Some(v)),
+                    _ => Err(KernelError::invalid(format!(
+                        "{}: batch normalization parameter {i} must be a constant of {c_out} floats",
+                        args.op()
+                    ))),
+                }
+            };
+            let (gamma, beta) = (vector(bn)?, vector(bn + 1)?);
+            let (Some(mean), Some(var)) = (vector(bn + 2)?, vector(bn + 3)?) else {
+                return Err(KernelError::invalid(format!(
+                    "{}: batch normalization needs its running statistics",
+                    args.op()
+                )));
+            };
+            let eps = args.double(bn + 4)?;
+            let at = |v: Option<&[f32]>, c: usize, default: f64| {
+                v.and_then(|v| v.get(c)).map_or(default, |&x| f64::from(x))
+            };
+            let scale: Vec<f64> = (0..c_out)
+                .map(|c| at(gamma, c, 1.0) / (at(Some(var), c, 1.0) + eps).sqrt())
+                .collect();
+            let per_channel = weights.len() / c_out.max(1);
+            let folded = weights
+                .chunks(per_channel.max(1))
+                .zip(&scale)
+                .flat_map(|(w, &s)| w.iter().map(move |&v| (f64::from(v) * s) as f32))
+                .collect::<Vec<f32>>();
+            let b: Vec<f32> = (0..c_out)
+                .zip(&scale)
+                .map(|(c, &s)| {
+                    ((at(bias, c, 0.0) - at(Some(mean), c, 0.0)) * s + at(beta, c, 0.0)) as f32
+                })
+                .collect();
+            (Cow::Owned(folded), Some(b))
+        }
+    };
+    let mut out_sizes: SmallVec<[usize; 4]> = SmallVec::new();
+    out_sizes.extend_from_slice(&[batch, c_out]);
+    if spatial == 2 {
+        out_sizes.push(out[0]);
+    }
+    out_sizes.push(out[1]);
+    Ok(Some(Spec {
+        p,
+        weights,
+        bias,
+        activation,
+        batch,
+        out_sizes,
+    }))
+}
+
+/// The NCHW layer of the call's current arguments (see [`spec`]).
+fn build(args: &Args<'_>, l: &Layout) -> KernelResult<Option<Layer>> {
+    let Some(s) = spec(args, l)? else {
+        return Ok(None);
+    };
+    // Charge what the layer will keep (packed weights round up to whole panels) before
+    // building it, then settle on what it holds.
+    let mut held = charge(
+        args,
+        (s.weights.len() + s.p.out_channels) * 4 * 2,
+        "packed weights",
+    )?;
+    let conv = Conv2d::new(
+        Gemm::new(),
+        s.p,
+        &s.weights,
+        s.bias.as_deref(),
+        s.activation,
+    )
+    .map_err(compute)?;
+    settle(args, &mut held, conv.bytes())?;
+    Ok(Some(Layer {
+        key: key(args, l)?,
+        conv,
+        batch: s.batch,
+        out_sizes: s.out_sizes,
+        _charge: held,
+    }))
+}
+
+impl PreparedKernel for FastConv {
+    fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
+        let l = self.layout;
+        if key(args, &l)? != self.layer.key {
+            self.layer = build(args, &l)?.ok_or_else(|| {
+                KernelError::invalid(format!(
+                    "{}: the arguments no longer qualify for the prepared convolution",
+                    args.op()
+                ))
+            })?;
+        }
+        let layer = &self.layer;
+        args.resize(l.out, &layer.out_sizes)?;
+        if let Some(r) = l.residual {
+            if args.tensor(r)?.sizes.as_slice() != layer.out_sizes.as_slice() {
+                return Err(KernelError::invalid(format!(
+                    "{}: the added tensor must have the output's shape {:?}",
+                    args.op(),
+                    layer.out_sizes.as_slice()
+                )));
+            }
+        }
+        let pool = args.pool();
+        let reads = [at(l.conv), at(l.residual.unwrap_or(l.conv))];
+        let mut io = args.io(
+            reads
+                .get(..1 + usize::from(l.residual.is_some()))
+                .unwrap_or_default(),
+            &[at(l.out)],
+        )?;
+        let missing = || KernelError::Failed("missing tensor view".into());
+        let x = io.inputs.first().ok_or_else(missing)?.as_slice::<f32>()?;
+        let residual = match io.inputs.get(1) {
+            Some(r) => Some(r.as_slice::<f32>()?),
+            None => None,
+        };
+        let y = io
+            .outputs
+            .first_mut()
+            .ok_or_else(missing)?
+            .as_mut_slice::<f32>()?;
+        let len = layer.conv.scratch_len(pool.threads()).map_err(compute)?;
+        let s = scratch(io.scratch, len)?;
+        match residual {
+            None => layer.conv.run(pool, x, layer.batch, y, s),
+            Some(r) => layer.conv.run_add(pool, x, layer.batch, r, y, s),
+        }
+        .map_err(compute)
+    }
+}

@@ -1,0 +1,346 @@
+//! The fuser: groups of consecutive calls that one fast kernel runs as one call.
+//!
+//! - `convolution` [→ `_native_batch_norm_legit_no_training`] [→ activation |
+//!   → `add` (a residual) [→ activation]]: one convolution with the normalization folded
+//!   into its weights, the addition and activation in its epilogue;
+//! - `addmm` / `linear` / `mm` with a constant weight → activation;
+//! - `max_pool2d_with_indices` whose indices nothing reads → max pooling alone.
+//!
+//! Activations: `relu`, `hardtanh`, `clamp` with both bounds, `sigmoid`, `gelu`, and
+//! `x · sigmoid(x)` written as `sigmoid` then `mul` (SiLU as exported).
+//!
+//! Each proposal is checked here for what the fast kernel needs (float32, default dim
+//! order, constant weights); the runtime then takes it only if the values the group
+//! computes internally are used by nothing else.
+
+use std::sync::Arc;
+
+use pte_runtime::{
+    Args, Call, CallId, DType, Fuser, Fusion, Graph, Kernel, KernelResult, PreparedKernel,
+};
+
+use super::conv::{self, Act, Layout};
+use super::linear::{self, Op};
+use super::pool;
+
+pub(super) struct Patterns;
+
+impl Fuser for Patterns {
+    fn fuse(&self, g: &Graph<'_>) -> Vec<Fusion> {
+        let calls = g.calls();
+        let mut out = Vec::new();
+        let mut i = 0;
+        while let Some(c) = calls.get(i) {
+            let rest = calls.get(i..).unwrap_or_default();
+            let found = match c.op {
+                "aten::convolution.out" => {
+                    super::region::propose(g, rest).or_else(|| conv_chain(g, rest))
+                }
+                "aten::addmm.out" => product_chain(g, rest, Op::Addmm),
+                "aten::linear.out" => product_chain(g, rest, Op::Linear),
+                "aten::mm.out" => product_chain(g, rest, Op::Mm),
+                "aten::max_pool2d_with_indices.out" => max_pool(g, c),
+                _ => None,
+            };
+            match found {
+                Some(f) => {
+                    i += f.calls.len();
+                    out.push(f);
+                }
+                None => i += 1,
+            }
+        }
+        out
+    }
+}
+
+/// Argument `i` of a call.
+pub(super) fn arg(c: &Call<'_>, i: usize) -> Option<u32> {
+    c.args.get(i).copied()
+}
+
+/// The single output of a call following the calling convention (listed twice last).
+pub(super) fn single_output(c: &Call<'_>) -> Option<u32> {
+    match c.args {
+        [.., a, b] if a == b => Some(*a),
+        _ => None,
+    }
+}
+
+/// True for a float32 tensor in the default dim order.
+pub(super) fn is_f32(g: &Graph<'_>, v: u32) -> bool {
+    g.tensor(v)
+        .is_some_and(|t| t.dtype == DType::F32 && t.is_contiguous())
+}
+
+/// True for a constant float32 tensor, or None when `optional`.
+fn is_const_f32(g: &Graph<'_>, v: u32, optional: bool) -> bool {
+    (optional && g.is_none(v)) || (is_f32(g, v) && g.is_constant(v))
+}
+
+/// An activation applied to `v` by the calls at the start of `calls`: the activation,
+/// the scalar arguments it reads (appended to the fused call's arguments from
+/// position `next`), its output, and how many calls it spans.
+pub(super) fn activation(
+    g: &Graph<'_>,
+    calls: &[Call<'_>],
+    v: u32,
+    next: usize,
+) -> Option<(Act, Vec<u32>, u32, usize)> {
+    let c = calls.first()?;
+    if arg(c, 0) != Some(v) {
+        return None;
+    }
+    let out = single_output(c)?;
+    if !is_f32(g, out) {
+        return None;
+    }
+    let scalar = |i: usize| arg(c, i).filter(|&s| g.double(s).is_some());
+    match c.op {
+        "aten::relu.out" => Some((Act::Relu, vec![], out, 1)),
+        "aten::hardtanh.out" | "aten::clamp.out" => {
+            let (min, max) = (scalar(1)?, scalar(2)?);
+            let act = Act::Clamp {
+                min: next,
+                max: next + 1,
+            };
+            Some((act, vec![min, max], out, 1))
+        }
+        "aten::gelu.out" => {
+            let approximate = arg(c, 1).filter(|&s| g.string(s).is_some())?;
+            Some((Act::Gelu { approximate: next }, vec![approximate], out, 1))
+        }
+        "aten::sigmoid.out" => {
+            // x · sigmoid(x), in either order, is SiLU.
+            let silu = calls.get(1).filter(|m| {
+                m.op == "aten::mul.out"
+                    && ((arg(m, 0) == Some(v) && arg(m, 1) == Some(out))
+                        || (arg(m, 0) == Some(out) && arg(m, 1) == Some(v)))
+            });
+            match silu
+                .and_then(single_output)
+                .filter(|&o| is_f32(g, o) && same_shape(g, o, v))
+            {
+                Some(o) => Some((Act::Silu, vec![], o, 2)),
+                None => Some((Act::Sigmoid, vec![], out, 1)),
+            }
+        }
+        _ => None,
+    }
+}
+
+fn same_shape(g: &Graph<'_>, a: u32, b: u32) -> bool {
+    matches!((g.tensor(a), g.tensor(b)), (Some(x), Some(y)) if x.sizes == y.sizes)
+}
+
+/// A convolution chain matched at the start of some calls: `convolution [→ batch
+/// norm] [→ activation | → add [→ activation]]`.
+pub(super) struct ConvChain {
+    /// Argument positions (in the arguments it was matched into).
+    pub layout: Layout,
+    pub ids: Vec<CallId>,
+    pub names: Vec<&'static str>,
+    /// The convolution's input, the added tensor, the chain's output.
+    pub x: u32,
+    pub residual: Option<u32>,
+    pub out: u32,
+}
+
+/// Matches a convolution chain at the start of `calls`, appending its arguments (the
+/// convolution's nine, batch normalization's five, the residual, the activation's
+/// scalars, the output) to `args`.
+pub(super) fn match_conv(
+    g: &Graph<'_>,
+    calls: &[Call<'_>],
+    args: &mut Vec<u32>,
+) -> Option<ConvChain> {
+    let c = calls.first()?;
+    if c.op != "aten::convolution.out" {
+        return None;
+    }
+    let (x, w, b) = (arg(c, 0)?, arg(c, 1)?, arg(c, 2)?);
+    let rank = g.tensor(x)?.rank();
+    let qualifies = is_f32(g, x)
+        && matches!(rank, 3 | 4)
+        && is_const_f32(g, w, false)
+        && g.tensor(w)?.rank() == rank
+        && is_const_f32(g, b, true)
+        && g.bool(arg(c, 6)?) == Some(false)
+        && (3..6).all(|i| arg(c, i).and_then(|l| g.int_list(l)).is_some())
+        && arg(c, 8).and_then(|v| g.int(v)).is_some();
+    let mut v = arg(c, 9).filter(|&o| qualifies && is_f32(g, o))?;
+    let start = args.len();
+    args.extend_from_slice(c.args.get(..9)?);
+    let mut m = ConvChain {
+        layout: Layout {
+            conv: start,
+            bn: None,
+            residual: None,
+            act: Act::None,
+            out: 0,
+        },
+        ids: vec![c.id],
+        names: vec!["convolution"],
+        x,
+        residual: None,
+        out: v,
+    };
+    let mut at = 1;
+    if let Some(bn) = calls
+        .get(at)
+        .filter(|n| n.op == "aten::_native_batch_norm_legit_no_training.out")
+    {
+        let params = bn.args.get(1..5)?;
+        let eps = arg(bn, 6)?;
+        let ok = arg(bn, 0) == Some(v)
+            && params
+                .iter()
+                .enumerate()
+                .all(|(i, &p)| is_const_f32(g, p, i < 2))
+            && g.double(eps).is_some()
+            && arg(bn, 7).is_some_and(|o| is_f32(g, o));
+        if ok {
+            m.layout.bn = Some(args.len());
+            args.extend_from_slice(params);
+            args.push(eps);
+            v = arg(bn, 7)?;
+            m.ids.push(bn.id);
+            m.names.push("batch_norm");
+            at += 1;
+        }
+    }
+    let rest = calls.get(at..).unwrap_or_default();
+    if let Some((act, scalars, out, n)) = activation(g, rest, v, args.len()) {
+        m.layout.act = act;
+        args.extend(scalars);
+        v = out;
+        m.ids.extend(rest.iter().take(n).map(|c| c.id));
+        m.names.push("activation");
+    } else if let Some(add) = rest.first().filter(|a| a.op == "aten::add.out") {
+        let alpha_one = arg(add, 2).and_then(|a| g.double(a)) == Some(1.0);
+        let other = match (arg(add, 0), arg(add, 1)) {
+            (Some(a), Some(r)) if a == v => Some(r),
+            (Some(r), Some(a)) if a == v => Some(r),
+            _ => None,
+        };
+        let out = single_output(add);
+        if let (Some(r), Some(out), true) = (other, out, alpha_one) {
+            if r != v && is_f32(g, r) && same_shape(g, r, v) && is_f32(g, out) {
+                m.layout.residual = Some(args.len());
+                m.residual = Some(r);
+                args.push(r);
+                v = out;
+                m.ids.push(add.id);
+                m.names.push("add");
+                let after = rest.get(1..).unwrap_or_default();
+                if let Some((act, scalars, out, n)) = activation(g, after, v, args.len()) {
+                    m.layout.act = act;
+                    args.extend(scalars);
+                    v = out;
+                    m.ids.extend(after.iter().take(n).map(|c| c.id));
+                    m.names.push("activation");
+                }
+            }
+        }
+    }
+    m.layout.out = args.len();
+    m.out = v;
+    args.push(v);
+    Some(m)
+}
+
+/// A convolution chain of at least two calls as one fused call (NCHW).
+fn conv_chain(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
+    let mut args = Vec::new();
+    let m = match_conv(g, calls, &mut args)?;
+    if m.ids.len() == 1 {
+        return None;
+    }
+    args.push(m.out);
+    Some(Fusion {
+        calls: m.ids,
+        name: format!("fused {}", m.names.join("+")),
+        kernel: Arc::new(FusedConv(m.layout)),
+        args,
+    })
+}
+
+struct FusedConv(Layout);
+
+impl Kernel for FusedConv {
+    fn prepare(&self, args: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
+        conv::prepare_fused(args, self.0)
+    }
+}
+
+/// A product with a constant weight followed by an activation.
+fn product_chain(g: &Graph<'_>, calls: &[Call<'_>], op: Op) -> Option<Fusion> {
+    let c = calls.first()?;
+    let (n_args, w) = match op {
+        Op::Addmm => (5, arg(c, 2)?),
+        Op::Linear => (3, arg(c, 1)?),
+        Op::Mm => (2, arg(c, 1)?),
+    };
+    let v = single_output(c)?;
+    if !is_const_f32(g, w, false) || !is_f32(g, v) {
+        return None;
+    }
+    let mut args: Vec<u32> = c.args.get(..n_args)?.to_vec();
+    let rest = calls.get(1..).unwrap_or_default();
+    let (act, scalars, out, n) = activation(g, rest, v, n_args)?;
+    args.extend(scalars);
+    let out_at = args.len();
+    args.extend([out, out]);
+    let mut ids = vec![c.id];
+    ids.extend(rest.iter().take(n).map(|c| c.id));
+    Some(Fusion {
+        calls: ids,
+        name: format!(
+            "fused {}+activation",
+            c.op.trim_start_matches("aten::").trim_end_matches(".out")
+        ),
+        kernel: Arc::new(FusedProduct {
+            op,
+            act,
+            out: out_at,
+        }),
+        args,
+    })
+}
+
+struct FusedProduct {
+    op: Op,
+    act: Act,
+    out: usize,
+}
+
+impl Kernel for FusedProduct {
+    fn prepare(&self, args: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
+        linear::prepare_fused(args, self.op, self.act, self.out)
+    }
+}
+
+/// `max_pool2d_with_indices` as a call without its indices output, when the runtime
+/// finds that nothing reads them.
+fn max_pool(g: &Graph<'_>, c: &Call<'_>) -> Option<Fusion> {
+    let (x, values) = (arg(c, 0)?, arg(c, 6)?);
+    if !is_f32(g, x) || !is_f32(g, values) {
+        return None;
+    }
+    let mut args: Vec<u32> = c.args.get(..6)?.to_vec();
+    args.extend([values, values]);
+    Some(Fusion {
+        calls: vec![c.id],
+        name: "max_pool2d".into(),
+        kernel: Arc::new(MaxPoolValues),
+        args,
+    })
+}
+
+struct MaxPoolValues;
+
+impl Kernel for MaxPoolValues {
+    fn prepare(&self, args: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
+        pool::prepare_max_values(args)
+    }
+}

@@ -1,0 +1,314 @@
+//! Matrix products on `pte_compute::Gemm`: `addmm`, `linear` and `mm` with a constant
+//! right operand (a weight) packed once at load, the bias and an activation fused into
+//! the product's epilogue; `mm` of two variable operands and `bmm` (attention) packed
+//! per call into the method's scratch memory.
+
+use pte_compute::{Activation, BatchMut, BatchRef, Bias, Epilogue, Gemm, Lhs, MatMut, MatRef};
+use pte_compute::{PackedB, Rhs};
+use pte_runtime::{Args, Charge, Kernel, KernelError, KernelResult, PreparedKernel, Scalar};
+use smallvec::SmallVec;
+
+use super::conv::Act;
+use super::{at, charge, compute, constant_f32, f32_tensor, scratch, settle};
+
+/// Which operator a [`Packed`] call site runs, and where its arguments are.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Op {
+    /// `addmm(bias, x, w, beta, alpha)`.
+    Addmm,
+    /// `linear(x, w, bias?)`: `w` is `[n, k]`, read transposed.
+    Linear,
+    /// `mm(x, w)`.
+    Mm,
+}
+
+impl Op {
+    /// Positions of the left operand, the weight, and the output (of the plain call).
+    fn positions(self) -> (usize, usize, usize) {
+        match self {
+            Op::Addmm => (1, 2, 5),
+            Op::Linear => (0, 1, 3),
+            Op::Mm => (0, 1, 2),
+        }
+    }
+}
+
+/// A product with a packed constant right operand.
+pub(super) struct Packed {
+    op: Op,
+    gemm: Gemm,
+    b: PackedB,
+    /// One value per output column.
+    bias: Option<Vec<f32>>,
+    act: Act,
+    out: usize,
+    consumed: SmallVec<[usize; 2]>,
+    _charge: Charge,
+}
+
+pub(super) fn prepare_addmm(args: &Args<'_>, _: &dyn Kernel) -> super::Prepared {
+    boxed(build(args, Op::Addmm, Act::None, 5))
+}
+
+pub(super) fn prepare_linear(args: &Args<'_>, _: &dyn Kernel) -> super::Prepared {
+    boxed(build(args, Op::Linear, Act::None, 3))
+}
+
+pub(super) fn prepare_mm(args: &Args<'_>, _: &dyn Kernel) -> super::Prepared {
+    match build(args, Op::Mm, Act::None, 2)? {
+        Some(k) => Ok(Some(Box::new(k))),
+        None => prepare_variable_mm(args),
+    }
+}
+
+/// A fused product and activation: the product's arguments (its output dropped), then
+/// the activation's scalars, then the output.
+pub(super) fn prepare_fused(
+    args: &Args<'_>,
+    op: Op,
+    act: Act,
+    out: usize,
+) -> KernelResult<Box<dyn PreparedKernel>> {
+    match build(args, op, act, out)? {
+        Some(k) => Ok(Box::new(k)),
+        None => Err(KernelError::invalid(format!(
+            "{}: arguments do not qualify for the fused product",
+            args.op()
+        ))),
+    }
+}
+
+fn boxed(k: KernelResult<Option<Packed>>) -> KernelResult<Option<Box<dyn PreparedKernel>>> {
+    Ok(k?.map(|k| Box::new(k) as Box<dyn PreparedKernel>))
+}
+
+/// `(rows, cols)` of a 2-d tensor.
+fn matrix(sizes: &[usize]) -> Option<(usize, usize)> {
+    match sizes {
+        &[r, c] => Some((r, c)),
+        _ => None,
+    }
+}
+
+fn build(args: &Args<'_>, op: Op, act: Act, out: usize) -> KernelResult<Option<Packed>> {
+    let (xi, wi, _) = op.positions();
+    let (Some(x), Some(w), Some(_)) = (
+        f32_tensor(args, xi)?,
+        f32_tensor(args, wi)?,
+        f32_tensor(args, out)?,
+    ) else {
+        return Ok(None);
+    };
+    let (Some(weights), Some((wr, wc))) = (constant_f32(args, wi)?, matrix(&w.sizes)) else {
+        return Ok(None);
+    };
+    // The weight as a k × n matrix.
+    let (k, n, w_view) = match op {
+        Op::Linear => (wc, wr, MatRef::row_major(weights, wr, wc).map(MatRef::t)),
+        Op::Addmm | Op::Mm => (wr, wc, MatRef::row_major(weights, wr, wc)),
+    };
+    let Ok(w_view) = w_view else {
+        return Ok(None);
+    };
+    let x_ok = match op {
+        Op::Linear => x.sizes.last() == Some(&k),
+        Op::Addmm | Op::Mm => matrix(&x.sizes).is_some_and(|(_, c)| c == k),
+    };
+    if !x_ok {
+        return Ok(None);
+    }
+    let mut consumed: SmallVec<[usize; 2]> = SmallVec::from_slice(&[wi]);
+    let bias = match op {
+        Op::Mm => None,
+        Op::Linear if args.is_none(2)? => None,
+        Op::Linear => match (f32_tensor(args, 2)?, constant_f32(args, 2)?) {
+            (Some(t), Some(b)) if t.rank() == 1 && b.len() == n => {
+                consumed.push(2);
+                Some(b.to_vec())
+            }
+            _ => return Ok(None),
+        },
+        Op::Addmm => {
+            // beta·self + alpha·(x·w): alpha must be 1; self a row of n (or [1, n]).
+            let (beta, alpha) = (args.scalar(3)?, args.scalar(4)?);
+            if !matches!(alpha, Scalar::Int(1)) && alpha.to_f64() != 1.0 {
+                return Ok(None);
+            }
+            let beta = beta.to_f64();
+            if beta == 0.0 {
+                None
+            } else {
+                match (f32_tensor(args, 0)?, constant_f32(args, 0)?) {
+                    (Some(t), Some(b))
+                        if b.len() == n && matches!(t.sizes.as_slice(), [_] | [1, _]) =>
+                    {
+                        consumed.push(0);
+                        Some(b.iter().map(|&v| (beta * f64::from(v)) as f32).collect())
+                    }
+                    _ => return Ok(None),
+                }
+            }
+        }
+    };
+    let gemm = Gemm::new();
+    let mut held = charge(args, (k * n + n + 64) * 4 * 2, "packed weights")?;
+    let b = gemm.pack_b(w_view).map_err(compute)?;
+    settle(
+        args,
+        &mut held,
+        b.bytes() + bias.as_ref().map_or(0, |v| v.len() * 4),
+    )?;
+    // Validate the activation's scalars now, so that a bad one fails at load.
+    act.resolve(args)?;
+    Ok(Some(Packed {
+        op,
+        gemm,
+        b,
+        bias,
+        act,
+        out,
+        consumed,
+        _charge: held,
+    }))
+}
+
+impl PreparedKernel for Packed {
+    fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
+        let (xi, _, _) = self.op.positions();
+        let x = args.tensor(xi)?;
+        let (k, n) = (self.b.rows(), self.b.cols());
+        let m = match self.op {
+            Op::Linear if x.sizes.last() == Some(&k) => x.numel() / k.max(1),
+            Op::Addmm | Op::Mm => match matrix(&x.sizes) {
+                Some((m, c)) if c == k => m,
+                _ => 0,
+            },
+            Op::Linear => 0,
+        };
+        if m * k != x.numel() || (m == 0 && x.numel() != 0) {
+            return Err(KernelError::invalid(format!(
+                "{}: input of shape {:?} does not fit the {k}x{n} weight",
+                args.op(),
+                x.sizes.as_slice()
+            )));
+        }
+        let mut sizes = x.sizes.clone();
+        if let Some(last) = sizes.last_mut() {
+            *last = n;
+        }
+        args.resize(self.out, &sizes)?;
+        let activation = self.act.resolve(args)?;
+        let pool = args.pool();
+        let mut io = args.io(&[at(xi)], &[at(self.out)])?;
+        let missing = || KernelError::Failed("missing tensor view".into());
+        let x = io.inputs.first().ok_or_else(missing)?.as_slice::<f32>()?;
+        let y = io
+            .outputs
+            .first_mut()
+            .ok_or_else(missing)?
+            .as_mut_slice::<f32>()?;
+        let len = self
+            .gemm
+            .scratch_len(m, n, k, false, true, pool.threads())
+            .map_err(compute)?;
+        let s = scratch(io.scratch, len)?;
+        let epilogue = Epilogue {
+            accumulate: false,
+            bias: self.bias.as_deref().map_or(Bias::None, Bias::Col),
+            activation,
+        };
+        let c = MatMut::row_major(y, m, n).map_err(compute)?;
+        let a = MatRef::row_major(x, m, k).map_err(compute)?;
+        self.gemm
+            .run(pool, c, Lhs::Mat(a), Rhs::Packed(&self.b), &epilogue, s)
+            .map_err(compute)
+    }
+
+    fn consumed(&self) -> &[usize] {
+        &self.consumed
+    }
+}
+
+/// `mm` or `bmm` of two variable float32 operands, both packed per call.
+struct Variable {
+    gemm: Gemm,
+    /// Position of the output.
+    out: usize,
+    batched: bool,
+}
+
+fn prepare_variable_mm(args: &Args<'_>) -> KernelResult<Option<Box<dyn PreparedKernel>>> {
+    variable(args, false, 2)
+}
+
+pub(super) fn prepare_bmm(args: &Args<'_>, _: &dyn Kernel) -> super::Prepared {
+    variable(args, true, 2)
+}
+
+fn variable(
+    args: &Args<'_>,
+    batched: bool,
+    out: usize,
+) -> KernelResult<Option<Box<dyn PreparedKernel>>> {
+    let rank = if batched { 3 } else { 2 };
+    let ok = [0, 1, out]
+        .into_iter()
+        .map(|i| f32_tensor(args, i).map(|t| t.is_some_and(|t| t.rank() == rank)))
+        .collect::<KernelResult<Vec<bool>>>()?;
+    if ok.contains(&false) {
+        return Ok(None);
+    }
+    Ok(Some(Box::new(Variable {
+        gemm: Gemm::new(),
+        out,
+        batched,
+    })))
+}
+
+impl PreparedKernel for Variable {
+    fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
+        let (a, b) = (args.tensor(0)?, args.tensor(1)?);
+        let (count, m, k, n) = match (a.sizes.as_slice(), b.sizes.as_slice()) {
+            (&[m, k], &[k2, n]) if !self.batched && k == k2 => (1, m, k, n),
+            (&[ba, m, k], &[bb, k2, n]) if self.batched && ba == bb && k == k2 => (ba, m, k, n),
+            (sa, sb) => {
+                return Err(KernelError::invalid(format!(
+                    "{}: shapes {sa:?} and {sb:?} cannot be multiplied",
+                    args.op()
+                )))
+            }
+        };
+        let sizes: SmallVec<[usize; 3]> = if self.batched {
+            SmallVec::from_slice(&[count, m, n])
+        } else {
+            SmallVec::from_slice(&[m, n])
+        };
+        args.resize(self.out, &sizes)?;
+        let pool = args.pool();
+        let mut io = args.io(&[at(0), at(1)], &[at(self.out)])?;
+        let missing = || KernelError::Failed("missing tensor view".into());
+        let x = io.inputs.first().ok_or_else(missing)?.as_slice::<f32>()?;
+        let w = io.inputs.get(1).ok_or_else(missing)?.as_slice::<f32>()?;
+        let y = io
+            .outputs
+            .first_mut()
+            .ok_or_else(missing)?
+            .as_mut_slice::<f32>()?;
+        let len = self
+            .gemm
+            .batched_scratch_len(m, n, k, pool.threads())
+            .map_err(compute)?;
+        let s = scratch(io.scratch, len)?;
+        let epilogue = Epilogue {
+            accumulate: false,
+            bias: Bias::None,
+            activation: Activation::Identity,
+        };
+        let c = BatchMut::new(y, count, m, n, n, 1, m * n).map_err(compute)?;
+        let a = BatchRef::new(x, count, m, k, k, 1, m * k).map_err(compute)?;
+        let b = BatchRef::new(w, count, k, n, n, 1, k * n).map_err(compute)?;
+        self.gemm
+            .run_batched(pool, c, a, b, &epilogue, s)
+            .map_err(compute)
+    }
+}

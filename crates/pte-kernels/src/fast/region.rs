@@ -1,0 +1,840 @@
+//! Chains of convolutions run in NHWC (channels last) as one fused call.
+//!
+//! A program's tensors are NCHW. A convolutional network runs faster channels last:
+//! pointwise convolutions read their input as it is, depthwise ones vectorize over
+//! channels, pooling and activations stream over whole pixels. The fuser (`propose`)
+//! looks for a run of consecutive calls it can take over — convolutions with their
+//! batch normalization, residual addition and activation, max pooling whose indices
+//! nothing reads, the mean over height and width, activations, and `add` / `mul` of
+//! equal shapes or by a per-channel vector (squeeze-and-excitation) — with at least
+//! two convolutions. Inside the run every 4-d value is kept NHWC *in its own planned
+//! memory* (the program's memory plan already gives each value room for its
+//! lifetime, and the steps run in program order), so the run costs no memory beyond
+//! the conversions at its ends: inputs from before the run are converted into scratch
+//! memory, and a 4-d value that leaves the run (its last) is converted back. A value
+//! with height and width 1 is the same in both layouts and may leave it freely.
+//!
+//! The fuser checks that no value kept NHWC is read outside the run, is a method
+//! output, or is aliased by an elided view; the runtime checks the values the run
+//! drops (batch normalization statistics, pooling indices, the sigmoid of a SiLU).
+
+use std::sync::Arc;
+
+use pte_compute::elementwise::{self, BinaryOp};
+use pte_compute::nhwc::{self, ConvNhwc, ConvWeights, Geometry, PoolKind};
+use pte_compute::pooling::Pool2dParams;
+use pte_compute::{layout, Activation, Gemm, Isa};
+use pte_runtime::{
+    Arg, Args, Call, CallId, Charge, Fusion, Graph, Kernel, KernelError, KernelResult,
+    PreparedKernel,
+};
+use smallvec::SmallVec;
+
+use super::conv::{self, Act, Layout};
+use super::fuse::{activation, arg, is_f32, match_conv, single_output};
+use super::{at, charge, compute, scratch, settle};
+
+/// Where a step reads a tensor.
+#[derive(Clone, Copy, Debug)]
+enum Src {
+    /// The value at this argument position, in its planned memory (NHWC when produced
+    /// inside the run and 4-d; else layout-free).
+    Arg(usize),
+    /// An NCHW input from before the run, converted into scratch entry `k`.
+    Entry(usize),
+    /// An NCHW input from before the run that a convolution reads as it is.
+    Nchw(usize),
+}
+
+/// Where a step writes its result.
+#[derive(Clone, Copy, Debug)]
+enum Dst {
+    /// The value at this argument position (NHWC if 4-d).
+    Arg(usize),
+    /// The run's last value, leaving it: computed in scratch, written NCHW here.
+    Exit(usize),
+}
+
+impl Dst {
+    fn pos(self) -> usize {
+        match self {
+            Dst::Arg(p) | Dst::Exit(p) => p,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Conv {
+        layout: Layout,
+        x: Src,
+        residual: Option<Src>,
+        out: Dst,
+    },
+    /// Max pooling: window lists at `window..window + 5` (kernel, stride, padding,
+    /// dilation, ceil_mode).
+    MaxPool {
+        x: Src,
+        window: usize,
+        out: Dst,
+    },
+    /// Mean over height and width into a layout-free value.
+    Mean {
+        x: Src,
+        out: usize,
+    },
+    Unary {
+        x: Src,
+        act: Act,
+        out: Dst,
+    },
+    /// `op(a, b)`; with `channel`, `b` holds one value per channel of each image.
+    Binary {
+        op: BinaryOp,
+        a: Src,
+        b: Src,
+        channel: bool,
+        out: Dst,
+    },
+}
+
+/// What the fuser proposes: the steps, and the positions of the inputs to convert.
+#[derive(Clone, Debug)]
+struct Plan {
+    steps: Vec<Step>,
+    entries: Vec<usize>,
+}
+
+/// True for a 4-d shape with more than one pixel: its layout matters.
+fn spatial(sizes: &[usize]) -> bool {
+    matches!(sizes, [_, _, h, w] if h * w > 1)
+}
+
+/// Builds the plan for the calls at the start of `calls`, if it holds two convolutions.
+pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
+    let mut b = Builder {
+        g,
+        args: Vec::new(),
+        steps: Vec::new(),
+        entries: Vec::new(),
+        produced: Vec::new(),
+        ids: Vec::new(),
+        step_calls: Vec::new(),
+    };
+    let mut i = 0;
+    while let Some(rest) = calls.get(i..).filter(|r| !r.is_empty()) {
+        let before = b.ids.len();
+        if !b.step(rest) {
+            break;
+        }
+        b.step_calls.push(b.ids.len() - before);
+        i += b.ids.len() - before;
+    }
+    // Cut after the first step whose NHWC output is read outside the run (that output
+    // then leaves it in NCHW), until no earlier one is.
+    let calls_of = |k: usize| b.step_calls.iter().take(k).sum::<usize>();
+    let escapes = |v: u32, n: usize| {
+        let inside = calls.iter().take(n).filter(|c| c.args.contains(&v)).count() as u32;
+        g.tensor(v).is_some_and(|t| spatial(&t.sizes)) && (g.uses(v) != inside || g.is_aliased(v))
+    };
+    let mut cut = b.steps.len();
+    loop {
+        let n = calls_of(cut);
+        let first = (0..cut).find(|&k| {
+            b.steps
+                .get(k)
+                .and_then(|s| b.output_value(s))
+                .is_some_and(|v| escapes(v, n))
+        });
+        match first {
+            Some(k) if k + 1 < cut => cut = k + 1,
+            _ => break,
+        }
+    }
+    let n_calls = calls_of(cut);
+    let mut steps: Vec<Step> = b.steps.get(..cut)?.to_vec();
+    let convs = steps
+        .iter()
+        .filter(|s| matches!(s, Step::Conv { .. }))
+        .count();
+    if convs < 2 {
+        return None;
+    }
+    if let Some(last) = steps.last_mut() {
+        let out = b.output_value(last)?;
+        if g.tensor(out).is_some_and(|t| spatial(&t.sizes)) {
+            set_exit(last);
+        }
+    }
+    let ids: Vec<CallId> = b.ids.get(..n_calls)?.to_vec();
+    Some(Fusion {
+        name: format!(
+            "fused NHWC region ({convs} convolutions, {} calls)",
+            ids.len()
+        ),
+        calls: ids,
+        kernel: Arc::new(RegionKernel(Plan {
+            steps,
+            entries: b.entries,
+        })),
+        args: b.args,
+    })
+}
+
+fn set_exit(step: &mut Step) {
+    let out = match step {
+        Step::Conv { out, .. }
+        | Step::MaxPool { out, .. }
+        | Step::Unary { out, .. }
+        | Step::Binary { out, .. } => out,
+        Step::Mean { .. } => return,
+    };
+    *out = Dst::Exit(out.pos());
+}
+
+struct Builder<'g, 'a> {
+    g: &'g Graph<'a>,
+    args: Vec<u32>,
+    steps: Vec<Step>,
+    /// Argument positions of converted inputs, and their values.
+    entries: Vec<usize>,
+    /// Values computed in the run.
+    produced: Vec<u32>,
+    ids: Vec<CallId>,
+    /// Calls taken by each step.
+    step_calls: Vec<usize>,
+}
+
+impl Builder<'_, '_> {
+    fn output_value(&self, s: &Step) -> Option<u32> {
+        let pos = match s {
+            Step::Conv { out, .. }
+            | Step::MaxPool { out, .. }
+            | Step::Unary { out, .. }
+            | Step::Binary { out, .. } => out.pos(),
+            Step::Mean { out, .. } => *out,
+        };
+        self.args.get(pos).copied()
+    }
+
+    /// A source for value `v`: produced here, layout-free, or an NCHW input to convert.
+    fn src(&mut self, v: u32) -> Option<Src> {
+        let t = self.g.tensor(v)?;
+        if !is_f32(self.g, v) {
+            return None;
+        }
+        if self.produced.contains(&v) || !spatial(&t.sizes) {
+            self.args.push(v);
+            return Some(Src::Arg(self.args.len() - 1));
+        }
+        if t.rank() != 4 {
+            return None;
+        }
+        let known = self
+            .entries
+            .iter()
+            .position(|&p| self.args.get(p) == Some(&v));
+        Some(Src::Entry(match known {
+            Some(k) => k,
+            None => {
+                self.args.push(v);
+                self.entries.push(self.args.len() - 1);
+                self.entries.len() - 1
+            }
+        }))
+    }
+
+    /// A source for `v` only if the run computed it.
+    fn inner(&mut self, v: u32) -> Option<Src> {
+        if self.produced.contains(&v) {
+            self.src(v)
+        } else {
+            None
+        }
+    }
+
+    fn output(&mut self, v: u32) -> Option<Dst> {
+        let t = self.g.tensor(v)?;
+        if !is_f32(self.g, v) || t.rank() > 4 {
+            return None;
+        }
+        self.produced.push(v);
+        self.args.push(v);
+        Some(Dst::Arg(self.args.len() - 1))
+    }
+
+    /// Takes the step at the start of `calls`; false when it cannot.
+    fn step(&mut self, calls: &[Call<'_>]) -> bool {
+        let mark = (self.args.len(), self.entries.len(), self.produced.len());
+        let taken = self.try_step(calls);
+        if taken.is_none() {
+            self.args.truncate(mark.0);
+            self.entries.truncate(mark.1);
+            self.produced.truncate(mark.2);
+        }
+        taken.is_some()
+    }
+
+    fn try_step(&mut self, calls: &[Call<'_>]) -> Option<()> {
+        let g = self.g;
+        let c = calls.first()?;
+        match c.op {
+            "aten::convolution.out" => {
+                let mut args = std::mem::take(&mut self.args);
+                let m = match_conv(g, calls, &mut args);
+                self.args = args;
+                let m = m?;
+                if g.tensor(m.x)?.rank() != 4 {
+                    return None;
+                }
+                // match_conv pushed the output last; re-register it as this run's.
+                self.args.pop();
+                let x = if self.produced.contains(&m.x) || !spatial(&g.tensor(m.x)?.sizes) {
+                    self.src(m.x)?
+                } else {
+                    // An input from before the run: the convolution reads it in NCHW.
+                    self.args.push(m.x);
+                    Src::Nchw(self.args.len() - 1)
+                };
+                let residual = match m.residual {
+                    Some(r) => Some(self.src(r)?),
+                    None => None,
+                };
+                let out = self.output(m.out)?;
+                let layout = Layout {
+                    out: out.pos(),
+                    ..m.layout
+                };
+                self.steps.push(Step::Conv {
+                    layout,
+                    x,
+                    residual,
+                    out,
+                });
+                self.ids.extend(m.ids);
+            }
+            "aten::max_pool2d_with_indices.out" => {
+                let (x, values, indices) = (arg(c, 0)?, arg(c, 6)?, arg(c, 7)?);
+                // The indices are dropped: nothing else may read them.
+                if g.uses(indices) != 1 || g.is_aliased(indices) || g.tensor(x)?.rank() != 4 {
+                    return None;
+                }
+                let x = self.inner(x)?;
+                let window = self.args.len();
+                self.args.extend_from_slice(c.args.get(1..6)?);
+                let out = self.output(values)?;
+                self.steps.push(Step::MaxPool { x, window, out });
+                self.ids.push(c.id);
+            }
+            "aten::mean.out" => {
+                let (x, dims, keep, dtype) = (arg(c, 0)?, arg(c, 1)?, arg(c, 2)?, arg(c, 3)?);
+                let mut d: SmallVec<[i64; 8]> = g.int_list(dims)?;
+                d.iter_mut().for_each(|v| *v = v.rem_euclid(4));
+                d.sort_unstable();
+                if g.tensor(x)?.rank() != 4 || d.as_slice() != [2, 3] || !g.is_none(dtype) {
+                    return None;
+                }
+                g.bool(keep)?;
+                let x = self.inner(x)?;
+                let out = single_output(c)?;
+                if spatial(&g.tensor(out)?.sizes) {
+                    return None;
+                }
+                let Dst::Arg(out) = self.output(out)? else {
+                    return None;
+                };
+                self.steps.push(Step::Mean { x, out });
+                self.ids.push(c.id);
+            }
+            "aten::add.out" | "aten::mul.out" => {
+                let (a, b) = (arg(c, 0)?, arg(c, 1)?);
+                let out = single_output(c)?;
+                let op = if c.op == "aten::add.out" {
+                    if arg(c, 2).and_then(|v| g.double(v)) != Some(1.0) {
+                        return None;
+                    }
+                    BinaryOp::Add
+                } else {
+                    BinaryOp::Mul
+                };
+                let (ta, tb, to) = (g.tensor(a)?, g.tensor(b)?, g.tensor(out)?);
+                if !(self.produced.contains(&a) || self.produced.contains(&b)) {
+                    return None;
+                }
+                let (first, second, channel) = if ta.sizes == tb.sizes && ta.sizes == to.sizes {
+                    (a, b, false)
+                } else if op == BinaryOp::Mul && per_channel(&ta.sizes, &tb.sizes) {
+                    (a, b, true)
+                } else if op == BinaryOp::Mul && per_channel(&tb.sizes, &ta.sizes) {
+                    (b, a, true)
+                } else {
+                    return None;
+                };
+                if g.tensor(first)?.sizes != to.sizes {
+                    return None;
+                }
+                let (a, b) = (self.src(first)?, self.src(second)?);
+                let out = self.output(out)?;
+                self.steps.push(Step::Binary {
+                    op,
+                    a,
+                    b,
+                    channel,
+                    out,
+                });
+                self.ids.push(c.id);
+            }
+            _ => {
+                let v = arg(c, 0)?;
+                if !self.produced.contains(&v) {
+                    return None;
+                }
+                let (act, scalars, out, n) = activation(g, calls, v, 0)?;
+                let x = self.src(v)?;
+                let first = self.args.len();
+                self.args.extend(scalars);
+                let act = shift(act, first);
+                let out = self.output(out)?;
+                self.steps.push(Step::Unary { x, act, out });
+                self.ids.extend(calls.iter().take(n).map(|c| c.id));
+            }
+        }
+        Some(())
+    }
+}
+
+/// True when `b` is one value per channel of `a`: `a` is `[n, c, h, w]`, `b` is
+/// `[n, c, 1, 1]` (or `[1, c, 1, 1]`).
+fn per_channel(a: &[usize], b: &[usize]) -> bool {
+    matches!((a, b), ([n, c, _, _], [bn, bc, 1, 1]) if c == bc && (bn == n || *bn == 1) && spatial(a))
+}
+
+/// `act` with its scalar positions moved by `by`.
+fn shift(act: Act, by: usize) -> Act {
+    match act {
+        Act::Clamp { min, max } => Act::Clamp {
+            min: min + by,
+            max: max + by,
+        },
+        Act::ClampOptional { min, max } => Act::ClampOptional {
+            min: min + by,
+            max: max + by,
+        },
+        Act::Gelu { approximate } => Act::Gelu {
+            approximate: approximate + by,
+        },
+        other => other,
+    }
+}
+
+struct RegionKernel(Plan);
+
+impl Kernel for RegionKernel {
+    fn prepare(&self, args: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
+        let mut r = Region {
+            plan: self.0.clone(),
+            layers: Vec::new(),
+            _charge: charge(args, 0, "NHWC region")?,
+        };
+        for s in &r.plan.steps {
+            if let Step::Conv { layout, .. } = s {
+                let layer = build_layer(args, layout, &mut r._charge)?;
+                r.layers.push(layer);
+            }
+        }
+        Ok(Box::new(r))
+    }
+}
+
+/// A convolution of the run, and the arguments it was built for.
+struct Layer {
+    conv: ConvNhwc,
+    key: conv::Key,
+    bytes: usize,
+}
+
+fn build_layer(args: &Args<'_>, layout: &Layout, held: &mut Charge) -> KernelResult<Layer> {
+    let spec = conv::spec(args, layout)?.ok_or_else(|| {
+        KernelError::invalid(format!(
+            "{}: a convolution does not qualify for the NHWC region",
+            args.op()
+        ))
+    })?;
+    let before = held.bytes() as usize;
+    settle(
+        args,
+        held,
+        before + (spec.weights.len() + spec.p.out_channels) * 8,
+    )?;
+    let conv = ConvNhwc::new(
+        Gemm::new(),
+        spec.p,
+        ConvWeights::Oihw(&spec.weights),
+        spec.bias.as_deref(),
+        spec.activation,
+    )
+    .map_err(compute)?;
+    let bytes = conv.bytes();
+    settle(args, held, before + bytes)?;
+    Ok(Layer {
+        conv,
+        key: conv::key(args, layout)?,
+        bytes,
+    })
+}
+
+/// The prepared run: a layer per convolution, rebuilt when its arguments change
+/// (dynamic shapes).
+struct Region {
+    plan: Plan,
+    layers: Vec<Layer>,
+    _charge: Charge,
+}
+
+/// Sizes of argument `i` as a 4-d NCHW shape.
+fn nchw(args: &Args<'_>, i: usize) -> KernelResult<[usize; 4]> {
+    match args.tensor(i)?.sizes.as_slice() {
+        &[n, c, h, w] => Ok([n, c, h, w]),
+        &[n, c] => Ok([n, c, 1, 1]),
+        s => Err(KernelError::invalid(format!(
+            "NHWC region: argument {i} has shape {s:?}, not (N, C, H, W)"
+        ))),
+    }
+}
+
+fn window(args: &Args<'_>, x: [usize; 4], at: usize) -> KernelResult<Pool2dParams> {
+    let list = |i: usize| -> KernelResult<[usize; 2]> {
+        let l = args.int_list(at + i)?;
+        let v = |j: usize| l.get(j).and_then(|&x| usize::try_from(x).ok());
+        match l.len() {
+            1 => v(0).map(|a| [a, a]),
+            2 => v(0).zip(v(1)).map(|(a, b)| [a, b]),
+            _ => None,
+        }
+        .ok_or_else(|| KernelError::invalid(format!("pooling window list {l:?}")))
+    };
+    let kernel = list(0)?;
+    let stride = if args.int_list(at + 1)?.is_empty() {
+        kernel
+    } else {
+        list(1)?
+    };
+    Ok(Pool2dParams {
+        input: [x[2], x[3]],
+        kernel,
+        stride,
+        padding: list(2)?,
+        dilation: list(3)?,
+        ceil_mode: args.bool(at + 4)?,
+    })
+}
+
+fn dst_of(s: &Step) -> Dst {
+    match s {
+        Step::Conv { out, .. }
+        | Step::MaxPool { out, .. }
+        | Step::Unary { out, .. }
+        | Step::Binary { out, .. } => *out,
+        Step::Mean { out, .. } => Dst::Arg(*out),
+    }
+}
+
+/// The argument position holding the value a source reads (for its shape).
+fn src_pos(plan: &Plan, s: Src) -> usize {
+    match s {
+        Src::Arg(p) | Src::Nchw(p) => p,
+        Src::Entry(k) => plan.entries.get(k).copied().unwrap_or(usize::MAX),
+    }
+}
+
+fn srcs_of(step: &Step) -> SmallVec<[Src; 2]> {
+    match *step {
+        Step::Conv { x, residual, .. } => {
+            let mut v = SmallVec::from_slice(&[x]);
+            v.extend(residual);
+            v
+        }
+        Step::MaxPool { x, .. } | Step::Mean { x, .. } | Step::Unary { x, .. } => {
+            SmallVec::from_slice(&[x])
+        }
+        Step::Binary { a, b, .. } => SmallVec::from_slice(&[a, b]),
+    }
+}
+
+/// Scratch offsets (f32) of the converted entries, the exit buffer and the working
+/// memory of one execution.
+struct ScratchPlan {
+    entries: SmallVec<[(usize, usize); 4]>,
+    exit: (usize, usize),
+    work: (usize, usize),
+}
+
+impl ScratchPlan {
+    fn total(&self) -> usize {
+        self.work.0 + self.work.1
+    }
+}
+
+impl Region {
+    /// Gives every step's output its sizes for the current inputs (rebuilding a
+    /// convolution whose arguments changed) and plans the scratch memory.
+    fn shape(&mut self, args: &mut Args<'_>) -> KernelResult<ScratchPlan> {
+        let mut layers = self.layers.iter_mut();
+        let (mut work, mut exit) = (0usize, 0usize);
+        for step in &self.plan.steps {
+            let x = nchw(
+                args,
+                src_pos(
+                    &self.plan,
+                    srcs_of(step)
+                        .first()
+                        .copied()
+                        .unwrap_or(Src::Arg(usize::MAX)),
+                ),
+            )?;
+            let sizes: SmallVec<[usize; 4]> = match step {
+                Step::Conv { layout, .. } => {
+                    let layer = layers
+                        .next()
+                        .ok_or_else(|| KernelError::Failed("missing layer".into()))?;
+                    if conv::key(args, layout)? != layer.key {
+                        let freed = layer.bytes;
+                        self._charge
+                            .shrink(self._charge.bytes().saturating_sub(freed as u64));
+                        *layer = build_layer(args, layout, &mut self._charge)?;
+                    }
+                    let need = match step {
+                        Step::Conv {
+                            x: Src::Nchw(_), ..
+                        } => layer.conv.nchw_scratch_len(x[0]),
+                        _ => layer.conv.scratch_len(),
+                    };
+                    work = work.max(need.map_err(compute)?);
+                    let [oh, ow] = layer.conv.output_size();
+                    SmallVec::from_slice(&[x[0], layer.conv.params().out_channels, oh, ow])
+                }
+                Step::MaxPool { window: w, .. } => {
+                    let p = window(args, x, *w)?;
+                    let [oh, ow] = p
+                        .output()
+                        .map_err(|e| KernelError::invalid(format!("{}: {e}", args.op())))?;
+                    SmallVec::from_slice(&[x[0], x[1], oh, ow])
+                }
+                Step::Mean { out, .. } => {
+                    let rank = args.tensor(*out)?.rank();
+                    let mut s: SmallVec<[usize; 4]> = SmallVec::from_slice(&[x[0], x[1]]);
+                    s.extend(std::iter::repeat_n(1, rank.saturating_sub(2)));
+                    s
+                }
+                Step::Unary { .. } | Step::Binary { .. } => SmallVec::from_slice(&x),
+            };
+            let out = dst_of(step);
+            args.resize(out.pos(), &sizes)?;
+            if let Dst::Exit(_) = out {
+                exit = sizes.iter().product();
+            }
+        }
+        let mut entries = SmallVec::new();
+        let mut at = 0usize;
+        for &e in &self.plan.entries {
+            let n = args.tensor(e)?.numel();
+            entries.push((at, n));
+            at += n;
+        }
+        Ok(ScratchPlan {
+            entries,
+            exit: (at, exit),
+            work: (at + exit, work),
+        })
+    }
+}
+
+/// The views one step works on.
+struct Views<'a> {
+    inputs: SmallVec<[&'a [f32]; 2]>,
+    out: &'a mut [f32],
+    work: &'a mut [f32],
+}
+
+impl PreparedKernel for Region {
+    fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
+        let sp = self.shape(args)?;
+        let pool = args.pool();
+        let isa = Isa::best();
+        let total = sp.total();
+        // Inputs from before the run, converted.
+        for (k, &e) in self.plan.entries.iter().enumerate() {
+            let [n, c, h, w] = nchw(args, e)?;
+            let (off, len) = sp.entries.get(k).copied().unwrap_or_default();
+            let io = args.io(&[at(e)], &[])?;
+            let x = io
+                .inputs
+                .first()
+                .ok_or_else(|| KernelError::Failed("missing view".into()))?
+                .as_slice::<f32>()?;
+            let s = scratch(io.scratch, total)?;
+            let piece = s.get_mut(off..off + len).unwrap_or_default();
+            layout::transpose(pool, x, n, c, h * w, piece).map_err(compute)?;
+        }
+        let mut layers = self.layers.iter();
+        for step in &self.plan.steps {
+            let out = dst_of(step);
+            let layer = match step {
+                Step::Conv { .. } => layers.next().map(|l| &l.conv),
+                _ => None,
+            };
+            let srcs = srcs_of(step);
+            let reads: SmallVec<[Arg; 2]> = srcs
+                .iter()
+                .filter_map(|s| match s {
+                    Src::Arg(p) | Src::Nchw(p) => Some(at(*p)),
+                    Src::Entry(_) => None,
+                })
+                .collect();
+            let shapes: SmallVec<[[usize; 4]; 2]> = srcs
+                .iter()
+                .map(|&s| nchw(args, src_pos(&self.plan, s)))
+                .collect::<KernelResult<_>>()?;
+            let (activation, pool_params) = match step {
+                Step::Unary { act, .. } => (act.resolve(args)?, None),
+                Step::MaxPool { window: w, .. } => {
+                    let x = shapes.first().copied().unwrap_or_default();
+                    let g = window(args, x, *w)?.nhwc_geometry().map_err(compute)?;
+                    (Activation::Identity, Some(g))
+                }
+                _ => (Activation::Identity, None),
+            };
+            let y_shape = nchw(args, out.pos())?;
+            let mut io = args.io(&reads, &[at(out.pos())])?;
+            let missing = || KernelError::Failed("missing view".into());
+            let s = scratch(io.scratch, total)?;
+            let (entries, rest) = s.split_at_mut(sp.exit.0.min(s.len()));
+            let (exit, work) = rest.split_at_mut(sp.exit.1.min(rest.len()));
+            let work = work.get_mut(..sp.work.1).unwrap_or_default();
+            let arg_views: SmallVec<[&[f32]; 2]> = io
+                .inputs
+                .iter()
+                .map(|t| t.as_slice::<f32>())
+                .collect::<KernelResult<_>>()?;
+            let mut next_arg = arg_views.iter();
+            let mut inputs: SmallVec<[&[f32]; 2]> = SmallVec::new();
+            for s in &srcs {
+                inputs.push(match s {
+                    Src::Arg(_) | Src::Nchw(_) => next_arg.next().copied().ok_or_else(missing)?,
+                    Src::Entry(k) => {
+                        let (off, len) = sp.entries.get(*k).copied().unwrap_or_default();
+                        entries.get(off..off + len).unwrap_or_default()
+                    }
+                });
+            }
+            let y = io
+                .outputs
+                .first_mut()
+                .ok_or_else(missing)?
+                .as_mut_slice::<f32>()?;
+            let (target, exit_to): (&mut [f32], Option<&mut [f32]>) = match out {
+                Dst::Arg(_) => (y, None),
+                Dst::Exit(_) => (exit, Some(y)),
+            };
+            let v = Views {
+                inputs,
+                out: target,
+                work,
+            };
+            run_step(
+                step,
+                layer,
+                pool_params.as_ref(),
+                pool,
+                isa,
+                &shapes,
+                activation,
+                v,
+            )?;
+            if let Some(y) = exit_to {
+                let [n, c, h, w] = y_shape;
+                let exit = exit.get(..y.len()).unwrap_or_default();
+                layout::transpose(pool, exit, n, h * w, c, y).map_err(compute)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // one step's parts, all distinct
+fn run_step(
+    step: &Step,
+    layer: Option<&ConvNhwc>,
+    window: Option<&Geometry>,
+    pool: &pte_compute::ThreadPool,
+    isa: Isa,
+    shapes: &[[usize; 4]],
+    activation: Activation,
+    v: Views<'_>,
+) -> KernelResult {
+    let missing = || KernelError::Failed("NHWC region: missing input or state".into());
+    let x = v.inputs.first().copied().ok_or_else(missing)?;
+    let [n, c, h, w] = shapes.first().copied().ok_or_else(missing)?;
+    match step {
+        Step::Conv { x: src, .. } => {
+            let residual = v.inputs.get(1).copied();
+            let layer = layer.ok_or_else(missing)?;
+            match src {
+                Src::Nchw(_) => layer.run_nchw(pool, x, n, residual, v.out, v.work),
+                _ => layer.run(pool, x, n, residual, v.out, v.work),
+            }
+            .map_err(compute)
+        }
+        Step::MaxPool { .. } => {
+            let (lo, hi) = (f32::NEG_INFINITY, f32::INFINITY);
+            let g = window.ok_or_else(missing)?;
+            nhwc::pool2d(isa, pool, PoolKind::Max, g, c, n, x, v.out, lo, hi).map_err(compute)
+        }
+        Step::Mean { .. } => {
+            let (lo, hi) = (f32::NEG_INFINITY, f32::INFINITY);
+            nhwc::global_avg_pool(isa, n, h * w, c, x, v.out, lo, hi).map_err(compute)
+        }
+        Step::Unary { .. } => super::rows::split(pool, v.out, 1, |o, chunk| {
+            let x = x.get(o..o + chunk.len()).unwrap_or_default();
+            elementwise::map(isa, chunk, x, activation)
+        }),
+        Step::Binary { op, channel, .. } => {
+            let b = v.inputs.get(1).copied().ok_or_else(missing)?;
+            let op = *op;
+            if *channel {
+                // `b` holds a row of c values per image (or one for all images); chunks
+                // of whole images when they differ.
+                let image = h * w * c;
+                let per_image = shapes.get(1).is_some_and(|s| s[0] == n && n > 1);
+                let unit = if per_image { image } else { c };
+                super::rows::split(pool, v.out, unit, |o, chunk| {
+                    let a = x.get(o..o + chunk.len()).unwrap_or_default();
+                    for (i, (co, ca)) in chunk
+                        .chunks_mut(image.max(1))
+                        .zip(a.chunks(image.max(1)))
+                        .enumerate()
+                    {
+                        let img = o / image.max(1) + i;
+                        let row = if per_image { img * c } else { 0 };
+                        let bv = b.get(row..row + c).unwrap_or_default();
+                        elementwise::binary_rows(isa, co, ca, bv, op, Activation::Identity)?;
+                    }
+                    Ok(())
+                })
+            } else {
+                super::rows::split(pool, v.out, 1, |o, chunk| {
+                    let n = chunk.len();
+                    let (a, b) = (x.get(o..o + n), b.get(o..o + n));
+                    elementwise::binary(
+                        isa,
+                        chunk,
+                        a.unwrap_or_default(),
+                        b.unwrap_or_default(),
+                        op,
+                        Activation::Identity,
+                    )
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,1154 @@
+//! The float32 fast paths (`install_fast_paths`) compute what the generic kernels
+//! compute, on many shapes: odd sizes, sizes around the micro-kernels' block sizes,
+//! strides, groups, padding, dilation, batches; fused chains (convolution, batch
+//! normalization, residual addition, activation; product and activation) against the
+//! same calls run one by one.
+//!
+//! Each program is run twice: with `reference_registry()` (generic kernels, no fusion)
+//! and with a registry whose generic kernels for the fast operators are replaced by
+//! kernels that fail, plus the fast paths — so a call that should take a fast path and
+//! does not makes the test fail instead of passing on the generic kernel.
+
+use pte_format::schema::executorch_flatbuffer::ScalarType::{Float, Long};
+use pte_runtime::{
+    Args, EValue, Kernel, KernelError, KernelRegistry, KernelResult, LoadOptions, Method,
+    PreparedKernel, Program, Tensor,
+};
+use pte_testkit::program::{Memory, ProgramBuilder};
+
+/// A kernel that refuses to run: stands for a generic kernel the fast path must replace
+/// (fast kernels may prepare the generic one beside them for shapes they do not
+/// cover, but must not run it on these).
+struct Refuse;
+
+impl Kernel for Refuse {
+    fn prepare(&self, _: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
+        Ok(Box::new(Refuse))
+    }
+}
+
+impl PreparedKernel for Refuse {
+    fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
+        Err(KernelError::Failed(format!(
+            "{}: the generic kernel ran",
+            args.op()
+        )))
+    }
+}
+
+/// The reference kernels with `fast_ops` refused, then the fast paths.
+fn fast_only(fast_ops: &[&str]) -> KernelRegistry {
+    let mut r = pte_kernels::reference_registry();
+    for op in fast_ops {
+        r.register(op, Refuse);
+    }
+    pte_kernels::install_fast_paths(&mut r);
+    r
+}
+
+/// Deterministic values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn load(bytes: &[u8], kernels: &KernelRegistry, threads: usize) -> Method {
+    let options = LoadOptions {
+        threads: Some(threads),
+        ..LoadOptions::default()
+    };
+    Program::from_bytes(bytes)
+        .unwrap()
+        .load_method_with("forward", kernels, &Default::default(), &options)
+        .unwrap()
+}
+
+/// Runs the method on `inputs` (float32 tensors) twice and returns every output of
+/// the second execution (as f64), and the names of the operators that ran.
+fn run(
+    bytes: &[u8],
+    kernels: &KernelRegistry,
+    inputs: &[(Vec<usize>, Vec<f32>)],
+    threads: usize,
+) -> (Vec<Vec<f64>>, Vec<String>) {
+    let mut m = load(bytes, kernels, threads);
+    let inputs: Vec<EValue> = inputs
+        .iter()
+        .map(|(s, v)| EValue::Tensor(Tensor::from_slice(s, v).unwrap()))
+        .collect();
+    m.set_profiling(true);
+    for _ in 0..2 {
+        m.set_inputs(&inputs).unwrap();
+        m.execute().unwrap();
+    }
+    let outputs = m
+        .outputs()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            let t = v.as_tensor().unwrap();
+            match t.dtype() {
+                pte_runtime::DType::F32 => t
+                    .as_slice::<f32>()
+                    .unwrap()
+                    .iter()
+                    .map(|&x| f64::from(x))
+                    .collect(),
+                pte_runtime::DType::I64 => t
+                    .as_slice::<i64>()
+                    .unwrap()
+                    .iter()
+                    .map(|&x| x as f64)
+                    .collect(),
+                d => panic!("unexpected output dtype {d}"),
+            }
+        })
+        .collect();
+    let ran = m.profile().into_iter().map(|e| e.name).collect();
+    (outputs, ran)
+}
+
+/// Asserts `got` matches `want` within float32 rounding of sums of `terms` products of
+/// values of magnitude about `scale`.
+fn assert_close(got: &[Vec<f64>], want: &[Vec<f64>], terms: usize, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: number of outputs");
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!(g.len(), w.len(), "{what}: output length");
+        let scale = w.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+        let tol = 1e-6 * scale * (terms as f64).sqrt().max(1.0) * 4.0;
+        for (i, (a, b)) in g.iter().zip(w).enumerate() {
+            let ok = (a - b).abs() <= tol + 1e-6 * b.abs() || (a.is_nan() && b.is_nan());
+            assert!(
+                ok,
+                "{what}: element {i}: fast {a} vs reference {b} (tolerance {tol})"
+            );
+        }
+    }
+}
+
+fn dims(v: &[usize]) -> Vec<i32> {
+    v.iter().map(|&d| d as i32).collect()
+}
+
+/// A convolution and what follows it in a test program.
+#[derive(Clone, Copy, Debug)]
+struct Conv {
+    batch: usize,
+    c_in: usize,
+    c_out: usize,
+    groups: usize,
+    /// Input height (1 with `one_d`) and width.
+    input: [usize; 2],
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    pad: [usize; 2],
+    dilation: [usize; 2],
+    one_d: bool,
+    bias: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum After {
+    Nothing,
+    Relu,
+    Hardtanh,
+    Silu,
+    Sigmoid,
+    Gelu,
+}
+
+impl Conv {
+    fn out(&self) -> [usize; 2] {
+        let axis = |a: usize| {
+            (self.input[a] + 2 * self.pad[a] - self.dilation[a] * (self.kernel[a] - 1) - 1)
+                / self.stride[a]
+                + 1
+        };
+        [axis(0), axis(1)]
+    }
+
+    fn x_sizes(&self) -> Vec<usize> {
+        let mut s = vec![self.batch, self.c_in];
+        if !self.one_d {
+            s.push(self.input[0]);
+        }
+        s.push(self.input[1]);
+        s
+    }
+
+    fn y_sizes(&self) -> Vec<usize> {
+        let o = self.out();
+        let mut s = vec![self.batch, self.c_out];
+        if !self.one_d {
+            s.push(o[0]);
+        }
+        s.push(o[1]);
+        s
+    }
+
+    fn pair(&self, v: [usize; 2]) -> Vec<i64> {
+        if self.one_d {
+            vec![v[1] as i64]
+        } else {
+            vec![v[0] as i64, v[1] as i64]
+        }
+    }
+
+    /// A program: `act(add(bn(conv(x)), r))` with the optional parts as asked; inputs
+    /// `x` (and `r`).
+    fn program(&self, bn: bool, residual: bool, after: After) -> Vec<u8> {
+        let mut b = ProgramBuilder::new();
+        let x = b.tensor(Float, &dims(&self.x_sizes()), Memory::Planned);
+        let mut w_sizes = vec![self.c_out, self.c_in / self.groups];
+        if !self.one_d {
+            w_sizes.push(self.kernel[0]);
+        }
+        w_sizes.push(self.kernel[1]);
+        let wn: usize = w_sizes.iter().product();
+        let w = b.constant(Float, &dims(&w_sizes), bytemuck::cast_slice(&values(wn, 1)));
+        let bias = if self.bias {
+            b.constant(
+                Float,
+                &[self.c_out as i32],
+                bytemuck::cast_slice(&values(self.c_out, 2)),
+            )
+        } else {
+            b.none()
+        };
+        let stride = b.int_list(&self.pair(self.stride));
+        let pad = b.int_list(&self.pair(self.pad));
+        let dil = b.int_list(&self.pair(self.dilation));
+        let transposed = b.bool(false);
+        let out_pad = b.int_list(&self.pair([0, 0]));
+        let groups = b.int(self.groups as i64);
+        let ys = dims(&self.y_sizes());
+        let mut y = b.tensor(Float, &ys, Memory::Planned);
+        b.call(
+            "aten::convolution",
+            "out",
+            &[
+                x, w, bias, stride, pad, dil, transposed, out_pad, groups, y, y,
+            ],
+        );
+        b.input(x);
+        if bn {
+            let c = self.c_out as i32;
+            let gamma = b.constant(Float, &[c], bytemuck::cast_slice(&values(self.c_out, 3)));
+            let beta = b.constant(Float, &[c], bytemuck::cast_slice(&values(self.c_out, 4)));
+            let mean = b.constant(Float, &[c], bytemuck::cast_slice(&values(self.c_out, 5)));
+            let var: Vec<f32> = values(self.c_out, 6)
+                .iter()
+                .map(|v| v.abs() + 0.5)
+                .collect();
+            let var = b.constant(Float, &[c], bytemuck::cast_slice(&var));
+            let (momentum, eps) = (b.double(0.1), b.double(1e-5));
+            let out = b.tensor(Float, &ys, Memory::Planned);
+            let sm = b.tensor(Float, &[0], Memory::Planned);
+            let si = b.tensor(Float, &[0], Memory::Planned);
+            let list = b.tensor_list(&[out, sm, si]);
+            b.call(
+                "aten::_native_batch_norm_legit_no_training",
+                "out",
+                &[y, gamma, beta, mean, var, momentum, eps, out, sm, si, list],
+            );
+            y = out;
+        }
+        if residual {
+            let r = b.tensor(Float, &ys, Memory::Planned);
+            b.input(r);
+            let alpha = b.int(1);
+            let out = b.tensor(Float, &ys, Memory::Planned);
+            b.call("aten::add", "out", &[y, r, alpha, out, out]);
+            y = out;
+        }
+        y = activation(&mut b, y, &ys, after);
+        b.output(y);
+        b.build()
+    }
+}
+
+/// Appends `after` applied to `y` (shape `ys`) and returns its output.
+fn activation(b: &mut ProgramBuilder, y: i32, ys: &[i32], after: After) -> i32 {
+    let out = b.tensor(Float, ys, Memory::Planned);
+    match after {
+        After::Nothing => return y,
+        After::Relu => b.call("aten::relu", "out", &[y, out, out]),
+        After::Hardtanh => {
+            let (lo, hi) = (b.double(0.0), b.double(6.0));
+            b.call("aten::hardtanh", "out", &[y, lo, hi, out, out]);
+        }
+        After::Sigmoid => b.call("aten::sigmoid", "out", &[y, out, out]),
+        After::Silu => {
+            let s = b.tensor(Float, ys, Memory::Planned);
+            b.call("aten::sigmoid", "out", &[y, s, s]);
+            b.call("aten::mul", "out", &[y, s, out, out]);
+        }
+        After::Gelu => {
+            let approx = b.string("none");
+            b.call("aten::gelu", "out", &[y, approx, out, out]);
+        }
+    }
+    out
+}
+
+fn conv(
+    batch: usize,
+    (c_in, c_out, groups): (usize, usize, usize),
+    input: [usize; 2],
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    pad: [usize; 2],
+    dilation: [usize; 2],
+) -> Conv {
+    Conv {
+        batch,
+        c_in,
+        c_out,
+        groups,
+        input,
+        kernel,
+        stride,
+        pad,
+        dilation,
+        one_d: false,
+        bias: true,
+    }
+}
+
+fn check_conv(c: Conv, bn: bool, residual: bool, after: After, threads: usize) {
+    let bytes = c.program(bn, residual, after);
+    let xn: usize = c.x_sizes().iter().product();
+    let yn: usize = c.y_sizes().iter().product();
+    let mut inputs = vec![(c.x_sizes(), values(xn, 7))];
+    if residual {
+        inputs.push((c.y_sizes(), values(yn, 8)));
+    }
+    let what = format!("{c:?} bn {bn} residual {residual} {after:?} threads {threads}");
+    let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+    let refused = [
+        "aten::convolution.out",
+        "aten::_native_batch_norm_legit_no_training.out",
+    ];
+    let refused = if bn { &refused[..] } else { &refused[..1] };
+    let (got, ran) = run(&bytes, &fast_only(refused), &inputs, threads);
+    let terms = c.c_in / c.groups * c.kernel[0] * c.kernel[1];
+    assert_close(&got, &want, terms, &what);
+    if bn || residual || after != After::Nothing {
+        assert!(
+            ran.len() == 1 && ran[0].starts_with("fused convolution"),
+            "{what}: not fused: {ran:?}"
+        );
+    }
+}
+
+#[test]
+fn convolutions_match_the_generic_kernel() {
+    let cases = [
+        // pointwise, around the 6 x 16 register tile and the blocks
+        conv(1, (16, 96, 1), [7, 9], [1, 1], [1, 1], [0, 0], [1, 1]),
+        conv(1, (5, 7, 1), [13, 11], [1, 1], [1, 1], [0, 0], [1, 1]),
+        conv(2, (3, 17, 1), [5, 5], [1, 1], [1, 1], [0, 0], [1, 1]),
+        conv(1, (300, 130, 1), [3, 4], [1, 1], [1, 1], [0, 0], [1, 1]),
+        // strided pointwise (a downsampling shortcut)
+        conv(1, (8, 16, 1), [9, 9], [1, 1], [2, 2], [0, 0], [1, 1]),
+        // 3 x 3 and 7 x 7, stride, padding, dilation
+        conv(1, (3, 8, 1), [16, 16], [3, 3], [1, 1], [1, 1], [1, 1]),
+        conv(1, (4, 6, 1), [15, 17], [3, 3], [2, 2], [1, 1], [1, 1]),
+        conv(2, (5, 9, 1), [12, 10], [3, 3], [1, 2], [2, 1], [2, 2]),
+        conv(1, (3, 16, 1), [23, 23], [7, 7], [2, 2], [3, 3], [1, 1]),
+        conv(1, (7, 5, 1), [6, 8], [2, 3], [1, 1], [0, 1], [1, 1]),
+        conv(1, (70, 20, 1), [9, 9], [3, 3], [1, 1], [1, 1], [1, 1]),
+        // groups and depthwise (with a channel multiplier)
+        conv(1, (8, 12, 4), [10, 10], [3, 3], [1, 1], [1, 1], [1, 1]),
+        conv(1, (32, 32, 32), [14, 14], [3, 3], [1, 1], [1, 1], [1, 1]),
+        conv(2, (24, 24, 24), [15, 13], [3, 3], [2, 2], [1, 1], [1, 1]),
+        conv(1, (6, 12, 6), [9, 11], [5, 5], [1, 1], [2, 2], [1, 1]),
+        conv(1, (16, 16, 16), [7, 7], [3, 3], [1, 1], [2, 2], [2, 2]),
+        // a kernel as large as the padded input
+        conv(1, (2, 3, 1), [4, 4], [4, 4], [1, 1], [0, 0], [1, 1]),
+    ];
+    for c in cases {
+        for threads in [1, 2] {
+            check_conv(c, false, false, After::Nothing, threads);
+        }
+        check_conv(Conv { bias: false, ..c }, false, false, After::Nothing, 1);
+    }
+    // 1-d
+    for (c_in, c_out, groups, w, k, s, p, d) in [
+        (4, 6, 1, 50, 3, 1, 1, 1),
+        (8, 8, 8, 33, 5, 2, 2, 1),
+        (3, 5, 1, 40, 4, 3, 0, 2),
+    ] {
+        let c = Conv {
+            one_d: true,
+            ..conv(
+                2,
+                (c_in, c_out, groups),
+                [1, w],
+                [1, k],
+                [1, s],
+                [0, p],
+                [1, d],
+            )
+        };
+        check_conv(c, false, false, After::Nothing, 1);
+        check_conv(c, true, false, After::Relu, 2);
+    }
+}
+
+#[test]
+fn fused_convolution_chains_match_the_calls_one_by_one() {
+    let shapes = [
+        conv(1, (8, 16, 1), [10, 10], [3, 3], [1, 1], [1, 1], [1, 1]),
+        conv(2, (12, 7, 1), [9, 7], [1, 1], [1, 1], [0, 0], [1, 1]),
+        conv(1, (16, 16, 16), [11, 9], [3, 3], [2, 2], [1, 1], [1, 1]),
+    ];
+    let afters = [
+        After::Nothing,
+        After::Relu,
+        After::Hardtanh,
+        After::Silu,
+        After::Sigmoid,
+        After::Gelu,
+    ];
+    for c in shapes {
+        for after in afters {
+            for bn in [false, true] {
+                check_conv(c, bn, false, after, 1);
+            }
+        }
+        for after in [After::Nothing, After::Relu] {
+            check_conv(c, true, true, after, 2);
+            check_conv(Conv { bias: false, ..c }, false, true, after, 1);
+        }
+    }
+}
+
+/// `addmm(bias, x, permute(w))`, `linear(x, w, bias)` or `mm(x, w)` then `after`.
+fn product_program(
+    op: &str,
+    m: usize,
+    k: usize,
+    n: usize,
+    after: After,
+    lead: &[usize],
+) -> Vec<u8> {
+    let mut b = ProgramBuilder::new();
+    let mut x_sizes: Vec<usize> = lead.to_vec();
+    x_sizes.extend([m, k]);
+    let x = b.tensor(Float, &dims(&x_sizes), Memory::Planned);
+    b.input(x);
+    let mut y_sizes: Vec<usize> = lead.to_vec();
+    y_sizes.extend([m, n]);
+    let ys = dims(&y_sizes);
+    let y = b.tensor(Float, &ys, Memory::Planned);
+    let w = values(k * n, 11);
+    let bias = b.constant(Float, &[n as i32], bytemuck::cast_slice(&values(n, 12)));
+    match op {
+        "addmm" => {
+            // The exporter's form: the weight [n, k] transposed by a permute at load.
+            let wt = b.constant(Float, &[n as i32, k as i32], bytemuck::cast_slice(&w));
+            let perm = b.int_list(&[1, 0]);
+            let wk = b.tensor(Float, &[k as i32, n as i32], Memory::Planned);
+            b.call("aten::permute_copy", "out", &[wt, perm, wk, wk]);
+            let (beta, alpha) = (b.int(1), b.int(1));
+            b.call("aten::addmm", "out", &[bias, x, wk, beta, alpha, y, y]);
+        }
+        "linear" => {
+            let wt = b.constant(Float, &[n as i32, k as i32], bytemuck::cast_slice(&w));
+            b.call("aten::linear", "out", &[x, wt, bias, y, y]);
+        }
+        _ => {
+            let wk = b.constant(Float, &[k as i32, n as i32], bytemuck::cast_slice(&w));
+            b.call("aten::mm", "out", &[x, wk, y, y]);
+        }
+    }
+    let out = activation(&mut b, y, &ys, after);
+    b.output(out);
+    b.build()
+}
+
+#[test]
+fn products_with_constant_weights_match_the_generic_kernel() {
+    let shapes = [
+        (1, 1, 1),
+        (1, 256, 1000),
+        (5, 7, 3),
+        (6, 16, 16),
+        (7, 17, 33),
+        (64, 256, 768),
+        (13, 300, 129),
+        (130, 70, 250),
+    ];
+    for (m, k, n) in shapes {
+        for op in ["addmm", "linear", "mm"] {
+            let bytes = product_program(op, m, k, n, After::Nothing, &[]);
+            let inputs = [(vec![m, k], values(m * k, 13))];
+            let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+            let refused = [format!("aten::{op}.out")];
+            let refused: Vec<&str> = refused.iter().map(String::as_str).collect();
+            for threads in [1, 2] {
+                let (got, _) = run(&bytes, &fast_only(&refused), &inputs, threads);
+                assert_close(
+                    &got,
+                    &want,
+                    k,
+                    &format!("{op} {m}x{k}x{n}, {threads} threads"),
+                );
+            }
+        }
+    }
+    // linear over leading dimensions
+    let bytes = product_program("linear", 9, 20, 11, After::Nothing, &[2, 3]);
+    let inputs = [(vec![2, 3, 9, 20], values(2 * 3 * 9 * 20, 14))];
+    let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+    let (got, _) = run(&bytes, &fast_only(&["aten::linear.out"]), &inputs, 2);
+    assert_close(&got, &want, 20, "linear with leading dimensions");
+}
+
+#[test]
+fn fused_products_match_the_calls_one_by_one() {
+    for after in [After::Relu, After::Gelu, After::Hardtanh, After::Silu] {
+        for (op, m, k, n) in [
+            ("addmm", 64, 256, 1024),
+            ("linear", 7, 33, 20),
+            ("mm", 3, 5, 17),
+        ] {
+            let bytes = product_program(op, m, k, n, after, &[]);
+            let inputs = [(vec![m, k], values(m * k, 15))];
+            let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+            let (got, ran) = run(&bytes, &pte_kernels::registry(), &inputs, 2);
+            let what = format!("{op} {m}x{k}x{n} {after:?}");
+            assert_close(&got, &want, k, &what);
+            assert!(
+                ran.len() == 1 && ran[0].starts_with("fused"),
+                "{what}: not fused: {ran:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn variable_products_match_the_generic_kernel() {
+    for (batch, m, k, n) in [
+        (1, 5, 7, 3),
+        (12, 64, 64, 64),
+        (3, 17, 1, 33),
+        (4, 130, 40, 9),
+    ] {
+        for batched in [false, true] {
+            if !batched && batch > 1 {
+                continue;
+            }
+            let lead: Vec<usize> = if batched { vec![batch] } else { vec![] };
+            let mut b = ProgramBuilder::new();
+            let sizes = |r: usize, c: usize| {
+                let mut s = lead.clone();
+                s.extend([r, c]);
+                s
+            };
+            let x = b.tensor(Float, &dims(&sizes(m, k)), Memory::Planned);
+            let w = b.tensor(Float, &dims(&sizes(k, n)), Memory::Planned);
+            let y = b.tensor(Float, &dims(&sizes(m, n)), Memory::Planned);
+            let op = if batched { "aten::bmm" } else { "aten::mm" };
+            b.call(op, "out", &[x, w, y, y]);
+            b.input(x);
+            b.input(w);
+            b.output(y);
+            let bytes = b.build();
+            let inputs = [
+                (sizes(m, k), values(batch * m * k, 16)),
+                (sizes(k, n), values(batch * k * n, 17)),
+            ];
+            let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+            let (got, _) = run(&bytes, &fast_only(&[&format!("{op}.out")]), &inputs, 2);
+            assert_close(&got, &want, k, &format!("{op} {batch}x{m}x{k}x{n}"));
+        }
+    }
+}
+
+#[test]
+fn max_pooling_matches_the_generic_kernel() {
+    // (input, kernel, stride, padding, dilation, ceil_mode)
+    let cases = [
+        (
+            [112usize, 112usize],
+            [3usize, 3],
+            [2usize, 2],
+            [1usize, 1],
+            [1usize, 1],
+            false,
+        ),
+        ([13, 17], [2, 2], [2, 2], [0, 0], [1, 1], true),
+        ([9, 9], [3, 2], [1, 2], [1, 1], [2, 1], false),
+        ([5, 6], [5, 6], [1, 1], [0, 0], [1, 1], false),
+    ];
+    for (input, kernel, stride, pad, dil, ceil) in cases {
+        let axis = |a: usize| {
+            let span = input[a] + 2 * pad[a] - dil[a] * (kernel[a] - 1) - 1;
+            let mut o = if ceil {
+                span.div_ceil(stride[a]) + 1
+            } else {
+                span / stride[a] + 1
+            };
+            if ceil && (o - 1) * stride[a] >= input[a] + pad[a] {
+                o -= 1;
+            }
+            o
+        };
+        let out = [axis(0), axis(1)];
+        for indices_used in [false, true] {
+            let mut b = ProgramBuilder::new();
+            let xs = [2, 3, input[0], input[1]];
+            let ys = dims(&[2, 3, out[0], out[1]]);
+            let x = b.tensor(Float, &dims(&xs), Memory::Planned);
+            let list =
+                |b: &mut ProgramBuilder, v: [usize; 2]| b.int_list(&[v[0] as i64, v[1] as i64]);
+            let (k, s, p, d) = (
+                list(&mut b, kernel),
+                list(&mut b, stride),
+                list(&mut b, pad),
+                list(&mut b, dil),
+            );
+            let c = b.bool(ceil);
+            let y = b.tensor(Float, &ys, Memory::Planned);
+            let idx = b.tensor(Long, &ys, Memory::Planned);
+            let outs = b.tensor_list(&[y, idx]);
+            b.call(
+                "aten::max_pool2d_with_indices",
+                "out",
+                &[x, k, s, p, d, c, y, idx, outs],
+            );
+            b.input(x);
+            b.output(y);
+            if indices_used {
+                b.output(idx);
+            }
+            let bytes = b.build();
+            let n: usize = xs.iter().product();
+            let mut data = values(n, 18);
+            data[3] = f32::NAN;
+            let inputs = [(xs.to_vec(), data)];
+            let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+            let (got, ran) = run(
+                &bytes,
+                &fast_only(&["aten::max_pool2d_with_indices.out"]),
+                &inputs,
+                2,
+            );
+            let what =
+                format!("{input:?} {kernel:?} {stride:?} {pad:?} {dil:?} {ceil} {indices_used}");
+            assert_eq!(got.len(), want.len(), "{what}");
+            for (g, w) in got.iter().zip(&want) {
+                for (a, b) in g.iter().zip(w) {
+                    assert!(a == b || (a.is_nan() && b.is_nan()), "{what}: {a} vs {b}");
+                }
+            }
+            let fused = ran.iter().any(|r| r == "max_pool2d");
+            assert_eq!(fused, !indices_used, "{what}: {ran:?}");
+        }
+    }
+}
+
+/// A program of one call `op(x, extra..., out)` with `x` as its input; `extra` builds
+/// the arguments between the input and the output.
+fn unary_program(
+    op: &str,
+    overload: &str,
+    x_sizes: &[usize],
+    out_sizes: &[usize],
+    extra: impl FnOnce(&mut ProgramBuilder) -> Vec<i32>,
+    extra_outputs: &[Vec<usize>],
+) -> Vec<u8> {
+    let mut b = ProgramBuilder::new();
+    let x = b.tensor(Float, &dims(x_sizes), Memory::Planned);
+    b.input(x);
+    let mut args = vec![x];
+    args.extend(extra(&mut b));
+    let y = b.tensor(Float, &dims(out_sizes), Memory::Planned);
+    let mut outs = vec![y];
+    for s in extra_outputs {
+        outs.push(b.tensor(Float, &dims(s), Memory::Planned));
+    }
+    args.extend(&outs);
+    if outs.len() > 1 {
+        let list = b.tensor_list(&outs);
+        args.push(list);
+    } else {
+        args.push(y);
+    }
+    b.call(op, overload, &args);
+    for o in outs {
+        b.output(o);
+    }
+    b.build()
+}
+
+fn compare(bytes: &[u8], op: &str, inputs: &[(Vec<usize>, Vec<f32>)], terms: usize, what: &str) {
+    let (want, _) = run(bytes, &pte_kernels::reference_registry(), inputs, 1);
+    for threads in [1, 2] {
+        let (got, _) = run(bytes, &fast_only(&[op]), inputs, threads);
+        assert_close(&got, &want, terms, &format!("{what}, {threads} threads"));
+    }
+}
+
+/// Builds the arguments of a call between its input and its output.
+type Extra = dyn Fn(&mut ProgramBuilder) -> Vec<i32>;
+
+#[test]
+fn activations_match_the_generic_kernels() {
+    // Around the vector widths, and past the size that is split over threads.
+    for n in [1usize, 7, 8, 33, 1000, 70_001] {
+        let mut x = values(n, 20);
+        x.iter_mut().for_each(|v| *v *= 8.0);
+        if n > 3 {
+            x[1] = f32::NAN;
+            x[2] = -0.0;
+        }
+        let inputs = [(vec![n], x)];
+        let cases: [(&str, Box<Extra>); 8] = [
+            ("relu", Box::new(|_| vec![])),
+            ("sigmoid", Box::new(|_| vec![])),
+            ("tanh", Box::new(|_| vec![])),
+            ("silu", Box::new(|_| vec![])),
+            ("hardswish", Box::new(|_| vec![])),
+            ("gelu", Box::new(|b| vec![b.string("tanh")])),
+            (
+                "hardtanh",
+                Box::new(|b| vec![b.double(-1.5), b.double(2.0)]),
+            ),
+            ("clamp", Box::new(|b| vec![b.none(), b.int(3)])),
+        ];
+        for (op, extra) in cases {
+            let bytes = unary_program(&format!("aten::{op}"), "out", &[n], &[n], extra, &[]);
+            compare(
+                &bytes,
+                &format!("aten::{op}.out"),
+                &inputs,
+                1,
+                &format!("{op} of {n}"),
+            );
+        }
+        let bytes = unary_program(
+            "aten::gelu",
+            "out",
+            &[n],
+            &[n],
+            |b| vec![b.string("none")],
+            &[],
+        );
+        compare(
+            &bytes,
+            "aten::gelu.out",
+            &inputs,
+            1,
+            &format!("gelu of {n}"),
+        );
+    }
+}
+
+#[test]
+fn binary_operations_match_the_generic_kernels() {
+    // (self, other): equal shapes, a per-channel vector (NCHW and trailing), a
+    // one-element tensor; `other` as a scalar below.
+    let shapes: [(&[usize], &[usize]); 6] = [
+        (&[2, 3, 5, 7], &[2, 3, 5, 7]),
+        (&[1, 96, 28, 28], &[1, 96, 1, 1]),
+        (&[2, 16, 9, 9], &[16, 1, 1]),
+        (&[3, 197, 192], &[192]),
+        (&[4, 50, 33], &[1, 1, 33]),
+        (&[5, 70_000], &[1]),
+    ];
+    for (xs, ys) in shapes {
+        for (op, alpha) in [("add", true), ("sub", true), ("mul", false)] {
+            let bytes = unary_program(
+                &format!("aten::{op}"),
+                "out",
+                xs,
+                xs,
+                |b| {
+                    let y = b.tensor(Float, &dims(ys), Memory::Planned);
+                    b.input(y);
+                    if alpha {
+                        vec![y, b.int(1)]
+                    } else {
+                        vec![y]
+                    }
+                },
+                &[],
+            );
+            let (xn, yn) = (xs.iter().product(), ys.iter().product());
+            let inputs = [(xs.to_vec(), values(xn, 21)), (ys.to_vec(), values(yn, 22))];
+            compare(
+                &bytes,
+                &format!("aten::{op}.out"),
+                &inputs,
+                1,
+                &format!("{op} {xs:?} {ys:?}"),
+            );
+        }
+    }
+    for (op, overload, alpha) in [("add", "Scalar_out", true), ("mul", "Scalar_out", false)] {
+        let bytes = unary_program(
+            &format!("aten::{op}"),
+            overload,
+            &[3, 40_000],
+            &[3, 40_000],
+            |b| {
+                let s = b.double(0.37);
+                if alpha {
+                    vec![s, b.int(1)]
+                } else {
+                    vec![s]
+                }
+            },
+            &[],
+        );
+        let inputs = [(vec![3, 40_000], values(120_000, 23))];
+        compare(
+            &bytes,
+            &format!("aten::{op}.{overload}"),
+            &inputs,
+            1,
+            &format!("{op} scalar"),
+        );
+    }
+}
+
+#[test]
+fn softmax_layer_norm_and_mean_match_the_generic_kernels() {
+    for sizes in [
+        vec![3usize, 197, 197],
+        vec![64, 256],
+        vec![2, 5],
+        vec![4, 1000],
+        vec![1, 7],
+    ] {
+        let n: usize = sizes.iter().product();
+        let mut x = values(n, 24);
+        x.iter_mut().for_each(|v| *v *= 10.0);
+        let inputs = [(sizes.clone(), x)];
+        let last = sizes.len() as i64 - 1;
+        let bytes = unary_program(
+            "aten::_softmax",
+            "out",
+            &sizes,
+            &sizes,
+            |b| vec![b.int(last), b.bool(false)],
+            &[],
+        );
+        compare(
+            &bytes,
+            "aten::_softmax.out",
+            &inputs,
+            1,
+            &format!("softmax {sizes:?}"),
+        );
+        let row = *sizes.last().unwrap();
+        let mut stat = sizes.clone();
+        *stat.last_mut().unwrap() = 1;
+        for affine in [false, true] {
+            let bytes = unary_program(
+                "aten::native_layer_norm",
+                "out",
+                &sizes,
+                &sizes,
+                |b| {
+                    let shape = b.int_list(&[row as i64]);
+                    let (w, bias) = if affine {
+                        (
+                            b.constant(
+                                Float,
+                                &[row as i32],
+                                bytemuck::cast_slice(&values(row, 25)),
+                            ),
+                            b.constant(
+                                Float,
+                                &[row as i32],
+                                bytemuck::cast_slice(&values(row, 26)),
+                            ),
+                        )
+                    } else {
+                        (b.none(), b.none())
+                    };
+                    vec![shape, w, bias, b.double(1e-5)]
+                },
+                &[stat.clone(), stat.clone()],
+            );
+            let what = format!("layer norm {sizes:?} affine {affine}");
+            compare(&bytes, "aten::native_layer_norm.out", &inputs, row, &what);
+        }
+    }
+    // mean over trailing dimensions (global average pooling), keepdim or not, and
+    // over a leading one (the generic kernel behind the fast one).
+    for (sizes, dims_, keep) in [
+        (vec![2usize, 3, 7, 7], vec![-1i64, -2], true),
+        (vec![1, 1280, 7, 7], vec![2, 3], false),
+        (vec![5, 33], vec![1], false),
+        (vec![4, 6, 5], vec![0], true),
+    ] {
+        let n: usize = sizes.iter().product();
+        let mut out = sizes.clone();
+        let rank = sizes.len() as i64;
+        let norm: Vec<usize> = dims_
+            .iter()
+            .map(|&d| ((d + rank) % rank) as usize)
+            .collect();
+        for &d in &norm {
+            out[d] = 1;
+        }
+        let out: Vec<usize> = if keep {
+            out
+        } else {
+            out.iter()
+                .enumerate()
+                .filter(|(i, _)| !norm.contains(i))
+                .map(|(_, &s)| s)
+                .collect()
+        };
+        let bytes = unary_program(
+            "aten::mean",
+            "out",
+            &sizes,
+            &out,
+            |b| vec![b.int_list(&dims_), b.bool(keep), b.none()],
+            &[],
+        );
+        let inputs = [(sizes.clone(), values(n, 27))];
+        let what = format!("mean {sizes:?} {dims_:?}");
+        let trailing = norm.iter().all(|&d| d + norm.len() >= sizes.len());
+        if trailing {
+            compare(&bytes, "aten::mean.out", &inputs, 49, &what);
+        } else {
+            // Not over trailing dimensions: the generic kernel behind the fast one.
+            let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+            let (got, _) = run(&bytes, &pte_kernels::registry(), &inputs, 2);
+            assert_close(&got, &want, 49, &what);
+        }
+    }
+}
+
+/// Builds small convolutional networks value by value.
+struct Net {
+    b: ProgramBuilder,
+    seed: u64,
+}
+
+impl Net {
+    fn new() -> Self {
+        Net {
+            b: ProgramBuilder::new(),
+            seed: 100,
+        }
+    }
+
+    fn constant(&mut self, sizes: &[usize], scale: f32) -> i32 {
+        self.seed += 1;
+        let n: usize = sizes.iter().product();
+        let v: Vec<f32> = values(n, self.seed).iter().map(|x| x * scale).collect();
+        self.b
+            .constant(Float, &dims(sizes), bytemuck::cast_slice(&v))
+    }
+
+    fn tensor(&mut self, sizes: &[usize]) -> i32 {
+        self.b.tensor(Float, &dims(sizes), Memory::Planned)
+    }
+
+    /// conv (+ batch norm) of `x` (shape `xs`), returning the output and its shape.
+    #[allow(clippy::too_many_arguments)]
+    fn conv(
+        &mut self,
+        x: i32,
+        xs: &[usize],
+        c_out: usize,
+        groups: usize,
+        k: usize,
+        stride: usize,
+        bn: bool,
+    ) -> (i32, Vec<usize>) {
+        let (n, c_in, h, w) = (xs[0], xs[1], xs[2], xs[3]);
+        let pad = k / 2;
+        let scale = 1.0 / ((c_in / groups * k * k) as f32).sqrt();
+        let weight = self.constant(&[c_out, c_in / groups, k, k], scale);
+        let bias = self.constant(&[c_out], 0.1);
+        let s = self.b.int_list(&[stride as i64, stride as i64]);
+        let p = self.b.int_list(&[pad as i64, pad as i64]);
+        let d = self.b.int_list(&[1, 1]);
+        let t = self.b.bool(false);
+        let op = self.b.int_list(&[0, 0]);
+        let g = self.b.int(groups as i64);
+        let ys = vec![
+            n,
+            c_out,
+            (h + 2 * pad - k) / stride + 1,
+            (w + 2 * pad - k) / stride + 1,
+        ];
+        let y = self.tensor(&ys);
+        self.b.call(
+            "aten::convolution",
+            "out",
+            &[x, weight, bias, s, p, d, t, op, g, y, y],
+        );
+        if !bn {
+            return (y, ys);
+        }
+        let gamma = self.constant(&[c_out], 1.0);
+        let beta = self.constant(&[c_out], 0.2);
+        let mean = self.constant(&[c_out], 0.1);
+        let var = self.b.constant(
+            Float,
+            &[c_out as i32],
+            bytemuck::cast_slice(&vec![0.8f32; c_out]),
+        );
+        let (mo, eps) = (self.b.double(0.1), self.b.double(1e-5));
+        let out = self.tensor(&ys);
+        let sm = self.tensor(&[0]);
+        let si = self.tensor(&[0]);
+        let list = self.b.tensor_list(&[out, sm, si]);
+        self.b.call(
+            "aten::_native_batch_norm_legit_no_training",
+            "out",
+            &[y, gamma, beta, mean, var, mo, eps, out, sm, si, list],
+        );
+        (out, ys)
+    }
+
+    fn act(&mut self, x: i32, xs: &[usize], after: After) -> i32 {
+        activation(&mut self.b, x, &dims(xs), after)
+    }
+
+    fn binary(&mut self, op: &str, a: i32, b: i32, ys: &[usize]) -> i32 {
+        let out = self.tensor(ys);
+        if op == "add" {
+            let alpha = self.b.int(1);
+            self.b.call("aten::add", "out", &[a, b, alpha, out, out]);
+        } else {
+            self.b.call("aten::mul", "out", &[a, b, out, out]);
+        }
+        out
+    }
+
+    fn max_pool(&mut self, x: i32, xs: &[usize]) -> (i32, Vec<usize>) {
+        let ys = vec![xs[0], xs[1], (xs[2] - 1) / 2 + 1, (xs[3] - 1) / 2 + 1];
+        let k = self.b.int_list(&[3, 3]);
+        let s = self.b.int_list(&[2, 2]);
+        let p = self.b.int_list(&[1, 1]);
+        let d = self.b.int_list(&[1, 1]);
+        let c = self.b.bool(false);
+        let y = self.tensor(&ys);
+        let idx = self.b.tensor(Long, &dims(&ys), Memory::Planned);
+        let list = self.b.tensor_list(&[y, idx]);
+        self.b.call(
+            "aten::max_pool2d_with_indices",
+            "out",
+            &[x, k, s, p, d, c, y, idx, list],
+        );
+        (y, ys)
+    }
+
+    fn mean(&mut self, x: i32, xs: &[usize], keep: bool) -> (i32, Vec<usize>) {
+        let ys = if keep {
+            vec![xs[0], xs[1], 1, 1]
+        } else {
+            vec![xs[0], xs[1]]
+        };
+        let dl = self.b.int_list(&[-1, -2]);
+        let k = self.b.bool(keep);
+        let none = self.b.none();
+        let y = self.tensor(&ys);
+        self.b.call("aten::mean", "out", &[x, dl, k, none, y, y]);
+        (y, ys)
+    }
+}
+
+/// A network with the blocks of resnet, mobilenet_v2 and efficientnet: stem, max pool,
+/// a residual block, an inverted residual with depthwise convolution, a squeeze-and-
+/// excitation block, global average pooling. With `leak`, an inner value is also a
+/// method output (the run must end there); with `external`, the residual of the first
+/// block is a second method input (converted at the run's start).
+fn network(batch: usize, size: usize, leak: bool, external: bool) -> (Vec<u8>, Vec<Vec<usize>>) {
+    let mut n = Net::new();
+    let xs = vec![batch, 3, size, size];
+    let x = n.tensor(&xs);
+    n.b.input(x);
+    let mut inputs = vec![xs.clone()];
+    // stem
+    let (y, ys) = n.conv(x, &xs, 16, 1, 3, 2, true);
+    let y = n.act(y, &ys, After::Relu);
+    let (y, ys) = n.max_pool(y, &ys);
+    // residual block
+    let (a, as_) = n.conv(y, &ys, 16, 1, 3, 1, true);
+    let a = n.act(a, &as_, After::Relu);
+    let (a, as_) = n.conv(a, &as_, 16, 1, 3, 1, true);
+    let shortcut = if external {
+        let r = n.tensor(&ys);
+        n.b.input(r);
+        inputs.push(ys.clone());
+        r
+    } else {
+        y
+    };
+    let y = n.binary("add", a, shortcut, &as_);
+    let y = n.act(y, &as_, After::Relu);
+    if leak {
+        n.b.output(y);
+    }
+    let ys = as_;
+    // inverted residual: expand, depthwise, project, add (no activation)
+    let (e, es) = n.conv(y, &ys, 48, 1, 1, 1, true);
+    let e = n.act(e, &es, After::Hardtanh);
+    let (e, es) = n.conv(e, &es, 48, 48, 3, 1, true);
+    let e = n.act(e, &es, After::Hardtanh);
+    let (e, es) = n.conv(e, &es, 16, 1, 1, 1, true);
+    let y = n.binary("add", e, y, &es);
+    // squeeze and excitation with SiLU
+    let (e, es) = n.conv(y, &ys, 32, 1, 1, 1, true);
+    let e = n.act(e, &es, After::Silu);
+    let (s, ss) = n.mean(e, &es, true);
+    let (s, ss) = n.conv(s, &ss, 8, 1, 1, 1, false);
+    let s = n.act(s, &ss, After::Silu);
+    let (s, ss) = n.conv(s, &ss, 32, 1, 1, 1, false);
+    let s = n.act(s, &ss, After::Sigmoid);
+    let y = n.binary("mul", e, s, &es);
+    let (y, _) = n.mean(y, &es, false);
+    n.b.output(y);
+    (n.b.build(), inputs)
+}
+
+#[test]
+fn convolution_chains_run_channels_last_with_the_same_results() {
+    for (batch, size, leak, external) in [
+        (1, 32, false, false),
+        (2, 17, false, false),
+        (1, 24, true, false),
+        (1, 20, false, true),
+    ] {
+        let (bytes, shapes) = network(batch, size, leak, external);
+        let inputs: Vec<(Vec<usize>, Vec<f32>)> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.clone(), values(s.iter().product(), 40 + i as u64)))
+            .collect();
+        let what = format!("batch {batch} size {size} leak {leak} external {external}");
+        let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+        for threads in [1, 2] {
+            let (got, ran) = run(&bytes, &pte_kernels::registry(), &inputs, threads);
+            assert_close(&got, &want, 400, &format!("{what}, {threads} threads"));
+            let regions = ran.iter().filter(|r| r.contains("NHWC region")).count();
+            assert!(regions >= 1, "{what}: no NHWC region: {ran:?}");
+            if leak {
+                // The leaked value ends the first run; the rest is a second one.
+                assert!(regions == 2, "{what}: {ran:?}");
+            }
+        }
+    }
+}
