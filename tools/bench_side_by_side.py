@@ -5,6 +5,7 @@
     .venv-ref/bin/python tools/bench_side_by_side.py [--models bench-models]
         [--only resnet18,vit_tiny] [--threads 1,2] [--rounds 3] [--iterations 20]
         [--portable-iterations 1] [--json results.json]
+    .venv-ref/bin/python tools/bench_side_by_side.py --xnnpack [--only ...] [--threads 1,2]
 
 For every model and thread count, in each round and in a rotating order, one fresh process
 each times: `pte bench` on the plain (portable) `.pte`; upstream's runtime on the
@@ -15,6 +16,12 @@ executions after warm-up. The table shows medians over rounds, pte's ratio to th
 faster of upstream-XNNPACK and ONNX Runtime (below 1: pte is faster), and time to first
 output (load + first execution). Needs the reference environment plus onnx, onnxscript
 and onnxruntime from PyPI.
+
+With `--xnnpack`, both runtimes run the same XNNPACK-lowered file: `pte bench` (its
+XnnpackBackend; the file mapped with `--mmap`, as upstream's `MmapDataLoader` maps it)
+against upstream's runtime (the XNNPACK C library), interleaved the same way. Before
+timing, `pte run` on each file is compared with the outputs upstream recorded for it
+(`case0/output_*.npy`); the table shows the largest absolute difference.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ["mobilenet_v2", "resnet18", "transformer_encoder", "efficientnet_b0", "vit_tiny", "decoder_lm"]
 RUNTIMES = ["pte", "et_xnnpack", "ort", "et_portable"]
+XNNPACK_RUNTIMES = ["pte_xnnpack", "et_xnnpack"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -102,10 +110,13 @@ def worker_ort(model: str, input_path: str, threads: int, iterations: int, warmu
 
 
 def measure(runtime: str, paths: dict, threads: int, iterations: int, warmup: int, pte: Path) -> dict:
-    if runtime == "pte":
-        cmd = [str(pte), "bench", str(paths["plain"]), "--input", str(paths["input"]),
+    if runtime in ("pte", "pte_xnnpack"):
+        model = paths["plain" if runtime == "pte" else "xnnpack"]
+        cmd = [str(pte), "bench", str(model), "--input", str(paths["input"]),
                "--threads", str(threads), "--iterations", str(iterations),
                "--warmup", str(warmup), "--json"]
+        if runtime == "pte_xnnpack":
+            cmd.append("--mmap")  # as upstream's loader maps the file
     else:
         model = {"et_xnnpack": paths["xnnpack"], "et_portable": paths["plain"], "ort": paths["onnx"]}[runtime]
         kind = "ort" if runtime == "ort" else "et"
@@ -120,7 +131,26 @@ def measure(runtime: str, paths: dict, threads: int, iterations: int, warmup: in
 # ---------------------------------------------------------------------------------------
 
 
-def model_paths(models_dir: Path, name: str) -> dict:
+def max_abs_diff(pte: Path, paths: dict) -> float:
+    """Runs pte on the XNNPACK-lowered file; the largest difference from upstream's outputs."""
+    import tempfile
+
+    import numpy as np
+
+    case = paths["xnnpack"].parent / "case0"
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run([str(pte), "run", str(paths["xnnpack"]), "--input", str(paths["input"]),
+                        "--outputs", out], check=True, capture_output=True)
+        worst = 0.0
+        for k, want in enumerate(sorted(case.glob("output_*.npy"), key=lambda p: int(p.stem[7:]))):
+            got, want = np.load(Path(out) / f"{k}.npy"), np.load(want)
+            if got.shape != want.shape:
+                sys.exit(f"{paths['xnnpack']}: output {k} is {got.shape}, upstream's {want.shape}")
+            worst = max(worst, float(np.max(np.abs(got.astype(np.float64) - want))))
+        return worst
+
+
+def model_paths(models_dir: Path, name: str, onnx: bool = True) -> dict:
     plain_dir = models_dir / f"{name}_portable"
     paths = {
         "plain": plain_dir / "model.pte",
@@ -131,7 +161,7 @@ def model_paths(models_dir: Path, name: str) -> dict:
     for key in ("plain", "xnnpack", "input"):
         if not paths[key].exists():
             sys.exit(f"{paths[key]} is missing: run tools/gen_fixtures.py --bench {models_dir}")
-    if not paths["onnx"].exists():
+    if onnx and not paths["onnx"].exists():
         export_onnx(name, paths["onnx"])
     return paths
 
@@ -186,14 +216,20 @@ def main() -> int:
     ap.add_argument("--portable-iterations", type=int, default=1,
                     help="timed runs of upstream's portable program (slow); 0 skips it")
     ap.add_argument("--json", help="also write every measurement to this file")
+    ap.add_argument("--xnnpack", action="store_true",
+                    help="pte and upstream both on the XNNPACK-lowered file, outputs compared")
     args = ap.parse_args()
 
     names = args.only.split(",") if args.only else MODELS
     threads_list = [int(t) for t in args.threads.split(",")]
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "pte-cli"], cwd=ROOT, check=True)
     pte = ROOT / "target" / "release" / "pte"
-    paths = {n: model_paths(Path(args.models), n) for n in names}
-    runtimes = [r for r in RUNTIMES if r != "et_portable" or args.portable_iterations > 0]
+    paths = {n: model_paths(Path(args.models), n, onnx=not args.xnnpack) for n in names}
+    if args.xnnpack:
+        runtimes = XNNPACK_RUNTIMES
+        diffs = {n: max_abs_diff(pte, paths[n]) for n in names}
+    else:
+        runtimes = [r for r in RUNTIMES if r != "et_portable" or args.portable_iterations > 0]
 
     results: dict = {}
     for r in range(args.rounds):
@@ -218,7 +254,22 @@ def main() -> int:
         ms = results.get((n, t, rt))
         return statistics.median(x["load_ms"] + x["first_ms"] for x in ms) if ms else float("nan")
 
-    print(f"\n{date.today()}, {cpu_description()}")
+    print(f"\n{date.today()}, {cpu_description()}, load average {os.getloadavg()[0]:.1f}")
+    if args.xnnpack:
+        print(f"the XNNPACK-lowered file in both; medians of {args.rounds} rounds x {args.iterations} "
+              f"executions, ms; ratio = pte / upstream, below 1: pte is faster; first output = "
+              f"load + first execution; max |diff| = pte against upstream's recorded outputs\n")
+        print("| model | threads | pte | upstream XNNPACK | ratio | first output: pte | upstream "
+              "| ratio | max abs diff |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for n in names:
+            for t in threads_list:
+                ours, xnn = med(n, t, "pte_xnnpack"), med(n, t, "et_xnnpack")
+                f_ours, f_xnn = first_output(n, t, "pte_xnnpack"), first_output(n, t, "et_xnnpack")
+                print(f"| {n} | {t} | {ours:.2f} | {xnn:.2f} | {ours / xnn:.2f} | {f_ours:.1f} "
+                      f"| {f_xnn:.1f} | {f_ours / f_xnn:.2f} | {diffs[n]:.2e} |")
+        write_json(args, results)
+        return 0
     print(f"medians of {args.rounds} rounds x {args.iterations} executions, ms; "
           f"ratio = pte / min(upstream XNNPACK, ONNX Runtime), below 1: pte is faster\n")
     header = ("| model | threads | pte | upstream XNNPACK | ONNX Runtime | upstream portable | ratio "
@@ -231,12 +282,16 @@ def main() -> int:
             print(f"| {n} | {t} | {ours:.2f} | {xnn:.2f} | {ort_:.2f} | {med(n, t, 'et_portable'):.0f} "
                   f"| {ours / min(xnn, ort_):.2f} | {first_output(n, t, 'pte'):.1f} "
                   f"| {first_output(n, t, 'et_xnnpack'):.1f} | {first_output(n, t, 'ort'):.1f} |")
+    write_json(args, results)
+    return 0
+
+
+def write_json(args, results: dict) -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"date": str(date.today()), "cpu": cpu_description(),
              "results": [{"model": n, "threads": t, "runtime": rt, "runs": v}
                          for (n, t, rt), v in results.items()]}, indent=1))
-    return 0
 
 
 if __name__ == "__main__":

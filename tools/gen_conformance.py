@@ -760,6 +760,11 @@ def _activation() -> None:
         add("activation", f"{name}_half_to_float", lambda x, op=op: getattr(A, op.split("::")[1].split(".")[0])(x, 1, True),
             cases_of(("a", randn(2, 4, dtype=F16))), [op], kind="transcendental",
             edge={"_check_ir_validity": False})
+    # Integer hardtanh: bounds outside the type or fractional compare before narrowing.
+    for dt in [U8, I8, I32]:
+        add("activation", f"hardtanh_default_{SHORT[dt]}", F.hardtanh, cases_of(("edge", edges_of(dt))), ["aten::hardtanh.out"], kind="exact")
+    add("activation", "hardtanh_frac_i32", lambda x: A.hardtanh(x, -2.5, 3.5), cases_of(("edge", edges_of(I32))), ["aten::hardtanh.out"], kind="exact")
+    add("activation", "hardtanh_wide_i8", lambda x: A.hardtanh(x, -300, 100), cases_of(("edge", edges_of(I8))), ["aten::hardtanh.out"], kind="exact")
 
 
 RED_EDGE = T([[1.0, nan, 3.0, -1.0], [2.0, 2.0, -inf, 0.0], [inf, 5.0, -0.0, 0.0]], F32)
@@ -864,6 +869,24 @@ def _reduce() -> None:
         ["aten::topk.values"], kind="exact")
     add(R, "topk_nan", lambda x: torch.topk(x, 2), cases_of(("edge", T([1.0, nan, 3.0, -inf, inf], F32))), ["aten::topk.values"], kind="exact")
     add(R, "topk_k0", lambda x: torch.topk(x, 0), cases_of(("base", randn(5))), ["aten::topk.values"], kind="exact")
+    # Ties and sorted=False: PyTorch leaves equal values (and, unsorted, the whole top k) as
+    # its C++ standard library's partial_sort / nth_element / sort arrange them.
+    for tag, shape, k, kw in [("ties_select", (3, 40), 5, {}), ("ties_partial", (2, 130), 2, {}), ("ties_min", (3, 40), 7, dict(largest=False)),
+                              ("ties_long", (2, 70), 33, {}), ("unsorted", (3, 12), 4, dict(sorted=False)),
+                              ("unsorted_min", (2, 50), 9, dict(sorted=False, largest=False))]:
+        add(R, f"topk_{tag}", lambda x, k=k, kw=kw: torch.topk(x, k, dim=-1, **kw),
+            cases_of(("ties", randint(0, 4, *shape).float()), ("perm", torch.randperm(shape[0] * shape[1]).reshape(shape).float())),
+            ["aten::topk.values"], kind="exact")
+    add(R, "topk_ties_i32_dim0", lambda x: torch.topk(x, 4, dim=0), cases_of(("ties", randint(-2, 2, 9, 5, dtype=I32))),
+        ["aten::topk.values"], kind="exact")
+    # Products round to their type at each step: an intermediate overflow or underflow shows.
+    for dt in [F32, F16, BF16]:
+        big, tiny = {F32: (1e30, 1e-30), F16: (300.0, 1e-3), BF16: (1e30, 1e-30)}[dt]
+        add(R, f"prod_steps_{SHORT[dt]}", lambda x: x.prod(-1),
+            cases_of(("edge", T([[big, big, tiny, tiny], [tiny, tiny, big, big], [-2.5, 6e-8, 65504.0, -7.25]], dt))), ["aten::prod.int_out"],
+            kind="exact")
+    add(R, "topk_nans", lambda x: torch.topk(x, 4), cases_of(("edge", T([nan, 1.0, nan, 2.0, 2.0, nan, -inf, 1.0], F32))), ["aten::topk.values"],
+        kind="exact")
 
 
 @family("linalg", "matrix products: dtypes, batch, addmm's alpha/beta (beta=0 ignores NaN), linear "
@@ -1077,7 +1100,9 @@ def _norm() -> None:
         call = plan.chains[0].instructions[0].instr_args
         rm, rv = plan.inputs[3], plan.inputs[4]
         call.args = call.args[:3] + [rm, rv] + call.args[3:]
-        plan.outputs = list(plan.outputs) + [rm, rv]
+        # The exported program returns rm * 1 and rv * 1 (keeping the inputs used); the
+        # rewritten one returns the running statistics themselves, as updated.
+        plan.outputs = list(plan.outputs)[:-2] + [rm, rv]
 
     def legit_eager(x, w, b, rm, rv):
         out = A._native_batch_norm_legit(x, w, b, rm, rv, True, 0.1, 1e-5)
@@ -1330,6 +1355,13 @@ def _index() -> None:
             ["aten::embedding.out"], kind="exact")
     add(X, "embedding_i32_index", lambda w, i: F.embedding(i, w), cases_of(("rand", (randn(5, 3), T([4, 0, 1], I32)))), ["aten::embedding.out"], kind="exact")
     add(X, "embedding_0d_index", lambda w, i: F.embedding(i, w), cases_of(("rand", (randn(5, 3), T(3, I64)))), ["aten::embedding.out"], kind="exact")
+    # float16/bfloat16 scatter_add sums in float32 and rounds once (300 ones reach 300 in bfloat16).
+    for dt in [F16, BF16]:
+        add(X, f"scatter_add_many_{SHORT[dt]}", lambda x, i, s: torch.scatter_add(x, 1, i, s),
+            cases_of(("ones", (torch.zeros(2, 3, dtype=dt), torch.zeros(2, 300, dtype=I64), torch.ones(2, 300, dtype=dt)))),
+            ["aten::scatter_add.out"], kind="exact")
+        add(X, f"scatter_add_many_rand_{SHORT[dt]}", lambda x, i, s: torch.scatter_add(x, 1, i, s),
+            cases_of(("rand", (rand_of(dt, 2, 3), randint(0, 3, 2, 40), rand_of(dt, 2, 40)))), ["aten::scatter_add.out"], kind="exact")
 
 
 @family("create", "tensor creation: full/zeros/ones/empty/arange/scalar_tensor/fill with dtypes, "
@@ -1400,7 +1432,166 @@ def _upsample() -> None:
                     cases_of(("rand", (randn(1, 2, 3, 4), grid))), ["aten::grid_sampler_2d.out"], kind="reduction")
 
 
-@family("complex", "complex tensors: FFT (rfft/irfft, norms, sizes), conj_physical, view_as_real")
+def channels_last_3d(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last_3d)
+
+
+@family("layout", "non-default dim orders (channels-last 4-d, channels-last-3d 5-d) for the ops upstream "
+        "accepts them in: elementwise (unary, binary with broadcasting and mixed dim orders, activations), "
+        "copies and views, reductions, convolution, pooling, normalization, upsampling")
+def _layout() -> None:
+    L = "layout"
+    cl = lambda *s, dt=F32, **kw: channels_last(rand_of(dt, *s, **kw))  # noqa: E731
+    x = lambda dt=F32: cl(2, 3, 2, 3, dt=dt)  # noqa: E731
+    # Elementwise, one input.
+    for name, fn, op, kind in [
+        ("gelu", F.gelu, "aten::gelu.out", "transcendental"),
+        ("elu", lambda x: F.elu(x, 0.7), "aten::elu.out", "transcendental"),
+        ("leaky_relu", lambda x: F.leaky_relu(x, 0.2), "aten::leaky_relu.out", "elementwise"),
+        ("hardtanh", lambda x: F.hardtanh(x, -0.5, 0.5), "aten::hardtanh.out", "exact"),
+        ("clamp", lambda x: torch.clamp(x, -0.3, 0.8), "aten::clamp.out", "exact"),
+        ("pow_scalar", lambda x: x ** 2, "aten::pow.Tensor_Scalar_out", "elementwise"),
+        ("add_scalar", lambda x: A.add.Scalar(x, 1.5), "aten::add.Scalar_out", "elementwise"),
+        ("mul_scalar", lambda x: A.mul.Scalar(x, -2.0), "aten::mul.Scalar_out", "elementwise"),
+        ("gt_scalar", lambda x: A.gt.Scalar(x, 0.1), "aten::gt.Scalar_out", "exact"),
+        ("sigmoid", torch.sigmoid, "aten::sigmoid.out", "transcendental"),
+    ]:
+        add(L, f"{name}_channels_last", fn, cases_of(("rand", x())), [op], kind=kind)
+    add(L, "logit_channels_last", torch.logit, cases_of(("rand", channels_last(uniform(0.05, 0.95, 2, 3, 2, 3)))), ["aten::logit.out"],
+        kind="transcendental", edge={"preserve_ops": [A.logit.default]})
+    add(L, "bitwise_not_channels_last", torch.bitwise_not, cases_of(("rand", x(I32))), ["aten::bitwise_not.out"], kind="exact")
+    add(L, "logical_not_channels_last", torch.logical_not, cases_of(("rand", x(BOOL))), ["aten::logical_not.out"], kind="exact")
+    add(L, "to_copy_i32_channels_last", lambda x: x.to(I32), cases_of(("rand", cl(2, 3, 2, 3, scale=50.0))),
+        ["dim_order_ops::_to_dim_order_copy.out"], kind="exact")
+    # Elementwise, two or three inputs: same dim order, mixed, broadcast against a
+    # per-channel tensor (a convolution's output plus a bias), 0-d, integers.
+    add(L, "add_bias_channels_last", lambda a, b: a + b, cases_of(("rand", (x(), randn(3, 1, 1)))), ["aten::add.out"])
+    add(L, "mul_row_channels_last", lambda a, b: a * b, cases_of(("rand", (x(), randn(3)))), ["aten::mul.out"])
+    add(L, "sub_0d_channels_last", lambda a, b: a - b, cases_of(("rand", (x(), T(0.25)))), ["aten::sub.out"])
+    add(L, "add_bcast_batch_channels_last", lambda a, b: a + b, cases_of(("rand", (x(), cl(1, 3, 2, 3)))), ["aten::add.out"])
+    add(L, "mul_contiguous_channels_last", lambda a, b: a * b, cases_of(("rand", (randn(2, 3, 2, 3), x()))), ["aten::mul.out"])
+    add(L, "add_i32_channels_last", lambda a, b: a + b, cases_of(("rand", (x(I32), x(I32)))), ["aten::add.out"], kind="exact")
+    add(L, "add_i32_f32_channels_last", lambda a, b: a + b, cases_of(("rand", (x(I32), x()))), ["aten::add.out"])
+    add(L, "minimum_channels_last", torch.minimum, cases_of(("rand", (x(), x()))), ["aten::minimum.out"], kind="exact")
+    add(L, "floor_divide_channels_last", torch.floor_divide, cases_of(("rand", (x(), x())),), ["aten::floor_divide.out"],
+        edge={"preserve_ops": [A.floor_divide.default]})
+    add(L, "rsub_channels_last", lambda a: A.rsub.Scalar(a, 1.0), cases_of(("rand", x())), ["aten::rsub.Scalar_out"],
+        edge={"preserve_ops": [A.rsub.Scalar]})
+    add(L, "where_channels_last", torch.where, cases_of(("rand", (x(BOOL), x(), x()))), ["aten::where.self_out"], kind="exact")
+    add(L, "masked_fill_channels_last", lambda a, m: a.masked_fill(m, -1.0), cases_of(("rand", (x(), x(BOOL)))),
+        ["aten::masked_fill.Scalar_out"], kind="exact", edge={"preserve_ops": [A.masked_fill.Scalar]})
+    add(L, "eq_bias_channels_last", lambda a, b: a > b, cases_of(("rand", (x(), randn(3, 1, 1)))), ["aten::gt.Tensor_out"], kind="exact")
+    add(L, "add_channels_last_3d", lambda a, b: a + b, cases_of(("rand", (channels_last_3d(randn(2, 3, 2, 2, 3)), channels_last_3d(randn(2, 3, 2, 2, 3))))),
+        ["aten::add.out"])
+    add(L, "mul_channels_last_3d_bias", lambda a, b: a * b, cases_of(("rand", (channels_last_3d(randn(1, 3, 2, 2, 3)), randn(3, 1, 1, 1)))),
+        ["aten::mul.out"])
+    # Copies and views.
+    for name, fn, op, kw in [
+        ("clone", lambda x: A.clone.default(x), "aten::clone.out", dict(edge={"_skip_dim_order": True})),
+        ("alias_copy", lambda x: A.alias_copy(x), "aten::alias_copy.out", {}),
+        ("detach_copy", lambda x: A.detach_copy(x), "aten::detach_copy.out", {}),
+        ("slice", lambda x: x[:, :, :, 1:], "aten::slice_copy.Tensor_out", {}),
+        ("slice_channels", lambda x: x[:, 1:], "aten::slice_copy.Tensor_out", {}),
+        ("select", lambda x: x[:, 1], "aten::select_copy.int_out", {}),
+        ("select_batch", lambda x: x[1], "aten::select_copy.int_out", {}),
+        ("transpose", lambda x: A.transpose_copy.int(x, 1, 3), "aten::transpose_copy.int_out", dict(edge={"preserve_ops": [A.transpose_copy.int]})),
+        ("view", lambda x: A.view_copy(x, [2, -1]), "aten::view_copy.out", {}),
+        ("unsqueeze", lambda x: x.unsqueeze(2), "aten::unsqueeze_copy.out", {}),
+        ("expand", lambda x: A.expand_copy(x[:1], [3, 3, 2, 3]), "aten::expand_copy.out", {}),
+        ("flip", lambda x: x.flip((1, 3)), "aten::flip.out", {}),
+        ("roll", lambda x: torch.roll(x, (1, 2), (1, 3)), "aten::roll.out", dict(edge={"preserve_ops": [A.roll.default]})),
+        ("repeat", lambda x: x.repeat(1, 2, 1, 2), "aten::repeat.out", {}),
+        ("constant_pad", lambda x: F.pad(x, (1, 0, 0, 2), value=0.5), "aten::constant_pad_nd.out", {}),
+        ("reflection_pad2d", lambda x: F.pad(x, (1, 1, 1, 0), mode="reflect"), "aten::reflection_pad2d.out",
+         dict(edge={"preserve_ops": [A.reflection_pad2d.default]})),
+        ("replication_pad2d", lambda x: F.pad(x, (2, 0, 1, 1), mode="replicate"), "aten::replication_pad2d.out",
+         dict(edge={"preserve_ops": [A.replication_pad2d.default]})),
+        ("split", lambda x: torch.split(x, [1, 2], 1), "aten::split_with_sizes_copy.out", {}),
+        ("unbind", lambda x: A.unbind_copy.int(x, 1), "aten::unbind_copy.int_out", dict(edge={"preserve_ops": [A.unbind_copy.int]})),
+        ("tril", lambda x: x.tril(), "aten::tril.out", dict(edge={"preserve_ops": [A.tril.default]})),
+        ("narrow", lambda x: A.narrow_copy(x, 1, 1, 2), "aten::narrow_copy.out", {}),
+        ("index_select", lambda x: torch.index_select(x, 1, T([2, 0], I64)), "aten::index_select.out", {}),
+        ("cumsum", lambda x: torch.cumsum(x, 1), "aten::cumsum.out", {}),
+        ("to_contiguous", lambda x: x.contiguous(), "dim_order_ops::_clone_dim_order.out", {}),
+    ]:
+        add(L, f"{name}_channels_last", fn, cases_of(("rand", x())), [op], kind="exact" if op != "aten::cumsum.out" else "reduction", **kw)
+    add(L, "pixel_shuffle_channels_last", lambda x: F.pixel_shuffle(x, 2), cases_of(("rand", cl(1, 8, 2, 3))), ["aten::pixel_shuffle.out"],
+        kind="exact", edge={"preserve_ops": [A.pixel_shuffle.default]})
+    add(L, "cat_mixed_channels_last", lambda a, b: torch.cat([a, b], 1), cases_of(("rand", (x(), randn(2, 1, 2, 3)))), ["aten::cat.out"], kind="exact")
+    add(L, "select_scatter_channels_last", lambda a, b: torch.select_scatter(a, b, 1, 0), cases_of(("rand", (x(), randn(2, 2, 3)))),
+        ["aten::select_scatter.out"], kind="exact", edge={"preserve_ops": [A.select_scatter.default]})
+    add(L, "slice_scatter_channels_last", lambda a, b: torch.slice_scatter(a, b, 3, 1, 3), cases_of(("rand", (x(), cl(2, 3, 2, 2)))),
+        ["aten::slice_scatter.out"], kind="exact")
+    # Reductions.
+    for name, fn, op, kind in [
+        ("sum_hw", lambda x: x.sum((2, 3)), "aten::sum.IntList_out", "reduction"),
+        ("mean_c", lambda x: x.mean(1), "aten::mean.out", "reduction"),
+        ("var", lambda x: x.var(1, keepdim=True), "aten::var.correction_out", "reduction"),
+        ("amin", lambda x: x.amin(3), "aten::amin.out", "exact"),
+        ("argmax", lambda x: x.argmax(1), "aten::argmax.out", "exact"),
+        ("max_dim", lambda x: x.max(2), "aten::max.dim_max", "exact"),
+        ("softmax_last", lambda x: F.softmax(x, -1), "aten::_softmax.out", "transcendental"),
+    ]:
+        add(L, f"{name}_channels_last", fn, cases_of(("rand", x())), [op], kind=kind)
+    add(L, "any_channels_last", lambda x: x.any(1), cases_of(("rand", x(BOOL))), ["aten::any.out"], kind="exact")
+    # Convolution: weights in channels-last too (a model converted with
+    # .to(memory_format=torch.channels_last)), float64, transposed with groups.
+    add(L, "conv2d_weight_channels_last", lambda x, w, b: F.conv2d(x, w, b, padding=1),
+        cases_of(("rand", (cl(2, 3, 4, 5), cl(4, 3, 3, 3), randn(4)))), ["aten::convolution.out"], kind="reduction")
+    add(L, "conv2d_f64_channels_last", lambda x, w: F.conv2d(x, w, stride=2),
+        cases_of(("rand", (cl(1, 2, 5, 5, dt=F64), randn(3, 2, 3, 3, dtype=F64)))), ["aten::convolution.out"], kind="reduction")
+    add(L, "conv_transpose2d_groups_channels_last", lambda x, w: F.conv_transpose2d(x, w, stride=2, groups=2, padding=1, output_padding=1),
+        cases_of(("rand", (cl(1, 4, 3, 3), randn(4, 1, 3, 3)))), ["aten::convolution.out"], kind="reduction")
+    # Pooling.
+    add(L, "max_pool2d_s2_p1_channels_last", lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), cases_of(("rand", cl(2, 3, 5, 4))),
+        ["aten::max_pool2d_with_indices.out"], kind="exact")
+    add(L, "max_pool2d_i32_channels_last", lambda x: F.max_pool2d(x, 2, return_indices=True), cases_of(("rand", cl(1, 3, 4, 4, dt=I32, lo=-50, hi=50))),
+        ["aten::max_pool2d_with_indices.out"], kind="exact")
+    add(L, "avg_pool2d_ceil_pad_channels_last", lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+        cases_of(("rand", cl(2, 3, 5, 6))), ["aten::avg_pool2d.out"], kind="reduction")
+    add(L, "adaptive_avg_pool2d_odd_channels_last", lambda x: F.adaptive_avg_pool2d(x, (2, 3)), cases_of(("rand", cl(2, 3, 5, 7))),
+        ["aten::_adaptive_avg_pool2d.out"], kind="reduction")
+    xp = randn(1, 2, 4, 4)
+    _, idx = F.max_pool2d(xp, 2, return_indices=True)
+
+    def mpb(g, x):
+        _, i = A.max_pool2d_with_indices(x, [2, 2], [2, 2], [0, 0])
+        return A.max_pool2d_with_indices_backward(g, x, [2, 2], [2, 2], [0, 0], [1, 1], False, i)
+
+    add(L, "max_pool2d_backward_channels_last", mpb, cases_of(("rand", (channels_last(randn(*idx.shape)), channels_last(xp)))),
+        ["aten::max_pool2d_with_indices_backward.grad_input"], kind="reduction",
+        note="upstream: max_pool2d_with_indices_backward accumulates into its output without clearing it first")
+    # Normalization.
+    add(L, "layer_norm_channels_last", lambda x, w, b: F.layer_norm(x, (2, 3), w, b), cases_of(("rand", (x(), randn(2, 3), randn(2, 3)))),
+        ["aten::native_layer_norm.out"], kind="reduction")
+    add(L, "group_norm_affine_channels_last", lambda x, w, b: F.group_norm(x, 3, w, b), cases_of(("rand", (cl(2, 6, 2, 3), randn(6), randn(6)))),
+        ["aten::native_group_norm.out"], kind="reduction")
+    add(L, "batch_norm_eval_affine_channels_last", lambda x, m, v, w, b: F.batch_norm(x, m, v, w, b),
+        cases_of(("rand", (x(), randn(3), uniform(0.5, 2, 3), randn(3), randn(3)))),
+        ["aten::_native_batch_norm_legit_no_training.out"], kind="reduction")
+    add(L, "batch_norm_train_channels_last", lambda x: F.batch_norm(x, None, None, training=True), cases_of(("rand", x())),
+        ["aten::_native_batch_norm_legit.no_stats_out"], kind="reduction")
+    # Upsampling and sampling.
+    add(L, "bilinear_ac_channels_last", lambda x: F.interpolate(x, size=(4, 5), mode="bilinear", align_corners=True), cases_of(("rand", x())),
+        ["aten::upsample_bilinear2d.vec_out"], kind="reduction")
+    add(L, "bilinear_aa_channels_last", lambda x: F.interpolate(x, size=(2, 2), mode="bilinear", antialias=True), cases_of(("rand", cl(2, 3, 5, 6))),
+        ["aten::_upsample_bilinear2d_aa.out"], kind="reduction")
+    add(L, "nearest_size_channels_last", lambda x: F.interpolate(x, size=(3, 5)), cases_of(("rand", x())),
+        ["aten::upsample_nearest2d.vec_out"], kind="exact")
+    add(L, "grid_sample_channels_last", lambda x, g: F.grid_sample(x, g, align_corners=False), cases_of(("rand", (x(), uniform(-1.1, 1.1, 2, 2, 3, 2)))),
+        ["aten::grid_sampler_2d.out"], kind="reduction")
+    # Dynamic sizes: outputs resized each call keep their dim order.
+    d = Dim("n", min=2, max=8)
+    add(L, "dynamic_conv_channels_last", lambda x, w: F.conv2d(x, w, padding=1),
+        [("n2", (cl(2, 2, 4, 5), randn(3, 2, 3, 3))), ("n3", (cl(3, 2, 4, 5), randn(3, 2, 3, 3)))],
+        ["aten::convolution.out"], kind="reduction", dynamic=({0: d}, None))
+    add(L, "dynamic_pool_bias_channels_last", lambda x, b: F.max_pool2d(x + b, 2),
+        [("h4", (cl(1, 3, 4, 4), randn(3, 1, 1))), ("h6", (cl(1, 3, 6, 4), randn(3, 1, 1)))],
+        ["aten::add.out", "aten::max_pool2d_with_indices.out"], kind="exact", dynamic=({2: Dim("h2", min=1, max=8) * 2}, None))
+
+
+@family("complex", "complex tensors: FFT (rfft/irfft, norms, sizes), conj_physical, view_as_real, "
+        "arithmetic (add, sub, mul, div, abs), sum, bmm, cat, conversions")
 def _complex() -> None:
     X = "complex"
     for tag, kw in [("basic", {}), ("ortho", dict(norm="ortho")), ("n", dict(n=6)), ("dim0", dict(dim=0))]:
@@ -1408,11 +1599,56 @@ def _complex() -> None:
         add(X, f"irfft_{tag}", lambda x, kw=kw: torch.fft.irfft(x, **kw), cases_of(("rand", randn(4, 5, dtype=torch.complex64))),
             ["aten::_fft_c2r.out"], kind="reduction")
     add(X, "rfft2", lambda x: torch.fft.rfft2(x), cases_of(("rand", randn(4, 6))), ["aten::_fft_r2c.out"], kind="reduction")
+    # Complex arithmetic where upstream supports it: add/sub (alpha), mul, div, abs, sum,
+    # bmm, cat, to_copy between complex and real types.
+    c64, c128 = torch.complex64, torch.complex128
+    # The edge dialect's verifier has no complex dtypes for these operators.
+    nocheck = {"_check_ir_validity": False}
+    for dt in [c64, c128]:
+        s = SHORT[dt]
+        pair = (randn(2, 3, dtype=dt), randn(2, 3, dtype=dt))
+        for name, fn, op in [("add", lambda a, b: a + b, "aten::add.out"), ("add_alpha", lambda a, b: torch.add(a, b, alpha=2), "aten::add.out"),
+                             ("sub", lambda a, b: a - b, "aten::sub.out"), ("mul", lambda a, b: a * b, "aten::mul.out"),
+                             ("div", lambda a, b: a / b, "aten::div.out")]:
+            add(X, f"{name}_{s}", fn, cases_of(("rand", pair)), [op], kind="elementwise", edge=nocheck)
+        add(X, f"mul_bcast_{s}", lambda a, b: a * b, cases_of(("rand", (randn(2, 1, 3, dtype=dt), randn(4, 1, dtype=dt)))), ["aten::mul.out"],
+            kind="elementwise", edge=nocheck)
+        add(X, f"abs_{s}", torch.abs, cases_of(("rand", randn(2, 3, dtype=dt))), ["aten::abs.out"], kind="elementwise", edge=nocheck)
+        add(X, f"sum_{s}", lambda x: x.sum(1), cases_of(("rand", randn(3, 4, dtype=dt))), ["aten::sum.IntList_out"], kind="reduction", edge=nocheck)
+        add(X, f"sum_all_{s}", lambda x: x.sum(), cases_of(("rand", randn(3, 4, dtype=dt))), ["aten::sum.IntList_out"], kind="reduction", edge=nocheck)
+        add(X, f"bmm_{s}", torch.bmm, cases_of(("rand", (randn(2, 3, 4, dtype=dt), randn(2, 4, 2, dtype=dt)))), ["aten::bmm.out"],
+            kind="reduction", edge=nocheck)
+        add(X, f"cat_{s}", lambda a, b: torch.cat([a, b], 1), cases_of(("rand", (randn(2, 3, dtype=dt), randn(2, 1, dtype=dt)))),
+            ["aten::cat.out"], kind="exact", edge=nocheck)
+    add(X, "to_copy_c64_c128", lambda x: x.to(c128), cases_of(("rand", randn(2, 3, dtype=c64))), ["dim_order_ops::_to_dim_order_copy.out"],
+        kind="exact", edge=nocheck)
+    add(X, "to_copy_f32_c64", lambda x: x.to(c64), cases_of(("rand", randn(2, 3))), ["dim_order_ops::_to_dim_order_copy.out"], kind="exact", edge=nocheck)
+    add(X, "add_c64_f32", lambda a, b: a + b, cases_of(("rand", (randn(2, 3, dtype=c64), randn(2, 3)))), ["aten::add.out"], kind="elementwise", edge=nocheck)
+    add(X, "mul_scalar_c64", lambda a: a * 2.5, cases_of(("rand", (randn(2, 3, dtype=c64),))), ["aten::mul.out"], kind="elementwise", edge=nocheck)
     for dt in [torch.complex64, torch.complex128]:
         add(X, f"conj_physical_{SHORT[dt]}", lambda x: A._conj_physical(x), cases_of(("rand", randn(2, 3, dtype=dt))), ["aten::_conj_physical.out"],
             kind="exact", edge={"preserve_ops": [A._conj_physical.default]})
         add(X, f"view_as_real_{SHORT[dt]}", lambda x: torch.view_as_real(x), cases_of(("rand", randn(2, 3, dtype=dt))),
             ["aten::view_as_real_copy.out"], kind="exact", edge={"_check_ir_validity": False})
+    # Views and copies move complex elements whole (16 bytes for complex128).
+    for dt in [c64, c128]:
+        s = SHORT[dt]
+        for name, fn, op in [("permute", lambda x: x.permute(2, 0, 1), "aten::permute_copy.out"),
+                             ("view", lambda x: A.view_copy(x, [4, -1]), "aten::view_copy.out"),
+                             ("select", lambda x: x[:, 1], "aten::select_copy.int_out"),
+                             ("slice", lambda x: x[..., ::2], "aten::slice_copy.Tensor_out"),
+                             ("expand", lambda x: A.expand_copy(x[:1], [3, 3, 4]), "aten::expand_copy.out"),
+                             ("unsqueeze", lambda x: x.unsqueeze(1), "aten::unsqueeze_copy.out"),
+                             ("clone", lambda x: x.clone(), "dim_order_ops::_clone_dim_order.out")]:
+            add(X, f"{name}_{s}", fn, cases_of(("rand", randn(2, 3, 4, dtype=dt))), [op], kind="exact", edge=nocheck)
+    add(X, "transpose_c64", lambda x: A.transpose_copy.int(x, 0, 1), cases_of(("rand", randn(2, 3, dtype=c64))), ["aten::transpose_copy.int_out"],
+        kind="exact", edge={"_check_ir_validity": False, "preserve_ops": [A.transpose_copy.int]})
+    add(X, "sub_alpha_c128_channels_last", lambda a, b: torch.sub(a, b, alpha=3),
+        cases_of(("rand", (channels_last(randn(1, 2, 2, 3, dtype=c128)), channels_last(randn(1, 2, 2, 3, dtype=c128))))), ["aten::sub.out"],
+        kind="elementwise", edge=nocheck)
+    add(X, "mean_c64", lambda x: x.mean(0), cases_of(("rand", randn(3, 4, dtype=c64))), ["aten::mean.out"], kind="reduction", edge=nocheck)
+    add(X, "mm_c64", torch.mm, cases_of(("rand", (randn(2, 3, dtype=c64), randn(3, 2, dtype=c64)))), ["aten::mm.out"], kind="reduction", edge=nocheck)
+    add(X, "abs_empty_c64", torch.abs, cases_of(("rand", randn(0, 3, dtype=c64))), ["aten::abs.out"], kind="elementwise", edge=nocheck)
 
 
 def _rename_op(old: str, new_name: str, new_overload: str):
@@ -1644,8 +1880,12 @@ def _quant() -> None:
             cases_of(("rand", randn(3, 4, scale=3.0)), ("positive", uniform(0.5, 2.0, 3, 4)), ("zeros", torch.zeros(3, 4))),
             ["quantized_decomposed::choose_qparams.Tensor_out"], kind="quant",
             note="upstream: choose_qparams of an all-zero input gives scale 0.1 instead of eps")
+    # One program per input rank (programs are exported with static shapes).
     add(Z, "choose_qparams_per_token_asymmetric", lambda x: Q.choose_qparams_per_token_asymmetric(x, I8),
-        cases_of(("rand", randn(2, 3, 8, scale=3.0)), ("const_row", T([[1.0] * 4, [-2.0, 0.0, 2.0, 4.0]], F32))),
+        cases_of(("rand", randn(2, 3, 8, scale=3.0))),
+        ["quantized_decomposed::choose_qparams_per_token_asymmetric.out"], kind="quant")
+    add(Z, "choose_qparams_per_token_asymmetric_2d", lambda x: Q.choose_qparams_per_token_asymmetric(x, I8),
+        cases_of(("const_row", T([[1.0] * 4, [-2.0, 0.0, 2.0, 4.0]], F32))),
         ["quantized_decomposed::choose_qparams_per_token_asymmetric.out"], kind="quant")
     add(Z, "quantize_per_token", lambda x, s, z: Q.quantize_per_token(x, s, z, -128, 127, I8),
         cases_of(("rand", (randn(2, 3, 4, scale=5.0), uniform(0.01, 0.1, 2, 3, 1, dtype=F32), randint(-5, 5, 2, 3, 1, dtype=I64)))),

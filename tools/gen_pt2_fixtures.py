@@ -472,6 +472,50 @@ def _norms_reductions():
     )
 
 
+class ChannelOps(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inorm = nn.InstanceNorm2d(4, affine=True)
+        self.inorm_stats = nn.InstanceNorm1d(4, track_running_stats=True)
+        self.inorm_stats.running_mean.uniform_(-1, 1)
+        self.inorm_stats.running_var.uniform_(0.5, 2)
+        self.prelu = nn.PReLU(4)
+        self.prelu1 = nn.PReLU()
+        with torch.no_grad():
+            self.inorm.weight.uniform_(0.5, 2)
+            self.inorm.bias.uniform_(-1, 1)
+            self.prelu.weight.uniform_(-0.5, 0.5)
+
+    def forward(self, x, v):
+        return (
+            self.inorm(x),
+            self.inorm_stats(v),
+            F.instance_norm(x),
+            self.prelu(x),
+            self.prelu1(v),
+            F.mish(x * 8),
+            x.std(dim=(2, 3)),
+            torch.std(v, dim=-1, correction=0, keepdim=True),
+            F.normalize(v, dim=-1),
+            torch.linalg.vector_norm(x, ord=1, dim=(1, 2)),
+            torch.linalg.vector_norm(x, ord=float("inf")),
+            torch.linalg.vector_norm(v, ord=3, dim=0, keepdim=True),
+        )
+
+
+@fixture("channel_ops")
+def _channel_ops():
+    args = (torch.randn(2, 4, 5, 6), torch.randn(3, 4, 7))
+    return dict(
+        description="InstanceNorm (affine, running statistics, functional), PReLU (per "
+        "channel and single), mish, std (dims, correction), F.normalize and vector norms "
+        "(1, 2, 3, infinity).",
+        methods={"forward": (ChannelOps().eval(), args, None)},
+        cases=[("forward", args)],
+        tol=(1e-5, 1e-6),
+    )
+
+
 class TwoMethods(nn.Module):
     def __init__(self):
         super().__init__()

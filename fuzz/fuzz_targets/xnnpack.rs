@@ -34,7 +34,7 @@ const SEEDS: &[&[u8]] = &seeds![
     "xnnpack"/"xnn_transformer_block", "xnnpack"/"xnn_int8_static", "xnnpack"/"xnn_int8_dynamic",
     "xnnpack"/"xnn_int4_groupwise", "xnnpack"/"xnn_dynamic_batch", "xnnpack"/"xnn_ops_unary",
     "xnnpack"/"xnn_ops_unary_f16", "xnnpack"/"xnn_ops_binary", "xnnpack"/"xnn_ops_shape",
-    "xnnpack"/"xnn_ops_spatial", "xnnpack"/"xnn_ops_spatial_f16",
+    "xnnpack"/"xnn_ops_spatial", "xnnpack"/"xnn_ops_spatial_f16", "xnnpack"/"xnn_silu",
     "fixtures"/"xnnpack_linear_conv", "fixtures"/"xnnpack_partial",
 ];
 

@@ -17,6 +17,7 @@
 //! output's shape and dim order are read in memory order, so channels-last tensors work
 //! without a copy.
 
+mod complex;
 mod engine;
 mod ops;
 
@@ -54,6 +55,10 @@ fn add(args: &mut Args<'_>, sign: i64, swap: bool) -> KernelResult {
     let [a, b] = two(args)?;
     let operands = if swap { [b, a] } else { [a, b] };
     let alpha = args.scalar(2)?;
+    if complex::involved(args, &operands, 3)? {
+        let k = alpha.to_f64() * sign as f64;
+        return complex::binary(args, operands, 3, |a, b| a + b * k);
+    }
     let compute = check_out(args, result_type(args, &operands)?, 3)?;
     if !compute.is_float() && matches!(alpha, Scalar::Double(_)) {
         return Err(KernelError::invalid(
@@ -72,11 +77,29 @@ fn add(args: &mut Args<'_>, sign: i64, swap: bool) -> KernelResult {
     map_any(args, operands, 3, compute, &op)
 }
 
+/// `mul(self, other, out)`, complex operands too.
+fn mul(args: &mut Args<'_>) -> KernelResult {
+    let operands = two(args)?;
+    if complex::involved(args, &operands, 2)? {
+        return complex::binary(args, operands, 2, |a, b| a * b);
+    }
+    binary(args, 2, Mul)
+}
+
+/// True division of operands 0 and 1 into `out`, complex operands too.
+fn div(args: &mut Args<'_>, out: usize) -> KernelResult {
+    let operands = two(args)?;
+    if complex::involved(args, &operands, out)? {
+        return complex::binary(args, operands, out, |a, b| a / b);
+    }
+    binary_float(args, out, Div)
+}
+
 /// `div(self, other, rounding_mode, out)`: true division for None, else rounded
 /// ("trunc", "floor"), integers staying integers.
 fn div_mode(args: &mut Args<'_>) -> KernelResult {
     if args.is_none(2)? {
-        return binary_float(args, 3, Div);
+        return div(args, 3);
     }
     let floor = match args.string(2)? {
         "trunc" => false,
@@ -189,9 +212,18 @@ fn clamp_in(
     map_any(args, operands, 3, compute, &op)
 }
 
-/// An integer scalar bound limited to the range of an integer compute type: PyTorch
-/// compares before narrowing (`clamp(uint8, -2, 3)` keeps 0, not 254).
+/// A scalar bound of an integer compute type (`hardtanh` of integers), limited to the
+/// type's range: PyTorch compares before narrowing (`clamp(uint8, -2, 3)` keeps 0, not
+/// 254). A fractional bound clamps in floating point and the result is truncated, which
+/// is the same as clamping to the truncated bound (truncation is monotonic).
 fn saturate(bound: Option<Operand>, compute: DType) -> Option<Operand> {
+    let bound = match bound {
+        Some(Operand::Scalar(Scalar::Double(v))) if compute.is_int() && !v.is_nan() => {
+            // (`as` saturates infinities to the i64 range, clamped below.)
+            Some(Operand::Scalar(Scalar::Int(v.trunc() as i64)))
+        }
+        other => other,
+    };
     match bound {
         Some(Operand::Scalar(Scalar::Int(v))) if compute.is_int() => {
             let (lo, hi) =
@@ -261,10 +293,10 @@ pub fn register(r: &mut KernelRegistry) {
     r.register_fn("aten::sub.out", |a| add(a, -1, false));
     r.register_fn("aten::sub.Scalar_out", |a| add(a, -1, false));
     r.register_fn("aten::rsub.Scalar_out", |a| add(a, -1, true));
-    r.register_fn("aten::mul.out", |a| binary(a, 2, Mul));
-    r.register_fn("aten::mul.Scalar_out", |a| binary(a, 2, Mul));
-    r.register_fn("aten::div.out", |a| binary_float(a, 2, Div));
-    r.register_fn("aten::div.Scalar_out", |a| binary_float(a, 2, Div));
+    r.register_fn("aten::mul.out", mul);
+    r.register_fn("aten::mul.Scalar_out", mul);
+    r.register_fn("aten::div.out", |a| div(a, 2));
+    r.register_fn("aten::div.Scalar_out", |a| div(a, 2));
     r.register_fn("aten::div.out_mode", div_mode);
     r.register_fn("aten::div.Scalar_mode_out", div_mode);
     r.register_fn("aten::remainder.Tensor_out", |a| binary(a, 2, Remainder));
@@ -310,7 +342,13 @@ pub fn register(r: &mut KernelRegistry) {
     r.register_fn("aten::hardtanh.out", hardtanh);
     r.register_fn("aten::relu.out", |a| unary(a, Relu, false));
 
-    r.register_fn("aten::abs.out", |a| unary(a, Abs, false));
+    r.register_fn("aten::abs.out", |a| {
+        if a.tensor(0)?.dtype.is_complex() {
+            complex::abs(a)
+        } else {
+            unary(a, Abs, false)
+        }
+    });
     r.register_fn("aten::neg.out", |a| unary(a, Neg, false));
     r.register_fn("aten::floor.out", |a| unary(a, Floor, false));
     r.register_fn("aten::ceil.out", |a| unary(a, Ceil, false));

@@ -1,7 +1,7 @@
 //! Indexing: gathers and scatters addressed by index tensors (`index.Tensor`,
 //! `index_put`, `index_select`, `embedding`, `gather`, `scatter`), writes into a window of
-//! a copy (`slice_scatter`, `select_scatter`), `masked_fill`, and nearest-neighbour
-//! upsampling.
+//! a copy (`slice_scatter`, `select_scatter`), `masked_fill`, `masked_select`,
+//! `masked_scatter` and `nonzero`.
 //!
 //! Each kernel turns its indices into element offsets, checking every index read from a
 //! tensor against its dimension before moving anything (PyTorch's advanced indexing wraps
@@ -25,8 +25,8 @@ use crate::layout::{
 };
 use crate::num::Elem;
 use crate::util::{broadcast_shapes, broadcast_strides, dim_of, for_each_broadcast, numel_of};
-use crate::util::{oob, prod, same_dtype, scalar_as, slice_bounds, split_at_dim, to_size};
-use crate::util::{wrap_index, Checked, Stateful};
+use crate::util::{oob, same_dtype, scalar_as, slice_bounds, split_at_dim};
+use crate::util::{wrap_index, Checked, Scratch, Stateful};
 
 /// The values of an int64 or int32 index tensor, read in place.
 #[derive(Clone, Copy)]
@@ -675,6 +675,185 @@ fn scatter(args: &mut Args<'_>) -> KernelResult {
     io.finish()
 }
 
+/// `scatter_add.out(self, dim, index, src, out)`: a copy of `self` to which each element of
+/// `src` (at the index's positions) is added at the place `index` names along `dim`.
+fn scatter_add(args: &mut Args<'_>) -> KernelResult {
+    let x = args.tensor(0)?;
+    let dim = x.dim(args.int(1)?)?;
+    let idx = args.tensor(2)?;
+    let along = along_dim(&x, dim, &idx)?;
+    let s = args.tensor(3)?;
+    same_dtype(x.dtype, s.dtype)?;
+    let ss = at_least_1d(&s.sizes);
+    if ss.len() != along.sizes.len() || along.sizes.iter().zip(&ss).any(|(i, s)| i > s) {
+        return Err(KernelError::invalid(format!(
+            "scatter_add: src of shape {:?} is smaller than the index",
+            s.sizes.as_slice()
+        )));
+    }
+    args.resize(4, &x.sizes)?;
+    same_dtype(x.dtype, args.tensor(4)?.dtype)?;
+    let sst: Dims = row_major(&ss).iter().map(|&v| v as usize).collect();
+    // PyTorch sums float16 and bfloat16 in float32 and rounds once at the end.
+    let wide = matches!(x.dtype, DType::F16 | DType::BF16);
+    let n = if wide { x.numel() } else { 0 };
+    let pieces = [Scratch::piece::<f32>(n)];
+    let mut io = Dense::io(args, &[0.into(), 2.into(), 3.into()], &[4.into()], &pieces)?;
+    let (input, index) = (io.bytes(0)?, IndexData::input(&io, 1)?);
+    io.bytes_mut(0)?.copy_from_slice(input);
+    let acc = io.scratch.take::<f32>(n)?;
+    let is_bool = x.dtype == DType::Bool;
+    let range = || KernelError::invalid("scatter_add: element out of range");
+    crate::dispatch_all!(x.dtype, T => {
+        let src = io.input::<T>(2)?;
+        let dst = io.output::<T>(0)?;
+        let mut ok = true;
+        if wide {
+            for (a, d) in acc.iter_mut().zip(dst.iter()) {
+                *a = d.to_f64() as f32;
+            }
+            along.each(index, &sst, |at, from| match (src.get(from), acc.get_mut(at)) {
+                (Some(&v), Some(a)) => *a += v.to_f64() as f32,
+                _ => ok = false,
+            })?;
+            for (d, a) in dst.iter_mut().zip(acc.iter()) {
+                *d = T::from_f64(f64::from(*a));
+            }
+        } else {
+            along.each(index, &sst, |at, from| match (src.get(from), dst.get_mut(at)) {
+                (Some(&v), Some(d)) => *d = add(*d, v, is_bool),
+                _ => ok = false,
+            })?;
+        }
+        if !ok {
+            return Err(range());
+        }
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
+}
+
+/// `self` and a bool `mask` broadcast together: the shape and both operands' strides.
+fn masked_shape(x: &TensorInfo, m: &TensorInfo, op: &str) -> KernelResult<(Dims, Dims, Dims)> {
+    if !matches!(m.dtype, DType::Bool | DType::U8) {
+        return Err(KernelError::invalid(format!(
+            "{op}: the mask must be bool, got {}",
+            m.dtype
+        )));
+    }
+    let sizes = broadcast_shapes(&x.sizes, &m.sizes)?;
+    let (xs, ms) = (
+        broadcast_strides(&x.sizes, &sizes),
+        broadcast_strides(&m.sizes, &sizes),
+    );
+    Ok((sizes, xs, ms))
+}
+
+/// `masked_select.out(self, mask, out)`: the elements of `self` (broadcast with `mask`)
+/// where the mask is true, in row-major order, as a 1-d tensor.
+fn masked_select(args: &mut Args<'_>) -> KernelResult {
+    let (x, m) = (args.tensor(0)?, args.tensor(1)?);
+    let (sizes, xs, ms) = masked_shape(&x, &m, "masked_select")?;
+    let count = {
+        let mask = args.read(1)?;
+        // Read in the mask's own layout (its dim order), broadcast to `sizes`.
+        let own = crate::layout::broadcast_layout(&mask.info, &sizes)?;
+        let own: Dims = own.strides.iter().map(|&s| s as usize).collect();
+        let mask = typed::<u8>(mask.bytes())?;
+        let mut count = 0usize;
+        for_each_broadcast(&sizes, [&own], |_, [b]| {
+            count += usize::from(mask.get(b).is_some_and(|&f| f != 0));
+        });
+        count
+    };
+    args.resize(2, &[count])?;
+    same_dtype(x.dtype, args.tensor(2)?.dtype)?;
+    let mut io = Dense::io(args, &[0.into(), 1.into()], &[2.into()], &[])?;
+    let (src, mask) = (io.bytes(0)?, io.input::<u8>(1)?);
+    let dst = io.bytes_mut(0)?;
+    by_elem_size!(x.dtype.size(), E => {
+        let (src, dst) = (typed::<E>(src)?, typed_mut::<E>(dst)?);
+        let mut slots = dst.iter_mut();
+        let mut ok = true;
+        for_each_broadcast(&sizes, [&xs, &ms], |_, [a, b]| {
+            if mask.get(b).is_some_and(|&f| f != 0) {
+                match (slots.next(), src.get(a)) {
+                    (Some(d), Some(&v)) => *d = v,
+                    _ => ok = false,
+                }
+            }
+        });
+        if ok { Ok(()) } else { Err(oob()) }
+    })?;
+    io.finish()
+}
+
+/// `masked_scatter.out(self, mask, source, out)`: `self` (broadcast with `mask`) with the
+/// places where the mask is true taking the elements of `source` in order.
+fn masked_scatter(args: &mut Args<'_>) -> KernelResult {
+    let (x, m, s) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
+    let (sizes, xs, ms) = masked_shape(&x, &m, "masked_scatter")?;
+    same_dtype(x.dtype, s.dtype)?;
+    args.resize(3, &sizes)?;
+    same_dtype(x.dtype, args.tensor(3)?.dtype)?;
+    let mut io = Dense::io(args, &[0.into(), 1.into(), 2.into()], &[3.into()], &[])?;
+    let (src, mask, source) = (io.bytes(0)?, io.input::<u8>(1)?, io.bytes(2)?);
+    let dst = io.bytes_mut(0)?;
+    by_elem_size!(x.dtype.size(), E => {
+        let (src, source, dst) = (typed::<E>(src)?, typed::<E>(source)?, typed_mut::<E>(dst)?);
+        let (mut slots, mut next) = (dst.iter_mut(), source.iter());
+        let (mut ok, mut short) = (true, false);
+        for_each_broadcast(&sizes, [&xs, &ms], |_, [a, b]| {
+            let value = if mask.get(b).is_some_and(|&f| f != 0) {
+                let v = next.next().copied();
+                short |= v.is_none();
+                v
+            } else {
+                src.get(a).copied()
+            };
+            match (slots.next(), value) {
+                (Some(d), Some(v)) => *d = v,
+                _ => ok = false,
+            }
+        });
+        if short {
+            return Err(KernelError::invalid(format!(
+                "masked_scatter: the mask selects more elements than source's {}",
+                source.len()
+            )));
+        }
+        if ok { Ok(()) } else { Err(oob()) }
+    })?;
+    io.finish()
+}
+
+/// `nonzero.out(self, out)`: the coordinates of the non-zero elements (NaN counts) in
+/// row-major order, one row of `rank` int64 each.
+fn nonzero(args: &mut Args<'_>) -> KernelResult {
+    let x = args.tensor(0)?;
+    let count = {
+        let t = args.read(0)?;
+        crate::dispatch_all!(x.dtype, T => {
+            typed::<T>(t.bytes())?.iter().filter(|&&v| v != T::default()).count()
+        }, return Err(KernelError::dtypes(&[x.dtype])))
+    };
+    let rank = x.rank();
+    args.resize(1, &[count, rank])?;
+    same_dtype(DType::I64, args.tensor(1)?.dtype)?;
+    let mut io = Dense::io(args, &[0.into()], &[1.into()], &[])?;
+    let st = row_major(&x.sizes);
+    crate::dispatch_all!(x.dtype, T => {
+        let src = io.input::<T>(0)?;
+        let out = io.output::<i64>(0)?;
+        let set = src.iter().enumerate().filter(|(_, &v)| v != T::default());
+        for (row, (flat, _)) in out.chunks_exact_mut(rank.max(1)).zip(set) {
+            for ((c, &s), &n) in row.iter_mut().zip(&st).zip(&x.sizes) {
+                *c = ((flat / (s as usize).max(1)) % n.max(1)) as i64;
+            }
+        }
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
+}
+
 /// Output `out` as a copy of `self` with `src` (converted to its dtype) written into the
 /// window `sizes`/`layout` of it.
 fn embed(
@@ -767,83 +946,6 @@ fn masked_fill(args: &mut Args<'_>) -> KernelResult {
     io.finish()
 }
 
-/// PyTorch's nearest source index for output index `o` (`nearest_idx`), computed in
-/// `f32` like upstream.
-fn nearest(o: usize, input: usize, output: usize, scale: Option<f64>) -> usize {
-    if output == input {
-        o
-    } else if output == 2 * input {
-        o >> 1
-    } else {
-        let s = match scale {
-            Some(s) if s > 0.0 => (1.0 / s) as f32,
-            _ => input as f32 / output as f32,
-        };
-        ((o as f32 * s).floor() as usize).min(input.saturating_sub(1))
-    }
-}
-
-/// `upsample_nearest2d.vec_out(input, output_size?, scale_factors?, out)` on NCHW input.
-fn upsample_nearest2d(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
-    let &[n, c, h, w] = x.sizes.as_slice() else {
-        return Err(KernelError::invalid(
-            "upsample_nearest2d expects a 4-D input",
-        ));
-    };
-    let output_size = args.opt_int_list(1)?;
-    let scales = if args.is_none(2)? {
-        None
-    } else {
-        Some(args.double_list(2)?)
-    };
-    let ((oh, ow), (sh, sw)) = match (output_size.as_deref(), scales) {
-        (Some(&[a, b]), None) => (
-            (to_size(a, "output size")?, to_size(b, "output size")?),
-            (None, None),
-        ),
-        (None, Some(&[fa, fb])) => {
-            let size = |n: usize, f: f64| {
-                let v = (n as f64 * f).floor();
-                if v.is_finite() && v >= 0.0 && v < usize::MAX as f64 {
-                    Ok(v as usize)
-                } else {
-                    Err(KernelError::invalid(format!("scale factor {f} is invalid")))
-                }
-            };
-            ((size(h, fa)?, size(w, fb)?), (Some(fa), Some(fb)))
-        }
-        _ => {
-            return Err(KernelError::invalid(
-                "upsample_nearest2d takes exactly one of two output sizes or two scale factors",
-            ))
-        }
-    };
-    if h == 0 || w == 0 || oh == 0 || ow == 0 {
-        return Err(KernelError::invalid(format!(
-            "upsample_nearest2d: sizes {h}x{w} -> {oh}x{ow} must be positive"
-        )));
-    }
-    let sizes = [n, c, oh, ow];
-    numel_of(&sizes)?;
-    args.resize(3, &sizes)?;
-    same_dtype(x.dtype, args.tensor(3)?.dtype)?;
-    let planes = prod(&[n, c]);
-    let mut io = Dense::io(args, &[0.into()], &[3.into()], &[])?;
-    let src = io.bytes(0)?;
-    let pairs = (0..planes).flat_map(|p| {
-        (0..oh).flat_map(move |oy| {
-            let y = nearest(oy, h, oh, sh);
-            (0..ow).map(move |ox| {
-                let xx = nearest(ox, w, ow, sw);
-                ((p * h + y) * w + xx, (p * oh + oy) * ow + ox)
-            })
-        })
-    });
-    move_elems(x.dtype.size(), src, io.bytes_mut(0)?, pairs)?;
-    io.finish()
-}
-
 /// Registers this module's kernels.
 pub fn register(r: &mut KernelRegistry) {
     r.register("aten::index.Tensor_out", Stateful(index_tensor));
@@ -854,27 +956,18 @@ pub fn register(r: &mut KernelRegistry) {
     r.register_fn("aten::gather.out", gather);
     r.register_fn("aten::scatter.src_out", scatter);
     r.register_fn("aten::scatter.value_out", scatter);
+    r.register_fn("aten::scatter_add.out", scatter_add);
+    r.register_fn("aten::masked_select.out", masked_select);
+    r.register_fn("aten::masked_scatter.out", masked_scatter);
+    r.register_fn("aten::nonzero.out", nonzero);
     r.register_fn("aten::slice_scatter.out", slice_scatter);
     r.register_fn("aten::select_scatter.out", select_scatter);
     r.register_fn("aten::masked_fill.Scalar_out", masked_fill);
-    r.register_fn("aten::upsample_nearest2d.vec_out", upsample_nearest2d);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn nearest_source_indices_follow_pytorch() {
-        let idx = |input, output, scale| -> Vec<usize> {
-            (0..output)
-                .map(|o| nearest(o, input, output, scale))
-                .collect()
-        };
-        assert_eq!(idx(3, 6, None), [0, 0, 1, 1, 2, 2]);
-        assert_eq!(idx(4, 6, Some(1.5)), [0, 0, 1, 2, 2, 3]);
-        assert_eq!(idx(5, 3, None), [0, 1, 3]);
-    }
 
     #[test]
     fn mask_coordinates_are_row_major() {

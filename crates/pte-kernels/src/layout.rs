@@ -15,6 +15,7 @@
 //! dim order: inputs in another order are gathered into scratch memory first, and
 //! results for such outputs are computed in scratch and scattered afterwards.
 
+use half::{bf16, f16};
 use pte_runtime::{Arg, Args, Buffer, Charge, DType, Element, Io, KernelError, KernelResult};
 use pte_runtime::{MemoryError, Scalar};
 use pte_runtime::{TensorData, TensorDataMut, TensorInfo};
@@ -230,8 +231,12 @@ fn walk<E: Copy>(
 }
 
 /// Converts the elements of `src` (dtype `from`) into `dst` (dtype `to`), as PyTorch's
-/// `Tensor.to` does.
+/// `Tensor.to` does (a real number becomes a complex one with no imaginary part, a
+/// complex one keeps its real part, or for bool, whether it is non-zero).
 pub fn convert_bytes(src: &[u8], from: DType, dst: &mut [u8], to: DType) -> KernelResult {
+    if from.is_complex() || to.is_complex() {
+        return convert_complex(src, from, dst, to);
+    }
     crate::dispatch_all!(from, S => {
         let s = typed::<S>(src)?;
         crate::dispatch_all!(to, D => {
@@ -243,6 +248,54 @@ pub fn convert_bytes(src: &[u8], from: DType, dst: &mut [u8], to: DType) -> Kern
             Ok(())
         }, Err(KernelError::dtypes(&[from, to])))
     }, Err(KernelError::dtypes(&[from, to])))
+}
+
+/// [`convert_bytes`] where either dtype is complex.
+fn convert_complex(src: &[u8], from: DType, dst: &mut [u8], to: DType) -> KernelResult {
+    let v = Vals::of_dtype(from, src)?;
+    let n = if from.is_complex() {
+        v.len() / 2
+    } else {
+        v.len()
+    };
+    let part = |i: usize, k: usize| -> KernelResult<f64> {
+        match (from.is_complex(), k) {
+            (true, k) => v.at(2 * i + k),
+            (false, 0) => v.at(i),
+            (false, _) => Ok(0.0),
+        }
+    };
+    let mismatch = || KernelError::invalid(format!("cannot convert {n} {from} elements to {to}"));
+    if to.is_complex() {
+        crate::dispatch_types!(to, P => {
+            let d = typed_mut::<P>(dst)?;
+            if d.len() != 2 * n {
+                return Err(mismatch());
+            }
+            for (i, pair) in d.chunks_exact_mut(2).enumerate() {
+                for (k, p) in pair.iter_mut().enumerate() {
+                    *p = P::from_f64(part(i, k)?);
+                }
+            }
+            Ok(())
+        }, Err(KernelError::dtypes(&[from, to])), [C32 => f16, C64 => f32, C128 => f64])
+    } else {
+        crate::dispatch_all!(to, D => {
+            let d = typed_mut::<D>(dst)?;
+            if d.len() != n {
+                return Err(mismatch());
+            }
+            for (i, o) in d.iter_mut().enumerate() {
+                let re = part(i, 0)?;
+                *o = if to == DType::Bool {
+                    D::from_i64(i64::from(re != 0.0 || part(i, 1)? != 0.0))
+                } else {
+                    D::from_f64(re)
+                };
+            }
+            Ok(())
+        }, Err(KernelError::dtypes(&[from, to])))
+    }
 }
 
 /// The scratch piece [`as_dtype`] needs to read `t` as `to`: none when the dtypes match.
@@ -326,8 +379,21 @@ pub fn copy_into(
     copy(dst.info.dtype.size(), &walk, data, &s, dst.bytes_mut(), &d)
 }
 
-/// Sets every element of `bytes`, elements of `dtype`, to `value`.
+/// Sets every element of `bytes`, elements of `dtype`, to `value` (complex: with no
+/// imaginary part).
 pub fn fill(dtype: DType, bytes: &mut [u8], value: Scalar) -> KernelResult {
+    if dtype.is_complex() {
+        return crate::dispatch_types!(dtype, P => {
+            let re = P::from_f64(value.to_f64());
+            for pair in typed_mut::<P>(bytes)?.chunks_exact_mut(2) {
+                if let [r, i] = pair {
+                    *r = re;
+                    *i = P::default();
+                }
+            }
+            Ok(())
+        }, Err(KernelError::dtypes(&[dtype])), [C32 => f16, C64 => f32, C128 => f64]);
+    }
     crate::dispatch_all!(dtype, T => {
         let v = scalar_as::<T>(value, dtype == DType::Bool);
         typed_mut::<T>(bytes)?.fill(v);
@@ -348,6 +414,95 @@ pub fn first_scalar(info: &TensorInfo, bytes: &[u8]) -> KernelResult<Scalar> {
             Scalar::Int(v.to_i64())
         })
     }, Err(KernelError::dtypes(&[info.dtype])))
+}
+
+/// A tensor's elements of any dtype kernels compute on, read one by one as `f64`.
+#[derive(Clone, Copy)]
+pub enum Vals<'a> {
+    F32(&'a [f32]),
+    F64(&'a [f64]),
+    F16(&'a [f16]),
+    BF16(&'a [bf16]),
+    I64(&'a [i64]),
+    I32(&'a [i32]),
+    I16(&'a [i16]),
+    I8(&'a [i8]),
+    U8(&'a [u8]),
+    /// A complex tensor's parts (real, imaginary, ...): read as real numbers, twice as
+    /// many.
+    C32(&'a [f16]),
+    C64(&'a [f32]),
+    C128(&'a [f64]),
+}
+
+impl<'a> Vals<'a> {
+    pub fn of(info: &TensorInfo, bytes: &'a [u8]) -> KernelResult<Self> {
+        Self::of_dtype(info.dtype, bytes)
+    }
+
+    /// The elements of `bytes`, of `dtype`.
+    pub fn of_dtype(dtype: DType, bytes: &'a [u8]) -> KernelResult<Self> {
+        Ok(match dtype {
+            DType::F32 => Vals::F32(typed(bytes)?),
+            DType::F64 => Vals::F64(typed(bytes)?),
+            DType::F16 => Vals::F16(typed(bytes)?),
+            DType::BF16 => Vals::BF16(typed(bytes)?),
+            DType::I64 => Vals::I64(typed(bytes)?),
+            DType::I32 => Vals::I32(typed(bytes)?),
+            DType::I16 => Vals::I16(typed(bytes)?),
+            DType::I8 => Vals::I8(typed(bytes)?),
+            DType::U8 | DType::Bool => Vals::U8(typed(bytes)?),
+            DType::C32 => Vals::C32(typed(bytes)?),
+            DType::C64 => Vals::C64(typed(bytes)?),
+            DType::C128 => Vals::C128(typed(bytes)?),
+            other => return Err(KernelError::dtypes(&[other])),
+        })
+    }
+
+    /// Input `k` of a [`Dense`] view.
+    pub fn input(io: &Dense<'a>, k: usize) -> KernelResult<Self> {
+        let (info, bytes) = io.inputs.get(k).ok_or_else(oob)?;
+        Self::of(info, bytes)
+    }
+
+    /// Elements (complex tensors: parts).
+    pub fn len(self) -> usize {
+        match self {
+            Vals::F32(s) => s.len(),
+            Vals::F64(s) => s.len(),
+            Vals::F16(s) => s.len(),
+            Vals::BF16(s) => s.len(),
+            Vals::I64(s) => s.len(),
+            Vals::I32(s) => s.len(),
+            Vals::I16(s) => s.len(),
+            Vals::I8(s) => s.len(),
+            Vals::U8(s) => s.len(),
+            Vals::C32(s) => s.len(),
+            Vals::C64(s) => s.len(),
+            Vals::C128(s) => s.len(),
+        }
+    }
+
+    /// Element (complex tensors: part) `i`.
+    pub fn at(self, i: usize) -> KernelResult<f64> {
+        fn get<T: Elem>(s: &[T], i: usize) -> KernelResult<f64> {
+            s.get(i).map(|v| v.to_f64()).ok_or_else(oob)
+        }
+        match self {
+            Vals::F32(s) => get(s, i),
+            Vals::F64(s) => get(s, i),
+            Vals::F16(s) => get(s, i),
+            Vals::BF16(s) => get(s, i),
+            Vals::I64(s) => get(s, i),
+            Vals::I32(s) => get(s, i),
+            Vals::I16(s) => get(s, i),
+            Vals::I8(s) => get(s, i),
+            Vals::U8(s) => get(s, i),
+            Vals::C32(s) => get(s, i),
+            Vals::C64(s) => get(s, i),
+            Vals::C128(s) => get(s, i),
+        }
+    }
 }
 
 /// Sizes and layout of the `len` entries of `dim` from `start` (every `step`-th) of a

@@ -8,7 +8,9 @@
 //!
 //! Modules group kernels by kind: `prim` (scalar and size ops), `elementwise`, `shape`
 //! (views, copies, concatenation, creation), `reduce`, `index` (gather and scatter),
-//! `linalg` (matrix products) and `nn` (convolution, pooling, normalization, softmax).
+//! `linalg` (matrix products), `nn` (convolution, pooling, normalization, softmax) and
+//! `complex` (conjugation, FFTs), `random` and `quant` (the `quantized_decomposed`
+//! family).
 //! They all build on the same lower layers, which never import them: `num` (the one
 //! hierarchy of numeric traits), `util` (dispatch, promotion, broadcasting, scratch
 //! memory), `layout` (strided copies, dim orders) and `product` (matrix products).
@@ -40,12 +42,15 @@ mod util;
 mod layout;
 mod product;
 
+mod complex;
 mod elementwise;
 mod fast;
 mod index;
 mod linalg;
 mod nn;
 mod prim;
+mod quant;
+mod random;
 mod reduce;
 mod shape;
 
@@ -83,6 +88,9 @@ pub fn reference_registry() -> KernelRegistry {
     reduce::register(&mut r);
     index::register(&mut r);
     linalg::register(&mut r);
+    complex::register(&mut r);
+    random::register(&mut r);
+    quant::register(&mut r);
     nn::register(&mut r);
     let pure: Vec<String> = r
         .names()

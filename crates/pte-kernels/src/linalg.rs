@@ -5,7 +5,7 @@
 
 use pte_runtime::{Arg, Args, DType, KernelError, KernelRegistry, KernelResult, TensorInfo};
 
-use crate::layout::Dense;
+use crate::layout::{Dense, Vals};
 use crate::num::Elem;
 use crate::product::{Mat, MatMut, Product, Products, Scale};
 use crate::util::{broadcast_shapes, broadcast_strides, for_each_broadcast, oob, scalar_as};
@@ -151,6 +151,32 @@ fn plain<T: Elem>() -> Scale<T> {
     }
 }
 
+/// `batch` complex products `(m × k) × (k × n)` of inputs 0 and 1 into output 2, in
+/// `f64` part by part (upstream multiplies complex matrices in `bmm`).
+fn complex_products(
+    args: &mut Args<'_>,
+    (_, m, k, n): (usize, usize, usize, usize),
+) -> KernelResult {
+    let dtype = args.tensor(2)?.dtype;
+    let mut io = Dense::io(args, &[0.into(), 1.into()], &[2.into()], &[])?;
+    let (a, b) = (Vals::input(&io, 0)?, Vals::input(&io, 1)?);
+    let at = |v: Vals<'_>, i: usize| -> KernelResult<num_complex::Complex<f64>> {
+        Ok(num_complex::Complex::new(v.at(2 * i)?, v.at(2 * i + 1)?))
+    };
+    crate::dispatch_types!(dtype, P => {
+        let out = io.output::<[P; 2]>(0)?;
+        for (idx, o) in out.iter_mut().enumerate() {
+            let (bi, r, c) = (idx / (m * n).max(1), idx / n.max(1) % m.max(1), idx % n.max(1));
+            let mut acc = num_complex::Complex::new(0.0, 0.0);
+            for p in 0..k {
+                acc += at(a, (bi * m + r) * k + p)? * at(b, (bi * k + p) * n + c)?;
+            }
+            *o = [P::from_f64(acc.re), P::from_f64(acc.im)];
+        }
+    }, return Err(KernelError::dtypes(&[dtype])), [C32 => half::f16, C64 => f32, C128 => f64]);
+    io.finish()
+}
+
 /// `mm.out(self, mat2, out)`.
 fn mm(args: &mut Args<'_>) -> KernelResult {
     let (a, b) = (args.tensor(0)?, args.tensor(1)?);
@@ -158,6 +184,9 @@ fn mm(args: &mut Args<'_>) -> KernelResult {
     let ((m, k), (k2, n)) = (matrix(&a, "self")?, matrix(&b, "mat2")?);
     inner_dims(k, k2, &a.sizes, &b.sizes)?;
     args.resize(2, &[m, n])?;
+    if dtype.is_complex() {
+        return complex_products(args, (1, m, k, n));
+    }
     let shape = Shape {
         m,
         k,
@@ -180,6 +209,9 @@ fn bmm(args: &mut Args<'_>) -> KernelResult {
         }
     };
     args.resize(2, &[batch, m, n])?;
+    if dtype.is_complex() {
+        return complex_products(args, (batch, m, k, n));
+    }
     let shape = Shape {
         m,
         k,
@@ -260,8 +292,116 @@ fn linear(args: &mut Args<'_>) -> KernelResult {
     })
 }
 
+/// The `p`-norm distance of two rows, in `f64`: the count of differing elements for
+/// `p = 0`, the largest difference for `p = ∞`, `(Σ |a - b|^p)^(1/p)` otherwise.
+fn distance<T: Elem>(a: &[T], b: &[T], p: f64) -> f64 {
+    let diffs = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x.to_f64() - y.to_f64()).abs());
+    if p == 0.0 {
+        diffs.filter(|&d| d != 0.0).count() as f64
+    } else if p == f64::INFINITY {
+        diffs.fold(0.0, |m: f64, d| if d.is_nan() || d > m { d } else { m })
+    } else if p == 1.0 {
+        diffs.sum()
+    } else if p == 2.0 {
+        diffs.map(|d| d * d).sum::<f64>().sqrt()
+    } else {
+        diffs.map(|d| d.powf(p)).sum::<f64>().powf(1.0 / p)
+    }
+}
+
+/// A non-negative `p` of a distance.
+fn check_p(p: f64, op: &str) -> KernelResult {
+    if p >= 0.0 {
+        Ok(())
+    } else {
+        Err(KernelError::invalid(format!(
+            "{op}: p must be non-negative, got {p}"
+        )))
+    }
+}
+
+/// A `[..., rows, cols]` tensor's batch sizes, rows and columns.
+fn rows_of(t: &TensorInfo) -> KernelResult<(&[usize], usize, usize)> {
+    match t.sizes.as_slice() {
+        [batch @ .., r, m] => Ok((batch, *r, *m)),
+        s => Err(KernelError::invalid(format!(
+            "cdist takes tensors of at least 2 dims, got {s:?}"
+        ))),
+    }
+}
+
+/// `_cdist_forward.out(x1, x2, p, compute_mode?, out)`: the distance between every row of
+/// `x1` (`[..., P, M]`) and every row of `x2` (`[..., R, M]`), batch dims broadcast.
+fn cdist(args: &mut Args<'_>) -> KernelResult {
+    let (a, b) = (args.tensor(0)?, args.tensor(1)?);
+    let p = args.double(2)?;
+    check_p(p, "cdist")?;
+    let dtype = common_dtype(&[a.dtype, b.dtype, args.tensor(4)?.dtype])?;
+    let ((ba, pr, m), (bb, rr, m2)) = (rows_of(&a)?, rows_of(&b)?);
+    if m != m2 {
+        return Err(KernelError::invalid(format!(
+            "cdist: rows of {m} and {m2} elements"
+        )));
+    }
+    let batch = broadcast_shapes(ba, bb)?;
+    let mut sizes = batch.clone();
+    sizes.extend([pr, rr]);
+    crate::util::numel_of(&sizes)?;
+    args.resize(4, &sizes)?;
+    let (sa, sb) = (broadcast_strides(ba, &batch), broadcast_strides(bb, &batch));
+    let mut io = Dense::io(args, &[0.into(), 1.into()], &[4.into()], &[])?;
+    crate::dispatch_float!(dtype, T => {
+        let (x, y) = (io.input::<T>(0)?, io.input::<T>(1)?);
+        let mut out = io.output::<T>(0)?.iter_mut();
+        let mut ok = true;
+        for_each_broadcast(&batch, [&sa, &sb], |_, [i, j]| {
+            let (x0, y0) = (i * pr * m, j * rr * m);
+            for r in 0..pr {
+                for q in 0..rr {
+                    let (u, v) = (x.get(x0 + r * m..x0 + (r + 1) * m), y.get(y0 + q * m..y0 + (q + 1) * m));
+                    match (out.next(), u, v) {
+                        (Some(o), Some(u), Some(v)) => *o = T::from_f64(distance(u, v, p)),
+                        _ => ok = false,
+                    }
+                }
+            }
+        });
+        if !ok {
+            return Err(oob());
+        }
+    }, return Err(KernelError::dtypes(&[dtype])));
+    io.finish()
+}
+
+/// `_pdist_forward.out(self, p, out)`: the distances between rows `i < j` of `self`
+/// (`[N, M]`), in order.
+fn pdist(args: &mut Args<'_>) -> KernelResult {
+    let x = args.tensor(0)?;
+    let p = args.double(1)?;
+    check_p(p, "pdist")?;
+    let dtype = common_dtype(&[x.dtype, args.tensor(2)?.dtype])?;
+    let (n, m) = matrix(&x, "pdist input")?;
+    let pairs = n * n.saturating_sub(1) / 2;
+    args.resize(2, &[pairs])?;
+    let mut io = Dense::io(args, &[0.into()], &[2.into()], &[])?;
+    crate::dispatch_float!(dtype, T => {
+        let x = io.input::<T>(0)?;
+        let rows = || x.chunks_exact(m.max(1)).take(n);
+        let pairs = rows().enumerate().flat_map(|(i, u)| rows().skip(i + 1).map(move |v| (u, v)));
+        for (o, (u, v)) in io.output::<T>(0)?.iter_mut().zip(pairs) {
+            *o = T::from_f64(if m == 0 { 0.0 } else { distance(u, v, p) });
+        }
+    }, return Err(KernelError::dtypes(&[dtype])));
+    io.finish()
+}
+
 /// Registers the matrix product kernels.
 pub fn register(r: &mut KernelRegistry) {
+    r.register_fn("aten::_cdist_forward.out", cdist);
+    r.register_fn("aten::_pdist_forward.out", pdist);
     r.register_fn("aten::mm.out", mm);
     r.register_fn("aten::bmm.out", bmm);
     r.register_fn("aten::addmm.out", addmm);

@@ -1,5 +1,5 @@
 //! Neural-network kernels: convolution ([`conv`]), pooling ([`pool`]), normalization
-//! ([`norm`]) and softmax-like activations ([`activation`]).
+//! ([`norm`]), softmax-like activations ([`activation`]) and resampling ([`sample`]).
 //!
 //! Each computes in PyTorch's "opmath" type (`Elem::Acc`: float32 for float16 and
 //! bfloat16, else the element type itself) and takes inputs of any dim order.
@@ -12,6 +12,7 @@ mod activation;
 mod conv;
 mod norm;
 mod pool;
+mod sample;
 
 /// A per-axis argument list (`stride`, `padding`, ...) as (height, width): two entries,
 /// or one shared by both; a 1-d operation (`spatial` 1) takes one entry, its height is
@@ -33,6 +34,7 @@ pub fn register(r: &mut KernelRegistry) {
     pool::register(r);
     norm::register(r);
     activation::register(r);
+    sample::register(r);
 }
 
 #[cfg(test)]

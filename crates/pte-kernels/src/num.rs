@@ -227,7 +227,7 @@ pub trait Real:
 }
 
 macro_rules! real_impl {
-    ($t:ident, $erf:path) => {
+    ($t:ident, $erf:path, $asinh:path, $acosh:path, $atanh:path) => {
         impl Ring for $t {
             const ZERO: Self = 0.0;
             const ONE: Self = 1.0;
@@ -240,8 +240,12 @@ macro_rules! real_impl {
             const SINGLE: bool = std::mem::size_of::<$t>() == 4;
             fn of(v: f64) -> Self { v as $t }
             real_impl!(@fwd $t: abs exp exp_m1 ln ln_1p log2 log10 sqrt sin cos tan asin acos atan
-                        sinh cosh tanh asinh acosh atanh floor ceil round_ties_even trunc);
+                        sinh cosh tanh floor ceil round_ties_even trunc);
             fn erf(self) -> Self { $erf(self) }
+            // std's inverse hyperbolic functions overflow for large arguments.
+            fn asinh(self) -> Self { $asinh(self) }
+            fn acosh(self) -> Self { $acosh(self) }
+            fn atanh(self) -> Self { $atanh(self) }
             fn is_nan(self) -> bool { $t::is_nan(self) }
             fn is_infinite(self) -> bool { $t::is_infinite(self) }
             fn powf(self, e: Self) -> Self { $t::powf(self, e) }
@@ -253,8 +257,8 @@ macro_rules! real_impl {
         $(fn $f(self) -> Self { <$t>::$f(self) })*
     };
 }
-real_impl!(f32, libm::erff);
-real_impl!(f64, libm::erf);
+real_impl!(f32, libm::erff, libm::asinhf, libm::acoshf, libm::atanhf);
+real_impl!(f64, libm::erf, libm::asinh, libm::acosh, libm::atanh);
 
 /// Floating-point element types; they compute in `Acc`, a [`Real`].
 pub trait Float: Elem<Acc: Real> + Send + Sync {}

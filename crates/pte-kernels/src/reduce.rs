@@ -13,7 +13,7 @@
 //! Gathered inputs, accumulated results and `topk`'s sort order live in the method's
 //! scratch memory, so a steady-state run allocates nothing.
 
-use std::cmp::Ordering;
+mod select;
 
 use pte_runtime::TensorInfo;
 use pte_runtime::{Arg, Args, DType, Dims, KernelError, KernelRegistry, KernelResult, Scalar};
@@ -209,6 +209,9 @@ fn arith(
     let p = plan(&x, dims, keepdim)?;
     args.resize(out, &p.out_sizes)?;
     let od = args.tensor(out)?.dtype;
+    if x.dtype.is_complex() || od.is_complex() {
+        return complex_arith(args, op, &p, out);
+    }
     if op == Arith::Mean && !od.is_float() {
         return Err(KernelError::invalid(format!(
             "mean needs a floating-point output, got {od}"
@@ -224,8 +227,13 @@ fn arith(
         let in_bool = x.dtype == DType::Bool;
         if od.is_float() {
             let res = io.scratch.take::<f64>(n)?;
-            let (init, f): (f64, fn(f64, f64) -> f64) = match op {
-                Arith::Prod => (1.0, |a, b| a * b),
+            // Products round to the output's type at each step, as PyTorch multiplies
+            // in it (an intermediate overflow or underflow shows); sums accumulate wide.
+            let (init, f): (f64, fn(f64, f64) -> f64) = match (op, od) {
+                (Arith::Prod, DType::F32) => (1.0, |a, b| f64::from((a * b) as f32)),
+                (Arith::Prod, DType::F16) => (1.0, |a, b| half::f16::from_f64(a * b).to_f64()),
+                (Arith::Prod, DType::BF16) => (1.0, |a, b| half::bf16::from_f64(a * b).to_f64()),
+                (Arith::Prod, _) => (1.0, |a, b| a * b),
                 _ => (0.0, |a, b| a + b),
             };
             fold(src, block, init, |a, v, _| *a = f(*a, v.to_f64()), |i, a| {
@@ -254,6 +262,39 @@ fn arith(
             write(res, io.bytes_mut(0)?, od)?;
         }
     }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
+}
+
+/// [`arith`] of a complex input into an output of the same dtype: sums (and means) in
+/// `f64`, part by part (upstream sums complex tensors; products are not supported).
+fn complex_arith(args: &mut Args<'_>, op: Arith, p: &Plan, out: usize) -> KernelResult {
+    let x = args.tensor(0)?;
+    let od = args.tensor(out)?.dtype;
+    if od != x.dtype || op == Arith::Prod {
+        return Err(KernelError::dtypes(&[x.dtype, od]));
+    }
+    let mut io = Dense::io(
+        args,
+        &[0.into()],
+        &[out.into()],
+        &[gather_piece(&x, &p.reduced)],
+    )?;
+    let (block, data) = arrange(io.bytes(0)?, &x, &p.reduced, &mut io.scratch)?;
+    crate::dispatch_types!(x.dtype, P => {
+        let src = typed::<[P; 2]>(data)?;
+        let dst = io.output::<[P; 2]>(0)?;
+        let count = block.red as f64;
+        let step = |a: &mut (f64, f64), v: [P; 2], _| {
+            let [re, im] = v;
+            *a = (a.0 + re.to_f64(), a.1 + im.to_f64());
+        };
+        fold(src, block, (0.0, 0.0), step, |i, (re, im)| {
+            let (re, im) = if op == Arith::Mean { (re / count, im / count) } else { (re, im) };
+            if let Some(d) = dst.get_mut(i) {
+                *d = [P::from_f64(re), P::from_f64(im)];
+            }
+        });
+    }, return Err(KernelError::dtypes(&[x.dtype])), [C32 => half::f16, C64 => f32, C128 => f64]);
     io.finish()
 }
 
@@ -396,22 +437,34 @@ fn any(args: &mut Args<'_>, p: Plan, out: usize) -> KernelResult {
     io.finish()
 }
 
-/// `var.correction_out` (`correction`) and `var.out` (`unbiased`): `(self, dim?, ..,
+/// `var.correction_out` (`correction`), `var.out` (`unbiased`) and
+/// `var_mean.correction_out` (with the means into output 5): `(self, dim?, ..,
 /// keepdim, out)`, by Welford's algorithm in `f64`.
-fn var(args: &mut Args<'_>, correction: f64) -> KernelResult {
+fn var(args: &mut Args<'_>, correction: f64, with_mean: bool) -> KernelResult {
     let x = args.tensor(0)?;
     let dims = args.opt_int_list(1)?;
     let p = plan(&x, all_if_empty(dims.as_deref()), args.bool(3)?)?;
-    args.resize(4, &p.out_sizes)?;
-    let od = args.tensor(4)?.dtype;
-    if !x.dtype.is_float() || !od.is_float() {
-        return Err(KernelError::dtypes(&[x.dtype, od]));
+    let writes: &[Arg] = if with_mean {
+        &[Arg::At(4), Arg::At(5)]
+    } else {
+        &[Arg::At(4)]
+    };
+    for &w in writes {
+        args.resize(w, &p.out_sizes)?;
+        let od = args.tensor(w)?.dtype;
+        if !x.dtype.is_float() || !od.is_float() {
+            return Err(KernelError::dtypes(&[x.dtype, od]));
+        }
     }
     let n = args.tensor(4)?.numel();
-    let pieces = [gather_piece(&x, &p.reduced), Scratch::piece::<f64>(n)];
-    let mut io = Dense::io(args, &[0.into()], &[4.into()], &pieces)?;
+    let pieces = [
+        gather_piece(&x, &p.reduced),
+        Scratch::piece::<f64>(n),
+        Scratch::piece::<f64>(n),
+    ];
+    let mut io = Dense::io(args, &[0.into()], writes, &pieces)?;
     let (block, data) = arrange(io.bytes(0)?, &x, &p.reduced, &mut io.scratch)?;
-    let res = io.scratch.take::<f64>(n)?;
+    let (vars, means) = (io.scratch.take::<f64>(n)?, io.scratch.take::<f64>(n)?);
     crate::dispatch_float!(x.dtype, T => {
         let src = typed::<T>(data)?;
         let step = |(n, mean, m2): &mut (f64, f64, f64), v: T, _| {
@@ -421,13 +474,18 @@ fn var(args: &mut Args<'_>, correction: f64) -> KernelResult {
             *mean += delta / *n;
             *m2 += delta * (v - *mean);
         };
-        fold(src, block, (0.0, 0.0, 0.0), step, |i, (n, _, m2)| {
-            if let Some(r) = res.get_mut(i) {
-                *r = m2 / (n - correction).max(0.0);
+        fold(src, block, (0.0, 0.0, 0.0), step, |i, (n, mean, m2)| {
+            if let (Some(v), Some(m)) = (vars.get_mut(i), means.get_mut(i)) {
+                *v = m2 / (n - correction).max(0.0);
+                // The mean of nothing is NaN, as 0/0.
+                *m = if n == 0.0 { f64::NAN } else { mean };
             }
         });
     }, return Err(KernelError::dtypes(&[x.dtype])));
-    write(res, io.bytes_mut(0)?, od)?;
+    for (k, values) in [&*vars, &*means].into_iter().enumerate().take(writes.len()) {
+        let dtype = io.outputs.get(k).ok_or_else(oob)?.0.dtype;
+        write(values, io.bytes_mut(k)?, dtype)?;
+    }
     io.finish()
 }
 
@@ -493,23 +551,17 @@ fn scan<T: Copy, A: Copy + Default>(
     }
 }
 
-/// PyTorch's sort order for `topk`: NaN above every number.
-fn nan_last<T: PartialOrd + Copy>(a: &T, b: &T) -> Ordering {
-    match (is_nan(*a), is_nan(*b)) {
-        (true, true) => Ordering::Equal,
-        (true, false) => Ordering::Greater,
-        (false, true) => Ordering::Less,
-        (false, false) => a.partial_cmp(b).unwrap_or(Ordering::Equal),
-    }
-}
-
 /// `topk.values(self, k, dim, largest, sorted, values, indices, returns)`: the k largest
-/// (or smallest) along a dim, always in sorted order, ties by lower index first.
+/// (or smallest) along a dim, NaN above every number, arranged as PyTorch arranges them:
+/// a partial sort when k is at most 1/64 of the dim, else a selection of the k-th element
+/// with the k - 1 before it sorted when `sorted` (ties and the unsorted order follow
+/// [`select`]).
 fn topk(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;
     let k = args.int(1)?;
     let dim = x.dim(args.int(2)?)?;
     let largest = args.bool(3)?;
+    let sorted = args.bool(4)?;
     let (outer, red, inner) = split_at_dim(&x.sizes, dim);
     let k = usize::try_from(k)
         .ok()
@@ -538,15 +590,22 @@ fn topk(args: &mut Args<'_>) -> KernelResult {
             for i in 0..inner {
                 let at = |r: usize| src.get((o * red + r) * inner + i).copied().unwrap_or_default();
                 lane.iter_mut().enumerate().for_each(|(r, p)| *p = r);
-                // Equal values keep index order.
-                lane.sort_unstable_by(|&a, &b| {
-                    let order = if largest {
-                        nan_last(&at(b), &at(a))
+                let before = |a: usize, b: usize| {
+                    let (x, y) = (at(a), at(b));
+                    if largest {
+                        (is_nan(x) && !is_nan(y)) || x > y
                     } else {
-                        nan_last(&at(a), &at(b))
-                    };
-                    order.then(a.cmp(&b))
-                });
+                        (!is_nan(x) && is_nan(y)) || x < y
+                    }
+                };
+                if k.saturating_mul(64) <= red {
+                    select::partial_sort(lane, k, &before);
+                } else if k > 0 {
+                    select::nth_element(lane, k - 1, &before);
+                    if sorted {
+                        select::sort(lane, k - 1, &before);
+                    }
+                }
                 for (j, &r) in lane.iter().take(k).enumerate() {
                     let to = (o * k + j) * inner + i;
                     *vals.at_mut(to)? = at(r);
@@ -596,11 +655,15 @@ pub fn register(r: &mut KernelRegistry) {
     });
     r.register_fn("aten::var.correction_out", |a| {
         let c = a.opt_scalar(2)?.map_or(1.0, Scalar::to_f64);
-        var(a, c)
+        var(a, c, false)
     });
     r.register_fn("aten::var.out", |a| {
         let c = f64::from(u8::from(a.bool(2)?));
-        var(a, c)
+        var(a, c, false)
+    });
+    r.register_fn("aten::var_mean.correction_out", |a| {
+        let c = a.opt_scalar(2)?.map_or(1.0, Scalar::to_f64);
+        var(a, c, true)
     });
     r.register_fn("aten::cumsum.out", cumsum);
     r.register_fn("aten::topk.values", topk);

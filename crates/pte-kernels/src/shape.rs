@@ -10,6 +10,7 @@
 //! `Dense`. Only conversions and fills are typed.
 
 mod creation;
+mod pad;
 
 use pte_runtime::{
     normalize_dim, Arg, Args, Dims, KernelError, KernelRegistry, KernelResult, TensorInfo,
@@ -18,6 +19,7 @@ use smallvec::SmallVec;
 
 use crate::layout::{as_dtype, as_dtype_piece, copy, copy_into, row_major, window, Along, Dense};
 use crate::layout::{Layout, Strides, Walk};
+use crate::num::Elem;
 use crate::util::{dim_of, dim_set, infer_sizes, numel_of, oob, prod, same_dtype, slice_bounds};
 use crate::util::{to_size, wrap_index, Checked};
 
@@ -474,64 +476,139 @@ fn unbind_copy(args: &mut Args<'_>) -> KernelResult {
     split_into(args, dim, &extents, true, 2)
 }
 
-fn constant_pad_nd(args: &mut Args<'_>) -> KernelResult {
+/// `diagonal_copy.out(self, offset, dim1, dim2, out)`: the other dims, then the diagonal
+/// of `dim1` and `dim2` shifted by `offset` (above the main one when positive).
+fn diagonal_copy(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;
-    let pad = args.int_list(1)?;
-    let value = args.scalar(2)?;
-    let rank = x.rank();
-    if pad.len() % 2 != 0 || pad.len() / 2 > rank {
+    let offset = args.int(1)?;
+    let (d1, d2) = (dim_of(&x, args.int(2)?)?, dim_of(&x, args.int(3)?)?);
+    if d1 == d2 {
         return Err(KernelError::invalid(format!(
-            "padding {pad:?} does not fit a rank-{rank} tensor"
+            "diagonal dimensions cannot be identical: {d1}, {d2}"
         )));
     }
+    let st = row_major(&x.sizes);
+    let (n1, n2) = (size(&x, d1)? as i128, size(&x, d2)? as i128);
+    let off = i128::from(offset);
+    let (start1, start2) = if off >= 0 { (0, off) } else { (-off, 0) };
+    let len = (n1 - start1).min(n2 - start2).max(0) as usize;
+    let (s1, s2) = (*st.at(d1)?, *st.at(d2)?);
+    let mut sizes = Dims::new();
+    let mut strides = Strides::new();
+    for (d, (&n, &s)) in x.sizes.iter().zip(&st).enumerate() {
+        if d != d1 && d != d2 {
+            sizes.push(n);
+            strides.push(s);
+        }
+    }
+    sizes.push(len);
+    strides.push(s1 + s2);
+    let start = if len == 0 {
+        0
+    } else {
+        start1 as usize * s1 as usize + start2 as usize * s2 as usize
+    };
+    gather(args, 0, 4, &sizes, &sizes, &Layout::new(start, strides))
+}
+
+/// `as_strided_copy.out(self, size, stride, storage_offset?, out)`: elements of `self`'s
+/// row-major data at `storage_offset + Σ index·stride` (every one inside the data).
+fn as_strided_copy(args: &mut Args<'_>) -> KernelResult {
+    let sizes: Dims = args
+        .int_list(1)?
+        .iter()
+        .map(|&s| to_size(s, "as_strided size"))
+        .collect::<KernelResult<_>>()?;
+    let strides: Strides = args
+        .int_list(2)?
+        .iter()
+        .map(|&s| to_size(s, "as_strided stride").map(|s| s as isize))
+        .collect::<KernelResult<_>>()?;
+    if strides.len() != sizes.len() {
+        return Err(KernelError::invalid(format!(
+            "as_strided: {} sizes but {} strides",
+            sizes.len(),
+            strides.len()
+        )));
+    }
+    let offset = to_size(args.opt_int(3)?.unwrap_or(0), "storage offset")?;
+    numel_of(&sizes)?;
+    gather(args, 0, 4, &sizes, &sizes, &Layout::new(offset, strides))
+}
+
+/// `unfold_copy.out(self, dimension, size, step, out)`: every window of `size` entries of
+/// `dimension` (starting every `step`), the windows along `dimension` and the entries of
+/// each as a new last dim.
+fn unfold_copy(args: &mut Args<'_>) -> KernelResult {
+    let x = args.tensor(0)?;
+    let dim = x.dim(args.int(1)?)?;
+    let window = to_size(args.int(2)?, "unfold size")?;
+    let step = to_size(args.int(3)?, "unfold step")?;
+    let n = x.sizes.get(dim).copied().unwrap_or(1);
+    if step == 0 || window > n {
+        return Err(KernelError::invalid(format!(
+            "unfold: size {window} must fit dim {dim} of size {n} and step {step} be positive"
+        )));
+    }
+    let count = (n - window) / step + 1;
+    let st = row_major(&x.sizes);
     let mut sizes = x.sizes.clone();
-    // The part of the input that survives (negative pads crop), where it starts in the
-    // input and where it lands in the output.
-    let mut region = x.sizes.clone();
-    let (mut from, mut to): (Dims, Dims) =
-        (smallvec::smallvec![0; rank], smallvec::smallvec![0; rank]);
-    for (k, p) in pad.chunks_exact(2).enumerate() {
-        let d = rank - 1 - k;
-        let (lo, hi) = match p {
-            &[lo, hi] => (lo as i128, hi as i128),
-            _ => return Err(oob()),
-        };
-        let n = size(&x, d)? as i128;
-        let new = n + lo + hi;
-        if new < 0 {
+    let mut strides = st.clone();
+    let along = st.get(dim).copied().unwrap_or(1);
+    if let (Some(s), Some(t)) = (sizes.get_mut(dim), strides.get_mut(dim)) {
+        *s = count;
+        *t = along * step as isize;
+    }
+    sizes.push(window);
+    strides.push(along);
+    gather(args, 0, 4, &sizes, &sizes, &Layout::new(0, strides))
+}
+
+/// `repeat_interleave.Tensor_out(repeats, output_size?, out)`: each index `i` of the 1-d
+/// `repeats`, `repeats[i]` times (`output_size`, when given, must be the total).
+fn repeat_interleave(args: &mut Args<'_>) -> KernelResult {
+    let r = args.tensor(0)?;
+    if r.rank() > 1 || !matches!(r.dtype, pte_runtime::DType::I64 | pte_runtime::DType::I32) {
+        return Err(KernelError::invalid(format!(
+            "repeat_interleave takes a 1-d int64 or int32 tensor of repeats, got {} {:?}",
+            r.dtype,
+            r.sizes.as_slice()
+        )));
+    }
+    let output_size = args.opt_int(1)?;
+    let counts: SmallVec<[usize; 16]> = {
+        let t = args.read(0)?;
+        crate::dispatch_int!(r.dtype, T => {
+            crate::layout::typed::<T>(t.bytes())?
+                .iter()
+                .map(|&v| to_size(v.to_i64(), "repeat count"))
+                .collect::<KernelResult<_>>()?
+        }, return Err(KernelError::dtypes(&[r.dtype])))
+    };
+    let total = counts
+        .iter()
+        .try_fold(0usize, |a, &c| a.checked_add(c))
+        .ok_or_else(|| KernelError::invalid("repeat_interleave: total overflows"))?;
+    if let Some(o) = output_size {
+        if usize::try_from(o).ok() != Some(total) {
             return Err(KernelError::invalid(format!(
-                "padding {pad:?} makes dim {d} of size {n} negative"
+                "repeat_interleave: output_size {o} differs from the total of the repeats, {total}"
             )));
         }
-        *sizes.as_mut_slice().at_mut(d)? =
-            usize::try_from(new).map_err(|_| KernelError::invalid("padded size overflows"))?;
-        *from.as_mut_slice().at_mut(d)? = (-lo).clamp(0, n) as usize;
-        *to.as_mut_slice().at_mut(d)? = lo.clamp(0, new) as usize;
-        *region.as_mut_slice().at_mut(d)? = (n - (-lo).max(0) - (-hi).max(0)).max(0) as usize;
     }
-    numel_of(&sizes)?;
-    args.resize(3, &sizes)?;
-    same_dtype(x.dtype, args.tensor(3)?.dtype)?;
-    let mut io = Dense::io(args, &[0.into()], &[3.into()], &[])?;
-    crate::layout::fill(x.dtype, io.bytes_mut(0)?, value)?;
-    let (sst, dst) = (row_major(&x.sizes), row_major(&sizes));
-    let offset = |at: &Dims, st: &Strides| {
-        at.iter()
-            .zip(st)
-            .map(|(&i, &s)| i * s as usize)
-            .sum::<usize>()
-    };
-    let src = Layout::new(offset(&from, &sst), sst.iter().copied());
-    let dstl = Layout::new(offset(&to, &dst), dst.iter().copied());
-    let input = io.bytes(0)?;
-    copy(
-        x.dtype.size(),
-        &region,
-        input,
-        &src,
-        io.bytes_mut(0)?,
-        &dstl,
-    )?;
+    args.resize(2, &[total])?;
+    same_dtype(r.dtype, args.tensor(2)?.dtype)?;
+    let mut io = Dense::io(args, &[], &[2.into()], &[])?;
+    crate::dispatch_int!(r.dtype, T => {
+        let out = io.output::<T>(0)?;
+        let values = counts
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &c)| std::iter::repeat_n(T::from_i64(i as i64), c));
+        for (o, v) in out.iter_mut().zip(values) {
+            *o = v;
+        }
+    }, return Err(KernelError::dtypes(&[r.dtype])));
     io.finish()
 }
 
@@ -753,7 +830,31 @@ pub fn register(r: &mut KernelRegistry) {
     r.register_fn("dim_order_ops::_clone_dim_order.out", dim_order_copy);
     r.register_fn("aten::copy.out", copy_out);
     r.register_fn("aten::copy_", copy_in_place);
-    r.register_fn("aten::constant_pad_nd.out", constant_pad_nd);
+    r.register_fn("aten::constant_pad_nd.out", pad::constant_pad_nd);
+    r.register_fn("aten::reflection_pad1d.out", |a| {
+        pad::pad(a, 1, pad::Mode::Reflect)
+    });
+    r.register_fn("aten::reflection_pad2d.out", |a| {
+        pad::pad(a, 2, pad::Mode::Reflect)
+    });
+    r.register_fn("aten::reflection_pad3d.out", |a| {
+        pad::pad(a, 3, pad::Mode::Reflect)
+    });
+    r.register_fn("aten::replication_pad1d.out", |a| {
+        pad::pad(a, 1, pad::Mode::Replicate)
+    });
+    r.register_fn("aten::replication_pad2d.out", |a| {
+        pad::pad(a, 2, pad::Mode::Replicate)
+    });
+    r.register_fn("aten::replication_pad3d.out", |a| {
+        pad::pad(a, 3, pad::Mode::Replicate)
+    });
+    r.register_fn("aten::diagonal_copy.out", diagonal_copy);
+    r.register_fn("aten::as_strided_copy.out", as_strided_copy);
+    r.register_fn("aten::unfold_copy.out", unfold_copy);
+    r.register_fn("aten::repeat_interleave.Tensor_out", repeat_interleave);
+    r.register_fn("et_copy::_h2d_copy.out", |a| copy_same_sizes(a, 1));
+    r.register_fn("et_copy::_d2h_copy.out", |a| copy_same_sizes(a, 1));
     r.register_fn("aten::repeat.out", repeat);
     r.register_fn("aten::flip.out", flip);
     r.register_fn("aten::roll.out", roll);

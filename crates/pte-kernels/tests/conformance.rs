@@ -25,8 +25,13 @@ use libtest_mimic::{Arguments, Failed, Trial};
 use pte_runtime::{npy, strides_for, DType, EValue, KernelRegistry, Program, Tensor, ValueMeta};
 use serde::Deserialize;
 
+/// `tests/conformance/`, or `PTE_CONFORMANCE_DIR` (a suite the generator wrote elsewhere
+/// with `--out`, e.g. an exploratory sweep).
 fn suite_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/conformance")
+    match std::env::var_os("PTE_CONFORMANCE_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/conformance"),
+    }
 }
 
 #[derive(Deserialize)]
@@ -82,7 +87,8 @@ struct RandomCheck {
 }
 
 /// Dropout: kept elements equal the input times `scale`, dropped ones are zero, and the
-/// kept fraction lies in bounds. With a mask output, the mask says which were kept.
+/// kept fraction lies in bounds. With a mask output, the mask (0s and 1s) says which were
+/// kept.
 #[derive(Deserialize)]
 struct Dropout {
     input: usize,
@@ -260,6 +266,14 @@ fn check_random(
             _ => return Err(format!("dropout input {} is not a tensor", d.input)),
         };
         let mask: Vec<bool> = match d.mask_output {
+            // The mask itself: 0s and 1s (its agreement with the values is checked with
+            // the values output).
+            Some(m) if m == k => {
+                if let Some(v) = x.iter().find(|&&v| v != 0.0 && v != 1.0) {
+                    return Err(format!("mask value {v} is neither 0 nor 1"));
+                }
+                x.iter().map(|&v| v != 0.0).collect()
+            }
             Some(m) => {
                 let mask = floats(outputs.get(m).ok_or("no mask output")?)?;
                 if let Some(i) = (0..x.len()).find(|&i| mask[i] == 0.0 && x[i] != 0.0) {
@@ -272,7 +286,8 @@ fn check_random(
             }
             None => x.iter().map(|&v| v != 0.0).collect(),
         };
-        for (i, (&v, &keep)) in x.iter().zip(&mask).enumerate() {
+        let values = d.mask_output != Some(k);
+        for (i, (&v, &keep)) in x.iter().zip(&mask).enumerate().filter(|_| values) {
             let scaled = input[i] * d.scale;
             if keep && (v - scaled).abs() > 1e-6 * scaled.abs() {
                 return Err(format!(

@@ -21,8 +21,10 @@
 //! names the payload field, value or node. Each node is then prepared once: weights
 //! packed into the layout its kernel reads (constants are otherwise read in place from
 //! the program or `.ptd` file), output bounds folded into its epilogue, shapes inferred,
-//! and memory planned so that values that are never alive together share it. All
-//! prepared state is charged to the method's memory budget.
+//! and memory planned so that values that are never alive together share it. A SiLU
+//! exported as `Sigmoid` and `Multiply` runs as one operation, inside the epilogue of
+//! the fp32 convolution or fully connected node producing its input when nothing else
+//! reads that value. All prepared state is charged to the method's memory budget.
 //!
 //! At each call the graph runs on the method's thread pool; when the input shapes
 //! change (dynamic shapes), shapes are inferred again and memory re-planned.

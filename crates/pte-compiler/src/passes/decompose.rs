@@ -152,6 +152,11 @@ pub fn rule(op: &Op) -> Option<Rule> {
         "aten::layer_norm" => layer_norm,
         "aten::rms_norm" => rms_norm,
         "aten::logsumexp" => logsumexp,
+        "aten::instance_norm" => instance_norm,
+        "aten::std.dim" | "aten::std.correction" => std,
+        "aten::linalg_vector_norm" => vector_norm,
+        "aten::prelu" => prelu,
+        "aten::mish" => mish,
         "aten::group_norm" => group_norm,
         "aten::dropout"
         | "aten::feature_dropout"
@@ -1151,6 +1156,180 @@ fn logsumexp(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
         vec![Arg::Tensor(l), Arg::Tensor(max), Arg::Int(1)],
     )?;
     Ok(vec![if keepdim { y } else { view(rw, y, &out.sizes)? }])
+}
+
+/// `x` viewed as `[C, 1, ...]` to broadcast along dim 1 of a tensor of rank `rank` (or
+/// along dim 0 of a vector), as PyTorch lines up per-channel parameters.
+fn per_channel(rw: &mut Rewriter<'_>, p: ValueId, rank: usize) -> Result<ValueId> {
+    let c = rw.meta(p)?.sizes.first().cloned().unwrap_or(Dim::Const(1));
+    let mut sizes = vec![c];
+    sizes.resize(rank.saturating_sub(1).max(1), Dim::Const(1));
+    view(rw, p, &sizes)
+}
+
+/// Instance norm as upstream's `to_edge` leaves it computable: each sample's channels
+/// normalized over their spatial dimensions with the biased variance, or with the running
+/// statistics when `use_input_stats` is false, then the affine parameters per channel.
+fn instance_norm(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
+    // instance_norm(input, weight, bias, running_mean, running_var, use_input_stats,
+    //               momentum, eps, cudnn_enabled)
+    let x = t(n, 0)?;
+    let rank = rw.meta(x)?.rank();
+    if rank < 3 {
+        return Err(CompileError::invalid(n.op.key(), "input of rank below 3"));
+    }
+    let eps = n.args.get(7).and_then(Arg::number).unwrap_or(1e-5);
+    let input_stats = n.args.get(5).and_then(Arg::bool).unwrap_or(true);
+    let (mean, var) = match (
+        n.args.get(3).and_then(Arg::tensor),
+        n.args.get(4).and_then(Arg::tensor),
+    ) {
+        (Some(m), Some(v)) if !input_stats => {
+            (per_channel(rw, m, rank)?, per_channel(rw, v, rank)?)
+        }
+        _ => {
+            let dims = ints(2..rank as i64);
+            let mean = rw.call1(
+                "aten::mean.dim",
+                vec![Arg::Tensor(x), dims.clone(), Arg::Bool(true), Arg::None],
+            )?;
+            let var = rw.call1(
+                "aten::var.correction",
+                vec![Arg::Tensor(x), dims, Arg::Int(0), Arg::Bool(true)],
+            )?;
+            (mean, var)
+        }
+    };
+    let centred = rw.call1(
+        "aten::sub.Tensor",
+        vec![Arg::Tensor(x), Arg::Tensor(mean), Arg::Int(1)],
+    )?;
+    let shifted = rw.call1(
+        "aten::add.Tensor",
+        vec![Arg::Tensor(var), Arg::Float(eps), Arg::Int(1)],
+    )?;
+    let scale = rw.call1("aten::rsqrt", vec![Arg::Tensor(shifted)])?;
+    let mut y = rw.call1(
+        "aten::mul.Tensor",
+        vec![Arg::Tensor(centred), Arg::Tensor(scale)],
+    )?;
+    if let Some(w) = n.args.get(1).and_then(Arg::tensor) {
+        let w = per_channel(rw, w, rank)?;
+        y = rw.call1("aten::mul.Tensor", vec![Arg::Tensor(y), Arg::Tensor(w)])?;
+    }
+    if let Some(b) = n.args.get(2).and_then(Arg::tensor) {
+        let b = per_channel(rw, b, rank)?;
+        y = rw.call1(
+            "aten::add.Tensor",
+            vec![Arg::Tensor(y), Arg::Tensor(b), Arg::Int(1)],
+        )?;
+    }
+    Ok(vec![y])
+}
+
+/// The square root of `var.correction`; `std.dim`'s `unbiased` is a correction of 1 or 0.
+fn std(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
+    let correction = if n.op.name == "aten::std" && n.op.overload == "dim" {
+        Arg::Int(i64::from(n.args.get(2).and_then(Arg::bool).unwrap_or(true)))
+    } else {
+        a(n, 2)
+    };
+    let var = rw.call1(
+        "aten::var.correction",
+        vec![a(n, 0), a(n, 1), correction, a(n, 3)],
+    )?;
+    Ok(vec![rw.call1("aten::sqrt", vec![Arg::Tensor(var)])?])
+}
+
+/// `linalg_vector_norm` by its definition: the sum of `|x|^p` to the power `1/p`, with
+/// the 2-norm as the root of a sum of squares, the 1-norm as a sum of absolute values,
+/// the infinity norms as extremes of absolute values and the 0-"norm" as a count.
+fn vector_norm(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
+    let out = out_meta(rw, n, 0)?;
+    if !crate::dtype::is_float(out.dtype) {
+        return Err(CompileError::unsupported(
+            n.op.key(),
+            "a norm of a non-float type",
+        ));
+    }
+    let x = cast(rw, t(n, 0)?, out.dtype)?;
+    let ord = n.args.get(1).and_then(Arg::number).unwrap_or(2.0);
+    let dims = match a(n, 2) {
+        Arg::None => Arg::Ints(Vec::new()),
+        d => d,
+    };
+    let keep = Arg::Bool(n.args.get(3).and_then(Arg::bool).unwrap_or(false));
+    let abs = rw.call1("aten::abs", vec![Arg::Tensor(x)])?;
+    let sum = |rw: &mut Rewriter<'_>, v: ValueId| {
+        rw.call1(
+            "aten::sum.dim_IntList",
+            vec![Arg::Tensor(v), dims.clone(), keep.clone(), Arg::None],
+        )
+    };
+    let y = if ord == 2.0 {
+        let sq = rw.call1("aten::mul.Tensor", vec![Arg::Tensor(x), Arg::Tensor(x)])?;
+        let s = sum(rw, sq)?;
+        rw.call1("aten::sqrt", vec![Arg::Tensor(s)])?
+    } else if ord == 1.0 {
+        sum(rw, abs)?
+    } else if ord.is_infinite() {
+        let op = if ord > 0.0 {
+            "aten::amax"
+        } else {
+            "aten::amin"
+        };
+        rw.call1(op, vec![Arg::Tensor(abs), dims.clone(), keep.clone()])?
+    } else if ord == 0.0 {
+        let nonzero = rw.call1("aten::ne.Scalar", vec![Arg::Tensor(abs), Arg::Int(0)])?;
+        let nonzero = cast(rw, nonzero, out.dtype)?;
+        sum(rw, nonzero)?
+    } else {
+        let p = rw.call1(
+            "aten::pow.Tensor_Scalar",
+            vec![Arg::Tensor(abs), Arg::Float(ord)],
+        )?;
+        let s = sum(rw, p)?;
+        rw.call1(
+            "aten::pow.Tensor_Scalar",
+            vec![Arg::Tensor(s), Arg::Float(1.0 / ord)],
+        )?
+    };
+    Ok(vec![view(rw, y, &out.sizes)?])
+}
+
+/// `where(x > 0, x, weight * x)` with the weight along the channel dimension.
+fn prelu(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
+    let x = t(n, 0)?;
+    let w = t(n, 1)?;
+    let rank = rw.meta(x)?.rank();
+    let single = rw
+        .meta(w)?
+        .static_sizes()
+        .is_some_and(|s| s.iter().product::<i64>() == 1);
+    let w = if single || rank == 0 {
+        w
+    } else {
+        per_channel(rw, w, rank)?
+    };
+    let scaled = rw.call1("aten::mul.Tensor", vec![Arg::Tensor(x), Arg::Tensor(w)])?;
+    let positive = rw.call1("aten::gt.Scalar", vec![Arg::Tensor(x), Arg::Int(0)])?;
+    Ok(vec![rw.call1(
+        "aten::where.self",
+        vec![Arg::Tensor(positive), Arg::Tensor(x), Arg::Tensor(scaled)],
+    )?])
+}
+
+/// `x * tanh(softplus(x))`, softplus as `log1p(exp(x))` (PyTorch's kernel has no
+/// threshold here: for large `x` it is `x * tanh(inf) = x`).
+fn mish(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
+    let x = t(n, 0)?;
+    let e = rw.call1("aten::exp", vec![Arg::Tensor(x)])?;
+    let sp = rw.call1("aten::log1p", vec![Arg::Tensor(e)])?;
+    let th = rw.call1("aten::tanh", vec![Arg::Tensor(sp)])?;
+    Ok(vec![rw.call1(
+        "aten::mul.Tensor",
+        vec![Arg::Tensor(x), Arg::Tensor(th)],
+    )?])
 }
 
 fn group_norm(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {

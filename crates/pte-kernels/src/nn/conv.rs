@@ -11,11 +11,12 @@
 
 use pte_compute::{Activation, Conv2d, Conv2dParams, ConvTranspose2d, ConvTranspose2dParams, Gemm};
 use pte_runtime::{Arg, Args, Charge, DType, Dims, KernelError, KernelRegistry, KernelResult};
+use smallvec::SmallVec;
 
 use super::spatial_pair;
 use crate::layout::{read_dense, Dense};
-use crate::num::{Float, Ring};
-use crate::util::{compute_error, oob, to_size, Checked, Scratch, Stateful};
+use crate::num::{Elem, Float, Ring};
+use crate::util::{compute_error, oob, to_size, Scratch, Stateful};
 
 /// Sizes of one convolution; index 0 of each pair is the height, 1 the width.
 #[derive(Clone, Copy, PartialEq)]
@@ -91,9 +92,34 @@ fn spatial_sizes(sizes: &[usize], n: usize) -> KernelResult<[usize; 2]> {
     }
 }
 
+/// Where a call's convolution arguments are: the input, the weight, and the first of
+/// stride, padding, dilation, transposed, output_padding and groups.
+#[derive(Clone, Copy)]
+struct Positions {
+    input: usize,
+    weight: usize,
+    params: usize,
+}
+
+/// `convolution.out(input, weight, bias?, stride, padding, dilation, transposed,
+/// output_padding, groups, out)`.
+const FORWARD: Positions = Positions {
+    input: 0,
+    weight: 1,
+    params: 3,
+};
+
+/// `convolution_backward.out(grad_output, input, weight, bias_sizes?, stride, padding,
+/// dilation, transposed, output_padding, groups, output_mask, out0, out1, out2)`.
+const BACKWARD: Positions = Positions {
+    input: 1,
+    weight: 2,
+    params: 4,
+};
+
 /// Reads and checks the arguments; returns the geometry and the output sizes.
-fn geometry(args: &Args<'_>) -> KernelResult<(Geom, Dims)> {
-    let (x, w) = (args.tensor(0)?, args.tensor(1)?);
+fn geometry(args: &Args<'_>, at: Positions) -> KernelResult<(Geom, Dims)> {
+    let (x, w) = (args.tensor(at.input)?, args.tensor(at.weight)?);
     let spatial = match w.rank() {
         3 => 1,
         4 => 2,
@@ -114,17 +140,18 @@ fn geometry(args: &Args<'_>) -> KernelResult<(Geom, Dims)> {
     };
     let input = spatial_sizes(&x.sizes, spatial)?;
     let kernel = spatial_sizes(&w.sizes, spatial)?;
-    let stride = spatial_pair(&args.int_list(3)?, spatial, "stride", 1)?;
-    let pad = spatial_pair(&args.int_list(4)?, spatial, "padding", 0)?;
-    let dilation = spatial_pair(&args.int_list(5)?, spatial, "dilation", 1)?;
-    let transposed = args.bool(6)?;
-    let out_pad_list = args.int_list(7)?;
+    let p = at.params;
+    let stride = spatial_pair(&args.int_list(p)?, spatial, "stride", 1)?;
+    let pad = spatial_pair(&args.int_list(p + 1)?, spatial, "padding", 0)?;
+    let dilation = spatial_pair(&args.int_list(p + 2)?, spatial, "dilation", 1)?;
+    let transposed = args.bool(p + 3)?;
+    let out_pad_list = args.int_list(p + 4)?;
     let out_pad = if out_pad_list.is_empty() {
         [0, 0]
     } else {
         spatial_pair(&out_pad_list, spatial, "output_padding", 0)?
     };
-    let groups = to_size(args.int(8)?, "groups")?;
+    let groups = to_size(args.int(p + 5)?, "groups")?;
     if groups == 0 || stride.contains(&0) || dilation.contains(&0) || kernel.contains(&0) {
         return Err(invalid(format!(
             "groups ({groups}), stride {stride:?}, dilation {dilation:?} and kernel {kernel:?} must be positive"
@@ -199,7 +226,7 @@ fn geometry(args: &Args<'_>) -> KernelResult<(Geom, Dims)> {
 }
 
 fn convolution(args: &mut Args<'_>, cache: &mut Option<Prepared>) -> KernelResult {
-    let (g, out_sizes) = geometry(args)?;
+    let (g, out_sizes) = geometry(args, FORWARD)?;
     let bias = args.opt_tensor(2)?;
     let dtype = args.tensor(0)?.dtype;
     let dtypes = [
@@ -402,53 +429,176 @@ fn source(
         .filter(|&i| i < len)
 }
 
-/// The direct convolution: each output the sum of its taps, accumulated in `T::Acc`.
-fn direct<T: Float>(g: &Geom, x: &[T], w: &[T], bias: Option<&[T]>, out: &mut [T]) -> KernelResult {
+/// Calls `f(x, y, w)` for every product a convolution sums: `x` an element of the input
+/// (the smaller side of a transposed convolution), `y` of the output, `w` of the weight,
+/// as offsets in row-major order; outputs in order, each output's terms in order.
+fn connections(g: &Geom, mut f: impl FnMut(usize, usize, usize)) {
     let ([h, wd], [kh, kw], [oh, ow]) = (g.input, g.kernel, g.output);
     let ([sh, sw], [ph, pw], [dh, dw]) = (g.stride, g.pad, g.dilation);
     let (cig, cog) = (g.c_in / g.groups, g.c_out / g.groups);
     let (hw, ohw, taps) = (h * wd, oh * ow, kh * kw);
-    for (p, plane) in out.chunks_exact_mut(ohw).enumerate() {
-        let (b, oc) = (p / g.c_out, p % g.c_out);
-        let gi = oc / cog;
-        let b0 = bias.map_or(Ok(<T::Acc as Ring>::ZERO), |bs| bs.at(oc).map(|v| v.acc()))?;
-        for (o, dst) in plane.iter_mut().enumerate() {
-            let (oy, ox) = (o / ow, o % ow);
-            let mut acc = b0;
-            for c in 0..cig {
-                let ic = gi * cig + c;
-                let image = x.span((b * g.c_in + ic) * hw, hw)?;
-                for ky in 0..kh {
-                    for kx in 0..kw {
-                        let (iy, ix) = if g.transposed {
-                            (
-                                source(oy, ky, sh, dh, ph, h),
-                                source(ox, kx, sw, dw, pw, wd),
-                            )
-                        } else {
-                            (tap(oy, ky, sh, dh, ph, h), tap(ox, kx, sw, dw, pw, wd))
-                        };
-                        let (Some(iy), Some(ix)) = (iy, ix) else {
-                            continue;
-                        };
-                        // Weights: [c_out, c_in/groups, kh, kw], transposed [c_in, c_out/groups, kh, kw].
-                        let wi = if g.transposed {
-                            (ic * cog + oc % cog) * taps
-                        } else {
-                            (oc * cig + c) * taps
-                        } + ky * kw
-                            + kx;
-                        acc += image.at(iy * wd + ix)?.acc() * w.at(wi)?.acc();
+    for b in 0..g.batch {
+        for oc in 0..g.c_out {
+            let gi = oc / cog.max(1);
+            for o in 0..ohw {
+                let (oy, ox) = (o / ow, o % ow);
+                let y = (b * g.c_out + oc) * ohw + o;
+                for c in 0..cig {
+                    let ic = gi * cig + c;
+                    // Weights: [c_out, c_in/groups, kh, kw], transposed [c_in, c_out/groups, kh, kw].
+                    let w0 = if g.transposed {
+                        (ic * cog + oc % cog.max(1)) * taps
+                    } else {
+                        (oc * cig + c) * taps
+                    };
+                    for ky in 0..kh {
+                        for kx in 0..kw {
+                            let (iy, ix) = if g.transposed {
+                                (
+                                    source(oy, ky, sh, dh, ph, h),
+                                    source(ox, kx, sw, dw, pw, wd),
+                                )
+                            } else {
+                                (tap(oy, ky, sh, dh, ph, h), tap(ox, kx, sw, dw, pw, wd))
+                            };
+                            if let (Some(iy), Some(ix)) = (iy, ix) {
+                                let x = (b * g.c_in + ic) * hw + iy * wd + ix;
+                                f(x, y, w0 + ky * kw + kx);
+                            }
+                        }
                     }
                 }
             }
-            *dst = T::of_acc(acc);
         }
     }
-    Ok(())
 }
 
-/// Registers `aten::convolution.out`.
+/// The direct convolution: each output the sum of its terms, accumulated in `T::Acc`.
+fn direct<T: Float>(g: &Geom, x: &[T], w: &[T], bias: Option<&[T]>, out: &mut [T]) -> KernelResult {
+    let ohw = g.output[0] * g.output[1];
+    let mut ok = true;
+    let mut current: Option<(usize, T::Acc)> = None;
+    let bias_of = |y: usize| {
+        let oc = y / ohw.max(1) % g.c_out.max(1);
+        bias.and_then(|b| b.get(oc))
+            .map_or(<T::Acc as Ring>::ZERO, |v| v.acc())
+    };
+    // Outputs with no term (all in the padding) hold their bias.
+    for (y, o) in out.iter_mut().enumerate() {
+        *o = T::of_acc(bias_of(y));
+    }
+    let mut flush = |out: &mut [T], (y, acc): (usize, T::Acc)| match out.get_mut(y) {
+        Some(o) => *o = T::of_acc(acc),
+        None => ok = false,
+    };
+    connections(g, |xi, yi, wi| {
+        let term = match (x.get(xi), w.get(wi)) {
+            (Some(a), Some(b)) => a.acc() * b.acc(),
+            _ => <T::Acc as Ring>::ZERO,
+        };
+        current = match current {
+            Some((y, acc)) if y == yi => Some((y, acc + term)),
+            Some(done) => {
+                flush(out, done);
+                Some((yi, bias_of(yi) + term))
+            }
+            None => Some((yi, bias_of(yi) + term)),
+        };
+    });
+    if let Some(done) = current {
+        flush(out, done);
+    }
+    if ok {
+        Ok(())
+    } else {
+        Err(oob())
+    }
+}
+
+/// `convolution_backward.out(grad_output, input, weight, bias_sizes?, stride, padding,
+/// dilation, transposed, output_padding, groups, output_mask, grad_input, grad_weight,
+/// grad_bias)`: the gradients `output_mask` asks for, accumulated in `f64`.
+fn convolution_backward(args: &mut Args<'_>) -> KernelResult {
+    let (g, out_sizes) = geometry(args, BACKWARD)?;
+    let go = args.tensor(0)?;
+    if go.sizes != out_sizes {
+        return Err(invalid(format!(
+            "grad_output of shape {:?}, the convolution gives {:?}",
+            go.sizes.as_slice(),
+            out_sizes.as_slice()
+        )));
+    }
+    let mask = args.bool_list(10)?;
+    let &[want_x, want_w, want_b] = mask else {
+        return Err(invalid(format!("output_mask needs 3 values, got {mask:?}")));
+    };
+    let dtype = go.dtype;
+    for i in [1, 2] {
+        if args.tensor(i)?.dtype != dtype {
+            return Err(KernelError::dtypes(&[dtype, args.tensor(i)?.dtype]));
+        }
+    }
+    let mut writes = SmallVec::<[Arg; 3]>::new();
+    for (want, out, like) in [(want_x, 11, 1), (want_w, 12, 2)] {
+        if want {
+            let sizes = args.tensor(like)?.sizes;
+            args.resize(out, &sizes)?;
+            writes.push(Arg::At(out));
+        }
+    }
+    if want_b {
+        args.resize(13, &[g.c_out])?;
+        writes.push(Arg::At(13));
+    }
+    for &w in &writes {
+        if args.tensor(w)?.dtype != dtype {
+            return Err(KernelError::dtypes(&[dtype, args.tensor(w)?.dtype]));
+        }
+    }
+    let (nx, nw) = (args.tensor(1)?.numel(), args.tensor(2)?.numel());
+    let pieces = [Scratch::piece::<f64>(nx), Scratch::piece::<f64>(nw)];
+    let reads = [Arg::At(0), Arg::At(1), Arg::At(2)];
+    let mut io = Dense::io(args, &reads, &writes, &pieces)?;
+    let (dx, dw) = (io.scratch.take::<f64>(nx)?, io.scratch.take::<f64>(nw)?);
+    dx.fill(0.0);
+    dw.fill(0.0);
+    crate::dispatch_float!(dtype, T => {
+        let (gy, x, w) = (io.input::<T>(0)?, io.input::<T>(1)?, io.input::<T>(2)?);
+        let at = |s: &[T], i: usize| s.get(i).map_or(0.0, |v| v.to_f64());
+        connections(&g, |xi, yi, wi| {
+            let d = at(gy, yi);
+            if let Some(v) = dx.get_mut(xi) {
+                *v += d * at(w, wi);
+            }
+            if let Some(v) = dw.get_mut(wi) {
+                *v += d * at(x, xi);
+            }
+        });
+        let mut k = 0;
+        for (want, grads) in [(want_x, &*dx), (want_w, &*dw)] {
+            if want {
+                for (o, &v) in io.output::<T>(k)?.iter_mut().zip(grads) {
+                    *o = T::from_f64(v);
+                }
+                k += 1;
+            }
+        }
+        if want_b {
+            let ohw = g.output[0] * g.output[1];
+            let db = io.output::<T>(k)?;
+            db.fill(T::default());
+            for (p, plane) in gy.chunks_exact(ohw.max(1)).enumerate() {
+                if let Some(o) = db.get_mut(p % g.c_out.max(1)) {
+                    *o = T::from_f64(o.to_f64() + plane.iter().map(|v| v.to_f64()).sum::<f64>());
+                }
+            }
+        }
+    }, return Err(KernelError::dtypes(&[dtype])));
+    io.finish()
+}
+
+/// Registers `aten::convolution.out` and `aten::convolution_backward.out`.
 pub fn register(r: &mut KernelRegistry) {
     r.register("aten::convolution.out", Stateful(convolution));
+    r.register_fn("aten::convolution_backward.out", convolution_backward);
 }

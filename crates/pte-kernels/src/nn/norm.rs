@@ -1,5 +1,6 @@
-//! Normalization: `native_layer_norm`, `native_group_norm` and batch norm
-//! (`_native_batch_norm_legit_no_training`), on tensors of any dim order.
+//! Normalization: `native_layer_norm`, `native_group_norm` and batch norm (inference,
+//! `_native_batch_norm_legit_no_training`, and training, `_native_batch_norm_legit`),
+//! on tensors of any dim order.
 //!
 //! Layer and group norm normalize rows of the input (the trailing normalized dims, or a
 //! batch entry's group of channels): each row's mean and biased variance are computed
@@ -235,25 +236,30 @@ fn group_norm(args: &mut Args<'_>) -> KernelResult {
 /// per channel (dim 1). The saved statistics are empty, as upstream writes them, unless
 /// the program declares them with one element per channel.
 fn batch_norm(args: &mut Args<'_>) -> KernelResult {
+    batch_norm_eval(args, [1, 2, 3, 4], 6, [7, 8, 9])
+}
+
+/// Batch norm by the running statistics: the weight, bias, running mean and variance at
+/// `inputs`, eps at `eps`, the output and saved statistics at `outs`.
+fn batch_norm_eval(
+    args: &mut Args<'_>,
+    inputs: [usize; 4],
+    eps: usize,
+    outs: [usize; 3],
+) -> KernelResult {
     let x = args.tensor(0)?;
-    let (c, inner) = match x.sizes.as_slice() {
-        [_, c, rest @ ..] => (*c, prod(rest)),
-        s => {
-            return Err(KernelError::invalid(format!(
-                "batch norm needs an (N, C, ...) input, got shape {s:?}"
-            )))
-        }
-    };
-    let eps = args.double(6)?;
+    let (c, inner) = channels(&x)?;
+    let eps = args.double(eps)?;
+    let [wi, bi, mi, vi] = inputs;
     for (i, what) in [
-        (1, "weight"),
-        (2, "bias"),
-        (3, "running_mean"),
-        (4, "running_var"),
+        (wi, "weight"),
+        (bi, "bias"),
+        (mi, "running_mean"),
+        (vi, "running_var"),
     ] {
         check_len(args, i, c, what)?;
     }
-    same_dtype(args, x.dtype, &[1, 2, 3, 4, 7, 8, 9])?;
+    same_dtype(args, x.dtype, &[wi, bi, mi, vi, outs[0], outs[1], outs[2]])?;
     let save_sizes = |t: pte_runtime::TensorInfo| -> Dims {
         if t.rank() == 1 && t.numel() == c && c > 0 {
             t.sizes
@@ -261,14 +267,17 @@ fn batch_norm(args: &mut Args<'_>) -> KernelResult {
             smallvec::smallvec![0; t.rank()]
         }
     };
-    let (save_mean, save_invstd) = (save_sizes(args.tensor(8)?), save_sizes(args.tensor(9)?));
-    args.resize(7, &x.sizes)?;
-    args.resize(8, &save_mean)?;
-    args.resize(9, &save_invstd)?;
-    let mut reads = Reads::new(&[0, 3, 4]);
-    let (wi, bi) = (reads.optional(args, 1)?, reads.optional(args, 2)?);
+    let (save_mean, save_invstd) = (
+        save_sizes(args.tensor(outs[1])?),
+        save_sizes(args.tensor(outs[2])?),
+    );
+    args.resize(outs[0], &x.sizes)?;
+    args.resize(outs[1], &save_mean)?;
+    args.resize(outs[2], &save_invstd)?;
+    let mut reads = Reads::new(&[0, mi, vi]);
+    let (wi, bi) = (reads.optional(args, wi)?, reads.optional(args, bi)?);
     let pool = args.pool();
-    let writes = [Arg::At(7), Arg::At(8), Arg::At(9)];
+    let writes = outs.map(Arg::At);
     let mut io = Dense::io(args, &reads.0, &writes, &[Scratch::piece::<[f64; 2]>(c)])?;
     let stats = io.scratch.take::<[f64; 2]>(c)?;
     crate::dispatch_float!(x.dtype, T => {
@@ -289,6 +298,103 @@ fn batch_norm(args: &mut Args<'_>) -> KernelResult {
             let out = io.output::<T>(k + 1)?;
             for (o, s) in out.iter_mut().zip(stats) {
                 *o = T::from_f64(*s.get(k).ok_or_else(oob)?);
+            }
+        }
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
+}
+
+/// The sizes of a batch norm input: channels (dim 1) and elements per channel of a batch
+/// entry.
+fn channels(x: &pte_runtime::TensorInfo) -> KernelResult<(usize, usize)> {
+    match x.sizes.as_slice() {
+        [_, c, rest @ ..] => Ok((*c, prod(rest))),
+        s => Err(KernelError::invalid(format!(
+            "batch norm needs an (N, C, ...) input, got shape {s:?}"
+        ))),
+    }
+}
+
+/// `_native_batch_norm_legit.out(input, weight?, bias?, running_mean, running_var,
+/// training, momentum, eps, out, save_mean, save_invstd)` (`running` true) and
+/// `_native_batch_norm_legit.no_stats_out(input, weight?, bias?, training, momentum, eps,
+/// out, save_mean, save_invstd)`. Training normalizes each channel by the batch's mean
+/// and biased variance (saved as the mean and `1/sqrt(var + eps)`) and moves the running
+/// statistics toward the batch's (the variance unbiased) by `momentum`; otherwise the
+/// running statistics normalize, as in inference.
+fn batch_norm_legit(args: &mut Args<'_>, running: bool) -> KernelResult {
+    let first = if running { 5 } else { 3 };
+    let training = args.bool(first)?;
+    if !training {
+        if !running {
+            return Err(KernelError::invalid(
+                "batch norm without running statistics must be in training mode",
+            ));
+        }
+        return batch_norm_eval(args, [1, 2, 3, 4], first + 2, [8, 9, 10]);
+    }
+    let (momentum, eps) = (args.double(first + 1)?, args.double(first + 2)?);
+    let outs = [first + 3, first + 4, first + 5];
+    let x = args.tensor(0)?;
+    let (c, inner) = channels(&x)?;
+    let n = x.numel() / (c * inner).max(1);
+    let count = n * inner;
+    check_len(args, 1, c, "weight")?;
+    check_len(args, 2, c, "bias")?;
+    let mut checked = SmallVec::<[usize; 8]>::from_slice(&[1, 2, outs[0], outs[1], outs[2]]);
+    if running {
+        check_len(args, 3, c, "running_mean")?;
+        check_len(args, 4, c, "running_var")?;
+        checked.extend([3, 4]);
+    }
+    same_dtype(args, x.dtype, &checked)?;
+    args.resize(outs[0], &x.sizes)?;
+    args.resize(outs[1], &[c])?;
+    args.resize(outs[2], &[c])?;
+    let mut reads = Reads::new(&[0]);
+    let (wi, bi) = (reads.optional(args, 1)?, reads.optional(args, 2)?);
+    let mut writes: SmallVec<[Arg; 5]> = outs.iter().map(|&i| Arg::At(i)).collect();
+    if running {
+        writes.extend([Arg::At(3), Arg::At(4)]);
+    }
+    let pool = args.pool();
+    let mut io = Dense::io(args, &reads.0, &writes, &[Scratch::piece::<[f64; 2]>(c)])?;
+    let stats = io.scratch.take::<[f64; 2]>(c)?;
+    crate::dispatch_float!(x.dtype, T => {
+        let (w, b) = (optional::<T>(&io, wi)?, optional::<T>(&io, bi)?);
+        let src = io.input::<T>(0)?;
+        // Each channel's mean and biased variance over the batch and the spatial dims.
+        for (ch, s) in stats.iter_mut().enumerate() {
+            let values = (0..n).flat_map(|b| {
+                src.get((b * c + ch) * inner..(b * c + ch + 1) * inner)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|v| v.to_f64())
+            });
+            let (mean, invstd) = moments(values, eps);
+            *s = [mean, invstd];
+        }
+        let stats = &*stats;
+        apply_channels::<T>(pool, src, io.output::<T>(0)?, c, inner, |ch| {
+            let [mean, invstd] = stats.get(ch).copied().unwrap_or([f64::NAN; 2]);
+            let at = |v: Option<&[T]>, d: f64| v.and_then(|v| v.get(ch)).map_or(d, |v| v.to_f64());
+            let scale = invstd * at(w, 1.0);
+            (scale, at(b, 0.0) - mean * scale)
+        })?;
+        for k in 0..2 {
+            for (o, s) in io.output::<T>(k + 1)?.iter_mut().zip(stats) {
+                *o = T::from_f64(*s.get(k).ok_or_else(oob)?);
+            }
+        }
+        if running {
+            // var = 1/invstd² - eps, unbiased by n/(n - 1).
+            let unbias = if count > 1 { count as f64 / (count - 1) as f64 } else { f64::NAN };
+            for (o, s) in io.output::<T>(3)?.iter_mut().zip(stats) {
+                *o = T::from_f64((1.0 - momentum) * o.to_f64() + momentum * s[0]);
+            }
+            for (o, s) in io.output::<T>(4)?.iter_mut().zip(stats) {
+                let var = 1.0 / (s[1] * s[1]) - eps;
+                *o = T::from_f64((1.0 - momentum) * o.to_f64() + momentum * var * unbias);
             }
         }
     }, return Err(KernelError::dtypes(&[x.dtype])));
@@ -321,4 +427,10 @@ pub fn register(r: &mut KernelRegistry) {
     r.register_fn("aten::native_layer_norm.out", layer_norm);
     r.register_fn("aten::native_group_norm.out", group_norm);
     r.register_fn("aten::_native_batch_norm_legit_no_training.out", batch_norm);
+    r.register_fn("aten::_native_batch_norm_legit.out", |a| {
+        batch_norm_legit(a, true)
+    });
+    r.register_fn("aten::_native_batch_norm_legit.no_stats_out", |a| {
+        batch_norm_legit(a, false)
+    });
 }

@@ -219,6 +219,45 @@ fn max_pool2d_with_indices(args: &mut Args<'_>) -> KernelResult {
     io.finish()
 }
 
+/// `max_pool2d_with_indices_backward.grad_input(grad_output, self, kernel_size, stride,
+/// padding, dilation, ceil_mode, indices, grad_input)`: each gradient added to the input
+/// element its window's maximum came from (`indices`), the rest zero (PyTorch clears the
+/// output first; upstream accumulates into it).
+fn max_pool2d_backward(args: &mut Args<'_>) -> KernelResult {
+    let (go, x, idx) = (args.tensor(0)?, args.tensor(1)?, args.tensor(7)?);
+    let p = Planes::of(&x)?;
+    let planes = crate::util::prod(&p.lead);
+    let (hw, ohw) = (p.h * p.w, go.numel() / planes.max(1));
+    if idx.sizes != go.sizes || idx.dtype != DType::I64 || go.numel() != planes * ohw {
+        return Err(KernelError::invalid(format!(
+            "max_pool2d_with_indices_backward: grad_output {:?} and int64 indices {:?} must match, with the input's {planes} planes",
+            go.sizes.as_slice(),
+            idx.sizes.as_slice()
+        )));
+    }
+    check_dtypes(&[go.dtype, x.dtype, args.tensor(8)?.dtype])?;
+    args.resize(8, &x.sizes)?;
+    let mut io = Dense::io(args, &[0.into(), 7.into()], &[8.into()], &[])?;
+    let indices = io.input::<i64>(1)?;
+    crate::dispatch_float!(x.dtype, T => {
+        let grads = io.input::<T>(0)?;
+        let out = io.output::<T>(0)?;
+        out.fill(T::default());
+        let planes = out.chunks_exact_mut(hw.max(1)).zip(grads.chunks(ohw.max(1)).zip(indices.chunks(ohw.max(1))));
+        for (plane, (g, i)) in planes {
+            for (&g, &i) in g.iter().zip(i) {
+                let slot = usize::try_from(i).ok().and_then(|i| plane.get_mut(i)).ok_or_else(|| {
+                    KernelError::invalid(format!(
+                        "max_pool2d_with_indices_backward: index {i} is outside a plane of {hw}"
+                    ))
+                })?;
+                *slot = T::of_acc(slot.acc() + g.acc());
+            }
+        }
+    }, return Err(KernelError::dtypes(&[x.dtype])));
+    io.finish()
+}
+
 /// `avg_pool2d.out(self, kernel_size, stride, padding, ceil_mode, count_include_pad,
 /// divisor_override, out)`. A window is clipped to the input; its divisor is the override
 /// if given, else its size including padding (`count_include_pad`) or not.
@@ -360,6 +399,10 @@ fn mean<T: Elem>(values: impl Iterator<Item = T>, div: i64) -> T {
 /// Registers the pooling kernels.
 pub fn register(r: &mut KernelRegistry) {
     r.register_fn("aten::max_pool2d_with_indices.out", max_pool2d_with_indices);
+    r.register_fn(
+        "aten::max_pool2d_with_indices_backward.grad_input",
+        max_pool2d_backward,
+    );
     r.register_fn("aten::avg_pool2d.out", avg_pool2d);
     r.register_fn("aten::_adaptive_avg_pool2d.out", adaptive_avg_pool2d);
 }
