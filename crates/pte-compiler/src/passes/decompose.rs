@@ -1113,15 +1113,7 @@ fn rms_norm(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
         "aten::mean.dim",
         vec![Arg::Tensor(sq), dims, Arg::Bool(true), Arg::None],
     )?;
-    let shifted = rw.call1(
-        "aten::add.Tensor",
-        vec![Arg::Tensor(ms), Arg::Float(eps), Arg::Int(1)],
-    )?;
-    let scale = rw.call1("aten::rsqrt", vec![Arg::Tensor(shifted)])?;
-    let y = rw.call1(
-        "aten::mul.Tensor",
-        vec![Arg::Tensor(xw), Arg::Tensor(scale)],
-    )?;
+    let y = normalized(rw, xw, ms, eps)?;
     let y = cast(rw, y, m.dtype)?;
     Ok(vec![match n.args.get(2).and_then(Arg::tensor) {
         Some(w) => rw.call1("aten::mul.Tensor", vec![Arg::Tensor(y), Arg::Tensor(w)])?,
@@ -1156,6 +1148,16 @@ fn logsumexp(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
         vec![Arg::Tensor(l), Arg::Tensor(max), Arg::Int(1)],
     )?;
     Ok(vec![if keepdim { y } else { view(rw, y, &out.sizes)? }])
+}
+
+/// `x * rsqrt(var + eps)`, the scaling every normalization shares.
+fn normalized(rw: &mut Rewriter<'_>, x: ValueId, var: ValueId, eps: f64) -> Result<ValueId> {
+    let shifted = rw.call1(
+        "aten::add.Tensor",
+        vec![Arg::Tensor(var), Arg::Float(eps), Arg::Int(1)],
+    )?;
+    let scale = rw.call1("aten::rsqrt", vec![Arg::Tensor(shifted)])?;
+    rw.call1("aten::mul.Tensor", vec![Arg::Tensor(x), Arg::Tensor(scale)])
 }
 
 /// `x` viewed as `[C, 1, ...]` to broadcast along dim 1 of a tensor of rank `rank` (or
@@ -1204,15 +1206,7 @@ fn instance_norm(rw: &mut Rewriter<'_>, n: &Node) -> Result<Vec<ValueId>> {
         "aten::sub.Tensor",
         vec![Arg::Tensor(x), Arg::Tensor(mean), Arg::Int(1)],
     )?;
-    let shifted = rw.call1(
-        "aten::add.Tensor",
-        vec![Arg::Tensor(var), Arg::Float(eps), Arg::Int(1)],
-    )?;
-    let scale = rw.call1("aten::rsqrt", vec![Arg::Tensor(shifted)])?;
-    let mut y = rw.call1(
-        "aten::mul.Tensor",
-        vec![Arg::Tensor(centred), Arg::Tensor(scale)],
-    )?;
+    let mut y = normalized(rw, centred, var, eps)?;
     if let Some(w) = n.args.get(1).and_then(Arg::tensor) {
         let w = per_channel(rw, w, rank)?;
         y = rw.call1("aten::mul.Tensor", vec![Arg::Tensor(y), Arg::Tensor(w)])?;
