@@ -405,6 +405,23 @@ fn convolutions_match_the_generic_kernel() {
     }
 }
 
+/// Found by the `mutate` fuzz target: a convolution with no output channels made weight
+/// packing panic. Empty convolutions run the generic kernel, with PyTorch's results.
+#[test]
+fn empty_convolutions_match_the_generic_kernel() {
+    for c in [
+        conv(1, (4, 0, 1), [5, 5], [3, 3], [1, 1], [1, 1], [1, 1]),
+        conv(1, (0, 3, 1), [5, 5], [3, 3], [1, 1], [1, 1], [1, 1]),
+        conv(0, (2, 3, 1), [5, 5], [3, 3], [1, 1], [1, 1], [1, 1]),
+    ] {
+        let bytes = c.program(false, false, After::Nothing);
+        let inputs = [(c.x_sizes(), values(c.x_sizes().iter().product(), 7))];
+        let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+        let (got, _) = run(&bytes, &pte_kernels::registry(), &inputs, 1);
+        assert_close(&got, &want, 1, &format!("{c:?}"));
+    }
+}
+
 #[test]
 fn fused_convolution_chains_match_the_calls_one_by_one() {
     let shapes = [

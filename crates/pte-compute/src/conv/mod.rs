@@ -104,6 +104,11 @@ impl Conv2dParams {
         let taps = error::mul(self.kernel[0], self.kernel[1], "convolution kernel")?;
         let k = error::mul(self.channels_per_group().0, taps, "convolution depth")?;
         let w_len = error::mul(self.out_channels, k, "convolution weights")?;
+        if w_len == 0 {
+            return Err(Error::ShapeMismatch {
+                what: "a convolution without output channels or without taps".into(),
+            });
+        }
         if weights != w_len {
             return Err(Error::ShapeMismatch {
                 what: format!("convolution weights of {weights} elements, {w_len} expected"),

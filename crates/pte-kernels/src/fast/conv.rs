@@ -258,7 +258,8 @@ pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Sp
     if groups == 0
         || ws.get(1).copied().and_then(|c| c.checked_mul(groups)) != Some(c_in)
         || bias.is_some_and(|b| b.len() != c_out)
-        || batch == 0
+        // Empty tensors (no batch, channels, pixels or taps): the generic kernel.
+        || xs.iter().chain(&ws).chain(&out).any(|&d| d == 0)
     {
         return Ok(None);
     }

@@ -253,7 +253,10 @@ fn convolution(args: &mut Args<'_>, cache: &mut Option<Prepared>) -> KernelResul
     if out_sizes.contains(&0) {
         return Ok(());
     }
-    if dtype == DType::F32 {
+    // A product of depth zero (no input channels or no taps) is the bias alone, which the
+    // direct loop gives; `pte-compute` prepares only real products.
+    let empty_product = g.c_in / g.groups == 0 || g.kernel.contains(&0);
+    if dtype == DType::F32 && !empty_product {
         return convolution_f32(args, &g, bias.is_some(), cache);
     }
     let reads: &[Arg] = if bias.is_some() {
