@@ -107,7 +107,13 @@
 //! Winograd convolution, a blocked channel layout (NCHWc), f16/bf16 products. NEON
 //! is compiled and type-checked only (no aarch64 machine to run it).
 
-#![deny(clippy::indexing_slicing)]
+#![deny(
+    clippy::indexing_slicing,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::unreachable
+)]
 // Tests index their reference data directly; a panic there is a test failure.
 #![cfg_attr(test, allow(clippy::indexing_slicing))]
 
