@@ -474,6 +474,10 @@ fn bench_ops(o: &Opts) {
             1.0 / (1.0 + (-v).exp())
         }),
         ("tanh", Activation::Tanh, f32::tanh),
+        ("silu", Activation::Silu, |v: f32| v / (1.0 + (-v).exp())),
+        ("relu (the copy's cost)", Activation::RELU, |v: f32| {
+            v.max(0.0)
+        }),
     ] {
         let mut y2 = ye.clone();
         let mut ours = || {

@@ -7,7 +7,7 @@
 //! - `exp`: at most 2 ulp for results above `f32::MIN_POSITIVE`; results that would be
 //!   subnormal flush to 0, overflow gives +inf, NaN stays NaN.
 //! - `sigmoid`, `silu`, `tanh`: at most 4 ulp (relative 5e-7) where the result is
-//!   normal.
+//!   normal; below x = -87.3 sigmoid and silu flush to (signed) 0, as e^x does.
 //! - `gelu` (erf form): relative error below 1e-6 down to x = -13 (below that the
 //!   result is subnormal or 0); `gelu_tanh`: relative 5e-6 for x >= -5 (the f32
 //!   rounding of its inner polynomial, amplified by the slope of the sigmoid).
@@ -27,26 +27,39 @@ const ROUND: f32 = 12_582_912.0;
 const EXP_MAX: f32 = 88.722_83;
 const EXP_MIN: f32 = -87.336_55;
 
+/// e^x for x in `EXP_MIN..=EXP_MAX` (outside it the result is meaningless): the
+/// reduction x = n·ln 2 + r, a degree-6 polynomial for e^r evaluated in Estrin's
+/// scheme (a shorter chain of dependent instructions than Horner's, which is what
+/// bounds a vectorized loop of it), and n as the returned integer exponent, in
+/// -126..=128.
+#[inline(always)]
+fn exp_reduced<const FMA: bool>(x: f32) -> (f32, i32) {
+    let t = madd::<FMA>(x, LOG2E, ROUND);
+    let n = t - ROUND;
+    let ni = t.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
+    let r = madd::<FMA>(n, -LN2_LO, madd::<FMA>(n, -LN2_HI, x));
+    // 1 + r + r²·(c2 + c3·r + (c4 + c5·r)·r² + c6·r⁴).
+    let r2 = r * r;
+    let lo = madd::<FMA>(1.666_666_5e-1, r, 5.000_000_1e-1);
+    let mid = madd::<FMA>(8.333_452e-3, r, 4.166_579_6e-2);
+    let hi = madd::<FMA>(1.987_569_1e-4, r, 1.398_199_9e-3);
+    let p = madd::<FMA>(madd::<FMA>(hi, r2, mid), r2, lo);
+    (madd::<FMA>(p, r2, r) + 1.0, ni)
+}
+
+/// 2^n for n in -126..=127 (a wrapping exponent field for other n).
+#[inline(always)]
+fn pow2(n: i32) -> f32 {
+    f32::from_bits((n.wrapping_add(127) as u32) << 23)
+}
+
 /// e^x.
 #[inline(always)]
 pub(crate) fn exp<const FMA: bool>(x: f32) -> f32 {
-    let xc = x.clamp(EXP_MIN, EXP_MAX);
-    let t = madd::<FMA>(xc, LOG2E, ROUND);
-    let n = t - ROUND;
-    // n as an integer, in -126..=128.
-    let ni = t.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
-    let r = madd::<FMA>(n, -LN2_LO, madd::<FMA>(n, -LN2_HI, xc));
-    let mut p = 1.987_569_1e-4;
-    p = madd::<FMA>(p, r, 1.398_199_9e-3);
-    p = madd::<FMA>(p, r, 8.333_452e-3);
-    p = madd::<FMA>(p, r, 4.166_579_6e-2);
-    p = madd::<FMA>(p, r, 1.666_666_5e-1);
-    p = madd::<FMA>(p, r, 5.000_000_1e-1);
-    let y = madd::<FMA>(p * r, r, r) + 1.0;
+    let (y, ni) = exp_reduced::<FMA>(x.clamp(EXP_MIN, EXP_MAX));
     // 2^n for n = 128 does not fit an exponent: use 2^127 · 2.
     let big = ni > 127;
-    let scale = f32::from_bits(((ni - i32::from(big) + 127) as u32) << 23);
-    let y = if big { y * 2.0 } else { y } * scale;
+    let y = if big { y * 2.0 } else { y } * pow2(ni - i32::from(big));
     if x > EXP_MAX {
         f32::INFINITY
     } else if x < EXP_MIN {
@@ -58,16 +71,42 @@ pub(crate) fn exp<const FMA: bool>(x: f32) -> f32 {
     }
 }
 
-/// 1 / (1 + e^-x).
+/// e^x for x in `EXP_MIN..=127 · ln 2`, with no checks.
 #[inline(always)]
-pub(crate) fn sigmoid<const FMA: bool>(x: f32) -> f32 {
-    1.0 / (1.0 + exp::<FMA>(-x))
+fn exp_in_range<const FMA: bool>(x: f32) -> f32 {
+    let (y, n) = exp_reduced::<FMA>(x);
+    y * pow2(n)
 }
 
-/// x · sigmoid(x).
+/// e^x for x <= 0 (and NaN), with fewer instructions than [`exp`]: no overflow to
+/// handle, NaN propagates through the arithmetic, and below `EXP_MIN` the result
+/// flushes to 0 as `exp`'s does.
+#[inline(always)]
+fn exp_nonpositive<const FMA: bool>(x: f32) -> f32 {
+    let y = exp_in_range::<FMA>(x);
+    if x < EXP_MIN {
+        0.0
+    } else {
+        y
+    }
+}
+
+/// 1 / (1 + e^-x), from e = e^-|x| (which cannot overflow): 1 / (1 + e) for x >= 0,
+/// e / (1 + e) below.
+#[inline(always)]
+pub(crate) fn sigmoid<const FMA: bool>(x: f32) -> f32 {
+    let e = exp_nonpositive::<FMA>(-x.abs());
+    let num = if x < 0.0 { e } else { 1.0 };
+    num / (1.0 + e)
+}
+
+/// x · sigmoid(x), with x folded into the numerator (one multiplication less on
+/// the chain).
 #[inline(always)]
 pub(crate) fn silu<const FMA: bool>(x: f32) -> f32 {
-    x / (1.0 + exp::<FMA>(-x))
+    let e = exp_nonpositive::<FMA>(-x.abs());
+    let num = if x < 0.0 { x * e } else { x };
+    num / (1.0 + e)
 }
 
 /// Taylor coefficients of tanh(x)/x - 1 in powers of x², x² .. x^18.
@@ -125,13 +164,18 @@ fn erfc_scaled<const FMA: bool>(x: f32) -> f32 {
     let a = x.abs();
     let z = a * std::f32::consts::FRAC_1_SQRT_2;
     let t = 1.0 / madd::<FMA>(0.5, z, 1.0);
-    let mut p = C[9];
-    for &c in C[..9].iter().rev() {
-        p = madd::<FMA>(p, t, c);
-    }
+    // P(t) in Estrin's scheme: a shorter chain of dependent operations than Horner's.
+    let (t2, pair) = (t * t, |c0: f32, c1: f32| madd::<FMA>(c1, t, c0));
+    let t4 = t2 * t2;
+    let low = madd::<FMA>(pair(C[2], C[3]), t2, pair(C[0], C[1]));
+    let high = madd::<FMA>(pair(C[6], C[7]), t2, pair(C[4], C[5]));
+    let p = madd::<FMA>(pair(C[8], C[9]), t4 * t4, madd::<FMA>(high, t4, low));
     let hi = f32::from_bits(a.to_bits() & 0xffff_f000);
     let rest = 0.5 * (a - hi) * (a + hi);
-    t * exp::<FMA>(-0.5 * hi * hi) * exp::<FMA>(p - rest)
+    // -hi²/2 <= 0. P(t) is in -1.3..0.1 and `rest` below a²/2048: the second factor
+    // matters only where the first is not 0 (a < 14) and is clamped where it is.
+    let e = exp_in_range::<FMA>((p - rest).max(-80.0));
+    t * exp_nonpositive::<FMA>(-0.5 * hi * hi) * e
 }
 
 /// GELU, erf form: x · Φ(x) = x/2 · erfc(-x/√2). As eager PyTorch's float32 path,
@@ -281,8 +325,16 @@ mod tests {
         assert_eq!(tanh::<true>(-50.0), -1.0);
         assert_eq!(sigmoid::<true>(-200.0), 0.0);
         assert_eq!(sigmoid::<true>(200.0), 1.0);
+        assert!(sigmoid::<true>(f32::NAN).is_nan() && silu::<true>(f32::NAN).is_nan());
+        assert_eq!(sigmoid::<true>(f32::NEG_INFINITY), 0.0);
+        assert_eq!(sigmoid::<true>(f32::INFINITY), 1.0);
+        assert_eq!(silu::<true>(f32::INFINITY), f32::INFINITY);
+        // PyTorch: silu(-inf) = -inf · 0 is NaN.
+        assert!(silu::<true>(f32::NEG_INFINITY).is_nan());
         assert!(gelu::<true>(f32::NAN).is_nan());
         assert_eq!(gelu::<true>(-200.0), 0.0);
         assert_eq!(gelu::<true>(200.0), 200.0);
+        assert_eq!(gelu::<true>(-1e30), 0.0);
+        assert_eq!(gelu::<true>(1e30), 1e30);
     }
 }

@@ -58,6 +58,9 @@ struct Shared {
     sleeping: Box<[AtomicBool]>,
     shutdown: AtomicBool,
     panic: Mutex<Option<Box<dyn Any + Send>>>,
+    /// Workers that have started (past the standard library's own start-up, which
+    /// allocates).
+    started: AtomicUsize,
 }
 
 // SAFETY: `job` is written only by the thread that holds `busy`, and only while no worker
@@ -108,7 +111,7 @@ impl std::fmt::Debug for ThreadPool {
 
 impl ThreadPool {
     /// A pool running jobs on `threads` threads in all, the caller included (`threads`
-    /// of 0 or 1: no worker, everything runs inline).
+    /// of 0 or 1: no worker, everything runs inline). Returns once every worker runs.
     pub fn new(threads: usize) -> Result<Self> {
         let n_workers = threads.saturating_sub(1);
         let shared = Arc::new(Shared {
@@ -123,6 +126,7 @@ impl ThreadPool {
             sleeping: (0..n_workers).map(|_| AtomicBool::new(false)).collect(),
             shutdown: AtomicBool::new(false),
             panic: Mutex::new(None),
+            started: AtomicUsize::new(0),
         });
         let mut pool = Self {
             shared,
@@ -135,6 +139,11 @@ impl ThreadPool {
                 .spawn(move || worker(&shared, w))
                 .map_err(|e| Error::ThreadSpawn(e.to_string()))?;
             pool.workers.push(handle);
+        }
+        // Return once every worker runs, so that nothing the pool does later (a
+        // thread's start-up included) allocates.
+        while pool.shared.started.load(Ordering::Acquire) < n_workers {
+            thread::yield_now();
         }
         Ok(pool)
     }
@@ -298,6 +307,7 @@ impl Drop for ThreadPool {
 
 /// A worker's loop: wait for a new epoch, join the job if it is still open, run tasks.
 fn worker(s: &Shared, w: usize) {
+    s.started.fetch_add(1, Ordering::Release);
     let mut seen = s.state.load(Ordering::Acquire) >> 32;
     loop {
         let Some(mut state) = wait_for_job(s, w, seen) else {

@@ -545,14 +545,12 @@ impl ConvNhwc {
         let failed = std::sync::atomic::AtomicBool::new(false);
         pool.parallel_chunks(y, rows_per_task * cout, &mut [0u8; 0], 0, |task, yc, _| {
             let r0 = task * rows_per_task;
+            let epilogue = (clamp, rest);
             if self
-                .indirect_rows(weights, x, r0, yc, accumulate, clamp, block, gather)
+                .indirect_rows(weights, x, r0, yc, accumulate, epilogue, block, gather)
                 .is_err()
             {
                 failed.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
-            if rest != Activation::Identity {
-                elementwise::activate(isa, yc, rest);
             }
         })?;
         if failed.load(std::sync::atomic::Ordering::Relaxed) {
@@ -563,7 +561,9 @@ impl ConvNhwc {
         Ok(())
     }
 
-    /// Output rows (pixels) `r0..` into `yc` (whole rows of `out_channels`).
+    /// Output rows (pixels) `r0..` into `yc` (whole rows of `out_channels`); the clamp
+    /// is fused in the micro-kernel's stores, the activation `rest` applied to each
+    /// tile of rows once its last panel is stored, while the rows are still in cache.
     #[allow(clippy::too_many_arguments)]
     fn indirect_rows(
         &self,
@@ -572,7 +572,7 @@ impl ConvNhwc {
         r0: usize,
         yc: &mut [f32],
         accumulate: bool,
-        (min, max): (f32, f32),
+        ((min, max), rest): ((f32, f32), Activation),
         block: usize,
         gather: Gather,
     ) -> Result {
@@ -703,6 +703,14 @@ impl ConvNhwc {
                                         dst.copy_from_slice(src);
                                     }
                                 }
+                            }
+                        }
+                    }
+                    let complete = g + 1 == weights.len() && q0 + block >= panels;
+                    if complete && rest != Activation::Identity {
+                        for i in r..r + rows {
+                            if let Some(row) = c.row_run(i, 0, cout) {
+                                elementwise::activate(isa, row, rest);
                             }
                         }
                     }
