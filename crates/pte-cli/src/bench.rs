@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 use pte_runtime::{npy, EValue, Method, ValueMeta};
 use serde::Serialize;
 
+use crate::alloc_count;
 use crate::run::{describe_meta, example_inputs, load, ProgramArgs};
 
 #[derive(clap::Args)]
@@ -63,6 +64,8 @@ struct Report {
     planned_bytes: u64,
     memory_used_bytes: u64,
     peak_rss_bytes: Option<u64>,
+    /// Heap allocations per timed execution (inputs set, execute), all threads.
+    allocations_per_execution: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     profile: Option<Vec<ProfileRow>>,
 }
@@ -105,11 +108,14 @@ fn inputs(a: &BenchArgs, method: &Method) -> Result<Vec<EValue>> {
         .collect()
 }
 
-fn execute(method: &mut Method, inputs: &[EValue]) -> Result<Duration> {
+/// One execution: its time and the heap allocations it made.
+fn execute(method: &mut Method, inputs: &[EValue]) -> Result<(Duration, u64)> {
+    let allocations = alloc_count::allocations();
     let t = Instant::now();
     method.set_inputs(inputs)?;
     method.execute()?;
-    Ok(t.elapsed())
+    let elapsed = t.elapsed();
+    Ok((elapsed, alloc_count::allocations() - allocations))
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
@@ -117,7 +123,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let (name, mut method) = load(&a.program, a.threads)?;
     let load_ms = started.elapsed().as_secs_f64() * 1e3;
     let inputs = inputs(&a, &method)?;
-    let first = execute(&mut method, &inputs)?;
+    let (first, _) = execute(&mut method, &inputs)?;
     let first_ms = first.as_secs_f64() * 1e3;
 
     let iterations = a.iterations.max(1);
@@ -140,8 +146,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     method.set_profiling(a.profile);
     let mut times = Vec::with_capacity(iterations);
+    let mut allocations = 0;
     for _ in 0..iterations {
-        times.push(execute(&mut method, &inputs)?.as_secs_f64() * 1e3);
+        let (t, n) = execute(&mut method, &inputs)?;
+        times.push(t.as_secs_f64() * 1e3);
+        allocations += n;
         if let Some(b) = &bar {
             b.inc(1);
         }
@@ -192,6 +201,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .sum(),
         memory_used_bytes: method.memory_used().0,
         peak_rss_bytes: peak_rss(),
+        allocations_per_execution: allocations as f64 / iterations as f64,
         profile,
     };
     if a.json {
@@ -228,6 +238,10 @@ fn print_text(r: &Report) {
         Some(p) => println!(", peak resident {:.1} MiB", mb(p)),
         None => println!(),
     }
+    println!(
+        "heap allocations per execution: {}",
+        r.allocations_per_execution
+    );
     if let Some(rows) = &r.profile {
         println!("\n{:>9} {:>7} {:>9}  operator", "ms/exec", "share", "calls");
         for row in rows {

@@ -1,9 +1,11 @@
 //! The `pte` command line: a thin layer over the `pte-format`, `pte-runtime`,
 //! `pte-kernels` and `pte-xnnpack` crates.
 
-// One `unsafe` call, mapping files for `--mmap`, allowed where it is made.
+// Two uses of `unsafe`, each allowed where it is: mapping files for `--mmap`, and the
+// counting global allocator.
 #![deny(unsafe_code)]
 
+mod alloc_count;
 mod bench;
 mod compile;
 mod inspect;

@@ -1,4 +1,4 @@
-//! The `pte` binary end to end: `ops`, and how `inspect` and `run` report operators this
+//! The `pte` binary end to end: `ops`, how `inspect` and `run` report operators this
 //! build has no kernel for.
 
 use std::path::PathBuf;
@@ -152,4 +152,48 @@ fn compile_rejects_unknown_stages_and_bad_archives() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("not a zip archive"));
     std::fs::remove_file(&bad).ok();
+}
+
+/// `pte bench` counts heap allocations: none per execution in the steady state, for
+/// plain programs and for XNNPACK-delegated ones (float, quantized pooling, dynamically
+/// quantized and 4-bit products, attention), on one and two threads.
+#[test]
+fn bench_reports_no_allocations_per_execution() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests");
+    for file in [
+        "fixtures/linear_clamp/model.pte",
+        "fixtures/convnet/model.pte",
+        "fixtures/transformer_block/model.pte",
+        "xnnpack/xnn_convnet/model.pte",
+        "xnnpack/xnn_int8_static/model.pte",
+        "xnnpack/xnn_int8_dynamic/model.pte",
+        "xnnpack/xnn_int4_groupwise/model.pte",
+        "xnnpack/xnn_transformer_block/model.pte",
+    ] {
+        let path = format!("{root}/{file}");
+        for threads in ["1", "2"] {
+            let o = pte(&[
+                "bench",
+                &path,
+                "--threads",
+                threads,
+                "--warmup",
+                "1",
+                "--iterations",
+                "3",
+                "--json",
+            ]);
+            assert!(
+                o.status.success(),
+                "{file}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let doc: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(
+                doc["allocations_per_execution"],
+                serde_json::json!(0.0),
+                "{file} on {threads} thread(s)"
+            );
+        }
+    }
 }

@@ -513,18 +513,25 @@ impl Exec {
 
     /// Runs the graph on a delegate call's arguments.
     pub(crate) fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
-        // Input shapes in physical (dim-order) layout, as XNNPACK's executor gives them.
-        let mut shapes = Vec::with_capacity(self.inputs.len());
-        for e in &self.inputs {
-            let t = args.tensor(e.arg)?;
-            let physical: Dims = t
-                .dim_order
+        // Input shapes in physical (dim-order) layout, as XNNPACK's executor gives them;
+        // compared in place with the planned ones (no allocation when they agree).
+        let physical = |args: &Args<'_>, arg: usize| -> KernelResult<Dims> {
+            let t = args.tensor(arg)?;
+            Ok(t.dim_order
                 .iter()
                 .map(|&d| t.sizes.get(d).copied().unwrap_or(0))
-                .collect();
-            shapes.push(physical);
+                .collect())
+        };
+        let mut same = self.inputs.len() == self.planned_for.len();
+        for (e, planned) in self.inputs.iter().zip(&self.planned_for) {
+            same &= physical(args, e.arg)? == *planned;
         }
-        if shapes != self.planned_for {
+        if !same {
+            let shapes = self
+                .inputs
+                .iter()
+                .map(|e| physical(args, e.arg))
+                .collect::<KernelResult<Vec<Dims>>>()?;
             self.plan(&shapes)?;
         }
         // Outputs take the shapes the graph gives them (back in their dim order).
@@ -781,7 +788,13 @@ fn run_step(
         base = off + len;
     }
     gaps.push((base, &*rest));
-    // Call outputs: the ones this node writes exclusively, the others readable.
+    // Call outputs: the ones this node writes exclusively, and the ones it reads (only
+    // those listed, so that a call with many outputs does not outgrow the inline list).
+    let reads_output = |pos: usize| {
+        step.inputs.iter().flatten().any(
+            |&v| matches!(place(v), Place::Output(arg) if arg_of_output.get(pos) == Some(&arg)),
+        )
+    };
     let mut readable_outs: SmallVec<[(usize, &[u8]); 4]> = SmallVec::new();
     for (pos, o) in outs.iter_mut().enumerate() {
         match out_args.iter().find(|&&(p, _)| p == pos) {
@@ -790,7 +803,8 @@ fn run_step(
                     *slot = Some(&mut **o);
                 }
             }
-            None => readable_outs.push((pos, &**o)),
+            None if reads_output(pos) => readable_outs.push((pos, &**o)),
+            None => {}
         }
     }
     let mut in_views: SmallVec<[Option<In<'_>>; 5]> = SmallVec::new();

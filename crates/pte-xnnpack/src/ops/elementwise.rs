@@ -301,7 +301,8 @@ enum QOp {
     },
 }
 
-/// Offsets into a and b for each output element, broadcasting right-aligned.
+/// Offsets into a and b for each output element, broadcasting right-aligned (index
+/// vectors inline, at most `MAX_DIMS` long: nothing allocates).
 fn for_each_broadcast(
     out: &[usize],
     a: &[usize],
@@ -309,8 +310,8 @@ fn for_each_broadcast(
     mut f: impl FnMut(usize, usize, usize),
 ) {
     let rank = out.len();
-    let strides = |s: &[usize]| -> Vec<usize> {
-        let mut st = vec![0usize; rank];
+    let strides = |s: &[usize]| -> Dims {
+        let mut st: Dims = std::iter::repeat_n(0, rank).collect();
         let mut acc = 1usize;
         for k in (0..rank).rev() {
             let d = (k + s.len())
@@ -327,7 +328,7 @@ fn for_each_broadcast(
     };
     let (sa, sb) = (strides(a), strides(b));
     let n = numel(out);
-    let mut idx = vec![0usize; rank];
+    let mut idx: Dims = std::iter::repeat_n(0, rank).collect();
     let (mut oa, mut ob) = (0usize, 0usize);
     for i in 0..n {
         f(i, oa, ob);

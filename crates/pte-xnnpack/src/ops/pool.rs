@@ -107,11 +107,11 @@ fn quant_pool<T: Q8>(
     for b in 0..n {
         for oy in 0..oh {
             for ox in 0..ow {
-                let taps: Vec<(usize, usize)> = (0..kh * kw)
-                    .filter_map(|t| geo.source(oy, ox, t / kw, t % kw))
-                    .collect();
+                // The window's input pixels, walked again for each channel (no list
+                // of them is kept: nothing allocates).
+                let taps = || (0..kh * kw).filter_map(|t| geo.source(oy, ox, t / kw, t % kw));
                 for ch in 0..c {
-                    let vals = taps.iter().filter_map(|&(iy, ix)| {
+                    let vals = taps().filter_map(|(iy, ix)| {
                         src.get(((b * ih + iy) * iw + ix) * c + ch).map(|v| v.get())
                     });
                     let v = match kind {

@@ -254,10 +254,11 @@ fn transpose_as<T: bytemuck::Pod + Send + Sync>(
     }
 }
 
-/// Any permutation: the output walked in order, the input offset stepped.
+/// Any permutation: the output walked in order, the input offset stepped (index
+/// vectors inline: a graph's rank is at most `MAX_DIMS`, and nothing allocates).
 fn generic_permute(src: &[u8], dst: &mut [u8], dims: &[usize], perm: &[usize], w: usize) {
     let rank = dims.len();
-    let mut in_strides = vec![0usize; rank];
+    let mut in_strides: Dims = std::iter::repeat_n(0, rank).collect();
     let mut acc = 1;
     for k in (0..rank).rev() {
         if let Some(s) = in_strides.get_mut(k) {
@@ -265,18 +266,18 @@ fn generic_permute(src: &[u8], dst: &mut [u8], dims: &[usize], perm: &[usize], w
         }
         acc *= dims.get(k).copied().unwrap_or(1);
     }
-    let out_dims: Vec<usize> = perm
+    let out_dims: Dims = perm
         .iter()
         .map(|&p| dims.get(p).copied().unwrap_or(1))
         .collect();
-    let strides: Vec<usize> = perm
+    let strides: Dims = perm
         .iter()
         .map(|&p| in_strides.get(p).copied().unwrap_or(0))
         .collect();
     let inner = out_dims.last().copied().unwrap_or(1);
     let inner_stride = strides.last().copied().unwrap_or(0);
     let outer = out_dims.get(..rank.saturating_sub(1)).unwrap_or_default();
-    let mut idx = vec![0usize; outer.len()];
+    let mut idx: Dims = std::iter::repeat_n(0, outer.len()).collect();
     for run in dst.chunks_exact_mut(inner * w) {
         let base: usize = idx.iter().zip(&strides).map(|(&i, &s)| i * s).sum();
         if inner_stride == 1 {
@@ -368,7 +369,7 @@ impl Kernel for Slice {
             return Ok(());
         }
         let rank = x.dims.len();
-        let mut strides = vec![0usize; rank];
+        let mut strides: Dims = std::iter::repeat_n(0, rank).collect();
         let mut acc = w;
         for k in (0..rank).rev() {
             if let Some(s) = strides.get_mut(k) {
@@ -378,7 +379,7 @@ impl Kernel for Slice {
         }
         let inner = self.len.last().copied().unwrap_or(1) * w;
         let outer = self.len.get(..rank.saturating_sub(1)).unwrap_or_default();
-        let mut idx = vec![0usize; outer.len()];
+        let mut idx: Dims = std::iter::repeat_n(0, outer.len()).collect();
         for run in dst.chunks_exact_mut(inner) {
             let off: usize = (0..rank)
                 .map(|k| {
@@ -459,7 +460,7 @@ impl Kernel for Pad {
         if numel(x.dims) == 0 {
             return Ok(());
         }
-        let mut ostr = vec![0usize; rank];
+        let mut ostr: Dims = std::iter::repeat_n(0, rank).collect();
         let mut acc = w;
         for k in (0..rank).rev() {
             if let Some(s) = ostr.get_mut(k) {
@@ -469,7 +470,7 @@ impl Kernel for Pad {
         }
         let inner = x.dims.last().copied().unwrap_or(1) * w;
         let outer = x.dims.get(..rank.saturating_sub(1)).unwrap_or_default();
-        let mut idx = vec![0usize; outer.len()];
+        let mut idx: Dims = std::iter::repeat_n(0, outer.len()).collect();
         for run in src.chunks_exact(inner) {
             let off: usize = (0..rank)
                 .map(|k| {
