@@ -283,16 +283,16 @@ impl Broadcast {
             self.x_strides.last().copied().unwrap_or(0),
             self.y_strides.last().copied().unwrap_or(0),
         );
-        // Each run's offsets from its number, digit by digit over the outer dimensions
-        // (no index vector: a call allocates nothing).
-        for (r, run) in out.chunks_exact_mut(inner).enumerate() {
-            let (mut rest, mut xo, mut yo) = (r, 0, 0);
-            for (k, &d) in outer.iter().enumerate().rev() {
-                let i = rest % d.max(1);
-                rest /= d.max(1);
-                xo += i * self.x_strides.get(k).copied().unwrap_or(0);
-                yo += i * self.y_strides.get(k).copied().unwrap_or(0);
-            }
+        // The outer index, on the stack (the rank is at most `MAX_DIMS`): a call
+        // allocates nothing.
+        let mut index = [0usize; MAX_DIMS];
+        for run in out.chunks_exact_mut(inner) {
+            let (xo, yo) = index.iter().enumerate().fold((0, 0), |(a, b), (k, &i)| {
+                (
+                    a + i * self.x_strides.get(k).copied().unwrap_or(0),
+                    b + i * self.y_strides.get(k).copied().unwrap_or(0),
+                )
+            });
             match (xi, yi) {
                 (1, 1) => run_vv(
                     isa,
@@ -321,6 +321,16 @@ impl Broadcast {
                     min,
                     max,
                 ),
+            }
+            // Next outer index.
+            for k in (0..outer.len()).rev() {
+                if let (Some(i), Some(&d)) = (index.get_mut(k), outer.get(k)) {
+                    *i += 1;
+                    if *i < d {
+                        break;
+                    }
+                    *i = 0;
+                }
             }
         }
         Ok(())
