@@ -7,8 +7,14 @@
 //! synchronization beyond one atomic flag. Workers spin for a short while after a job
 //! (so back-to-back calls do not pay a wake-up), then park. A call allocates nothing.
 //!
-//! Tasks are claimed one at a time from a shared counter, so uneven tasks balance. A
-//! task also learns the index of the thread running it (0 for the caller), which
+//! Each thread starts with its own contiguous share of the tasks (thread `t` of `T` owns
+//! tasks `t·n/T..(t+1)·n/T`) and takes them from the front, one at a time; a thread
+//! that runs out takes the last task of another thread's share, so uneven tasks
+//! balance. The fixed shares give locality across calls: a chain of operations split
+//! the same way finds each thread's part of the data in that thread's own cache (on a
+//! 2-core Zen 3, the kernels of a convolution network spent 20-75% more CPU time at 2
+//! threads when tasks went to whichever thread came first). A task also learns the
+//! index of the thread running it (0 for the caller), which
 //! [`ThreadPool::parallel_for_scratch`] turns into a private scratch slice per thread.
 
 use std::any::Any;
@@ -31,12 +37,55 @@ const CLOSED: u64 = 1 << 31;
 const ACTIVE: u64 = CLOSED - 1;
 const EPOCH: u64 = 1 << 32;
 
-/// A type-erased `&F` where `F: Fn(usize, usize) + Sync` (task, thread).
+/// Most tasks of one job: a share is two 32-bit bounds in one atomic word.
+const MAX_JOB_TASKS: usize = u32::MAX as usize;
+
+/// A type-erased `&F` where `F: Fn(usize, usize) + Sync` (task, thread); the job's
+/// tasks are `first..first + tasks`.
 #[derive(Clone, Copy)]
 struct JobRef {
     data: *const (),
     call: unsafe fn(*const (), usize, usize),
-    tasks: usize,
+    first: usize,
+}
+
+/// A thread's share of a job's tasks, `start..end` packed as `start | end << 32`, alone
+/// on its cache line so that threads taking their own tasks do not contend.
+#[repr(align(128))]
+struct Share(AtomicU64);
+
+impl Share {
+    /// Makes this share thread `t`'s part of `tasks` tasks split over `n` threads.
+    fn set(&self, t: usize, n: usize, tasks: usize) {
+        // Below 2^32 each (`tasks` is at most `MAX_JOB_TASKS`, `t < n`).
+        let bound = |t: usize| t as u64 * tasks as u64 / n.max(1) as u64;
+        self.0
+            .store(bound(t) | bound(t + 1) << 32, Ordering::Relaxed);
+    }
+
+    /// Takes the first task (`front`) or the last one of the share, if any is left.
+    fn take(&self, front: bool) -> Option<usize> {
+        let mut r = self.0.load(Ordering::Relaxed);
+        loop {
+            let (start, end) = (r & u64::from(u32::MAX), r >> 32);
+            if start >= end {
+                return None;
+            }
+            let (task, next) = if front {
+                (start, r + 1)
+            } else {
+                (end - 1, r - (1 << 32))
+            };
+            match self
+                .0
+                .compare_exchange_weak(r, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                // A task index fits in 32 bits (`MAX_JOB_TASKS`).
+                Ok(_) => return Some(task as usize),
+                Err(now) => r = now,
+            }
+        }
+    }
 }
 
 /// Calls the `F` behind `data`.
@@ -51,7 +100,8 @@ unsafe fn trampoline<F: Fn(usize, usize) + Sync>(data: *const (), task: usize, t
 
 struct Shared {
     state: AtomicU64,
-    next_task: AtomicUsize,
+    /// One share of the current job's tasks per thread (the caller's first).
+    shares: Box<[Share]>,
     job: UnsafeCell<JobRef>,
     /// Whether a caller owns the pool (publishes jobs) right now.
     busy: AtomicBool,
@@ -82,14 +132,16 @@ impl Shared {
     unsafe fn run_tasks(&self, thread: usize) {
         // SAFETY: see the function's contract.
         let job = unsafe { *self.job.get() };
-        loop {
-            let task = self.next_task.fetch_add(1, Ordering::Relaxed);
-            if task >= job.tasks {
-                break;
+        let n = self.shares.len();
+        // Our own share from the front, then the others' from the back.
+        let mine = self.shares.get(thread).into_iter().map(|s| (s, true));
+        let others = (1..n).filter_map(|d| self.shares.get((thread + d) % n));
+        for (share, front) in mine.chain(others.map(|s| (s, false))) {
+            while let Some(task) = share.take(front) {
+                // SAFETY: the job's closure outlives the job (its publisher waits for
+                // every joined worker before returning).
+                unsafe { (job.call)(job.data, job.first + task, thread) };
             }
-            // SAFETY: the job's closure outlives the job (its publisher waits for every
-            // joined worker before returning).
-            unsafe { (job.call)(job.data, task, thread) };
         }
     }
 }
@@ -116,11 +168,11 @@ impl ThreadPool {
         let n_workers = threads.saturating_sub(1);
         let shared = Arc::new(Shared {
             state: AtomicU64::new(CLOSED),
-            next_task: AtomicUsize::new(0),
+            shares: (0..=n_workers).map(|_| Share(AtomicU64::new(0))).collect(),
             job: UnsafeCell::new(JobRef {
                 data: std::ptr::null(),
                 call: trampoline::<fn(usize, usize)>,
-                tasks: 0,
+                first: 0,
             }),
             busy: AtomicBool::new(false),
             sleeping: (0..n_workers).map(|_| AtomicBool::new(false)).collect(),
@@ -158,8 +210,8 @@ impl ThreadPool {
         self.workers.len() + 1
     }
 
-    /// Runs `f(task, thread)` for every `task` in `0..tasks` and returns when all have
-    /// run. `thread` is the index (below [`Self::threads`]) of the thread running the
+    /// Runs `f(task, thread)` once for every `task` in `0..tasks` and returns when all
+    /// have run. `thread` is the index (below [`Self::threads`]) of the thread running the
     /// task, 0 for the caller; two tasks with the same `thread` never run at once. A
     /// panic in a task is re-raised here after every other task has finished.
     pub fn parallel_for<F: Fn(usize, usize) + Sync>(&self, tasks: usize, f: F) {
@@ -170,7 +222,9 @@ impl ThreadPool {
             (0..tasks).for_each(|t| f(t, 0));
             return;
         }
-        self.run_job(tasks, &f);
+        for first in (0..tasks).step_by(MAX_JOB_TASKS) {
+            self.run_job(first, (tasks - first).min(MAX_JOB_TASKS), &f);
+        }
         self.shared.busy.store(false, Ordering::Release);
     }
 
@@ -223,13 +277,17 @@ impl ThreadPool {
         // A few tasks per thread, so that uneven chunks balance.
         let per_task = chunks.div_ceil(self.threads() * 4).max(1);
         let tasks = chunks.div_ceil(per_task);
-        let queue = Mutex::new(data.chunks_mut(per_task * chunk).enumerate());
-        self.parallel_for_scratch(tasks, scratch, per_thread, |_, part| {
-            // Tasks take the next group of chunks (each task runs exactly once).
-            let Some((t, group)) = queue.lock().ok().and_then(|mut q| q.next()) else {
-                return;
-            };
-            for (i, c) in group.chunks_mut(chunk).enumerate() {
+        let group = per_task * chunk;
+        let groups = Groups {
+            ptr: data.as_mut_ptr(),
+            len: data.len(),
+            group,
+            _borrow: PhantomData,
+        };
+        // Task `t` runs group `t`: the same part of the data goes to the same thread
+        // from one call to the next (see the module docs).
+        self.parallel_for_scratch(tasks, scratch, per_thread, |t, part| {
+            for (i, c) in groups.get(t).chunks_mut(chunk).enumerate() {
                 f(t * per_task + i, c, part);
             }
         })
@@ -244,7 +302,7 @@ impl ThreadPool {
 
     /// Publishes a job, runs tasks on the caller, then waits for the workers that joined.
     /// The caller holds `busy`.
-    fn run_job<F: Fn(usize, usize) + Sync>(&self, tasks: usize, f: &F) {
+    fn run_job<F: Fn(usize, usize) + Sync>(&self, first: usize, tasks: usize, f: &F) {
         let s = &*self.shared;
         // SAFETY: we hold `busy` and the previous job is over (closed, no active worker),
         // so no other thread reads `job` now (see `impl Sync for Shared`).
@@ -252,10 +310,13 @@ impl ThreadPool {
             *s.job.get() = JobRef {
                 data: (f as *const F).cast(),
                 call: trampoline::<F>,
-                tasks,
+                first,
             };
         }
-        s.next_task.store(0, Ordering::Relaxed);
+        let n = s.shares.len();
+        for (t, share) in s.shares.iter().enumerate() {
+            share.set(t, n, tasks);
+        }
         // New epoch, open, no worker inside.
         let old = s.state.load(Ordering::Relaxed);
         s.state.store(
@@ -368,6 +429,32 @@ fn wait_for_job(s: &Shared, w: usize, seen: u64) -> Option<u64> {
     }
 }
 
+/// Cuts a `&mut [T]` into consecutive groups of `group` elements (the last may be
+/// shorter), one per task of a job.
+struct Groups<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    group: usize,
+    _borrow: PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: groups handed to different tasks are disjoint (see `get`), and `T: Send`.
+unsafe impl<T: Send> Sync for Groups<'_, T> {}
+
+impl<T> Groups<'_, T> {
+    /// Group `t`, empty past the end. Only called from task `t` of
+    /// [`ThreadPool::parallel_for`], which runs every task exactly once, so no two live
+    /// borrows overlap; the borrow cannot outlive the task's call.
+    #[allow(clippy::mut_from_ref)]
+    fn get(&self, t: usize) -> &mut [T] {
+        let start = t.saturating_mul(self.group).min(self.len);
+        let end = start.saturating_add(self.group).min(self.len);
+        // SAFETY: `ptr..ptr + len` is the `&mut [T]` borrowed for `'a`; `start..end`
+        // lies inside it and is disjoint from every other task's range.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), end - start) }
+    }
+}
+
 /// Hands each thread of a job its own part of a scratch buffer.
 struct ScratchParts<'a, T> {
     ptr: *mut T,
@@ -415,6 +502,20 @@ mod tests {
                 assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
             }
         }
+    }
+
+    #[test]
+    fn shares_split_evenly_and_are_taken_from_both_ends() {
+        let share = Share(AtomicU64::new(0));
+        share.set(1, 3, 10);
+        assert_eq!(share.take(true), Some(3));
+        assert_eq!(share.take(false), Some(5));
+        assert_eq!(share.take(true), Some(4));
+        assert_eq!(share.take(false), None);
+        share.set(2, 3, 10);
+        assert_eq!(share.take(false), Some(9));
+        share.set(0, 4, 3);
+        assert_eq!(share.take(true), None);
     }
 
     #[test]

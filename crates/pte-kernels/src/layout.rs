@@ -22,7 +22,8 @@ use pte_runtime::{TensorData, TensorDataMut, TensorInfo};
 use smallvec::SmallVec;
 
 use crate::num::Elem;
-use crate::util::{convert, oob, scalar_as, Scratch};
+use crate::util::{compute_error, convert, oob, scalar_as, Scratch};
+use pte_compute::ThreadPool;
 
 /// Dimensions of a walk kept inline.
 pub const MAX_WALK: usize = 16;
@@ -32,6 +33,9 @@ pub type Strides = SmallVec<[isize; MAX_WALK]>;
 
 /// The sizes of a walk.
 pub type Walk = SmallVec<[usize; MAX_WALK]>;
+
+/// A coalesced copy walk: `(size, source stride, destination stride)` per dim.
+type WalkDims = SmallVec<[(usize, isize, isize); MAX_WALK]>;
 
 /// Where a walk finds an operand's elements: the element offset of the walk's first
 /// element and one stride per walked dimension.
@@ -155,8 +159,80 @@ pub fn copy(
     dst: &mut [u8],
     d: &Layout,
 ) -> KernelResult {
-    if sizes.contains(&0) {
+    let Some(dims) = coalesced(esize, sizes, src, s, dst, d)? else {
         return Ok(());
+    };
+    by_elem_size!(esize, E => walk::<E>(&dims, typed::<E>(src)?, s.offset, typed_mut::<E>(dst)?, d.offset))
+}
+
+/// Bytes below which a copy stays on one thread (the hand-off costs about a microsecond).
+const PARALLEL_COPY_BYTES: usize = 1 << 16;
+
+/// [`copy`] into `dst` in the row-major order of `sizes` (as [`Layout::contiguous`]),
+/// split over the pool's threads by outer rows when it moves enough bytes.
+pub fn copy_to_contiguous(
+    pool: &ThreadPool,
+    esize: usize,
+    sizes: &[usize],
+    src: &[u8],
+    s: &Layout,
+    dst: &mut [u8],
+) -> KernelResult {
+    let d = Layout::contiguous(sizes);
+    if pool.threads() == 1 || dst.len() < PARALLEL_COPY_BYTES {
+        return copy(esize, sizes, src, s, dst, &d);
+    }
+    let Some(dims) = coalesced(esize, sizes, src, s, dst, &d)? else {
+        return Ok(());
+    };
+    // Outer dims enough for a few rows per thread; at least one dim stays inner.
+    let (mut rows, mut split) = (1usize, 0);
+    while split + 1 < dims.len() && rows < pool.threads() * 4 {
+        rows = rows.saturating_mul(dims.get(split).map_or(1, |d| d.0));
+        split += 1;
+    }
+    let (outer, inner) = dims.split_at(split);
+    let row: usize = inner.iter().map(|d| d.0).product();
+    if rows < 2 {
+        return by_elem_size!(esize, E => walk::<E>(&dims, typed::<E>(src)?, s.offset, typed_mut::<E>(dst)?, 0));
+    }
+    by_elem_size!(esize, E => {
+        let (src, dst) = (typed::<E>(src)?, typed_mut::<E>(dst)?);
+        let dst = dst.get_mut(..rows * row).ok_or_else(oob)?;
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        pool.parallel_chunks(dst, row, &mut [0u8; 0], 0, |r, out, _| {
+            // The row's source offset from its outer multi-index.
+            let mut rest = r;
+            let mut at = s.offset as isize;
+            for &(n, ss, _) in outer.iter().rev() {
+                at += (rest % n) as isize * ss;
+                rest /= n;
+            }
+            if walk::<E>(inner, src, at as usize, out, 0).is_err() {
+                failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        })
+        .map_err(compute_error)?;
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(oob());
+        }
+        Ok(())
+    })
+}
+
+/// Checks a copy's operands and returns its walk with size-1 dims dropped and a dim
+/// merged into the next inner one where both operands step over it contiguously; None
+/// when there is nothing to copy.
+fn coalesced(
+    esize: usize,
+    sizes: &[usize],
+    src: &[u8],
+    s: &Layout,
+    dst: &[u8],
+    d: &Layout,
+) -> KernelResult<Option<WalkDims>> {
+    if sizes.contains(&0) {
+        return Ok(None);
     }
     if esize == 0 || !src.len().is_multiple_of(esize) || !dst.len().is_multiple_of(esize) {
         return Err(KernelError::invalid(format!(
@@ -167,9 +243,7 @@ pub fn copy(
     }
     check_bounds(sizes, s, src.len() / esize, "source")?;
     check_bounds(sizes, d, dst.len() / esize, "destination")?;
-    // Coalesce: drop size-1 dims, merge a dim into the next inner one when both operands
-    // step over it contiguously.
-    let mut dims: SmallVec<[(usize, isize, isize); MAX_WALK]> = SmallVec::new();
+    let mut dims = WalkDims::new();
     for ((&n, &ss), &ds) in sizes.iter().zip(&s.strides).zip(&d.strides) {
         if n == 1 {
             continue;
@@ -181,7 +255,7 @@ pub fn copy(
             _ => dims.push((n, ss, ds)),
         }
     }
-    by_elem_size!(esize, E => walk::<E>(&dims, typed::<E>(src)?, s.offset, typed_mut::<E>(dst)?, d.offset))
+    Ok(Some(dims))
 }
 
 /// The copy loop over coalesced `(size, src stride, dst stride)` dims (bounds checked by
@@ -784,5 +858,53 @@ mod tests {
             &Layout::contiguous(&[2, 3])
         )
         .is_err());
+    }
+
+    #[test]
+    fn parallel_copy_matches_the_serial_one() {
+        let pool = ThreadPool::new(3).unwrap();
+        // Permutations, a broadcast (stride 0) and a reversed walk, with outer sizes
+        // below, at and above the rows the split wants, of 4-byte and 1-byte elements.
+        let cases: [(&[usize], &[usize], &[isize]); 5] = [
+            (&[3, 197, 64], &[197, 3, 64], &[64, 192, 1]),
+            (
+                &[1, 2, 131, 257],
+                &[1, 2, 131, 257],
+                &[0, 131 * 257, 257, 1],
+            ),
+            (
+                &[7, 5, 33, 41],
+                &[7, 5, 33, 41],
+                &[5 * 33 * 41, 33 * 41, 1, 33],
+            ),
+            (&[24, 4096], &[1, 4096], &[0, 1]),
+            (&[17, 1000], &[17, 1000], &[1000, -1]),
+        ];
+        for esize in [4, 1] {
+            for (sizes, src_sizes, strides) in cases {
+                let n_src: usize = src_sizes.iter().product::<usize>() * esize;
+                let src: Vec<u8> = (0..n_src).map(|i| (i * 7 % 251) as u8).collect();
+                let offset = if strides.last() == Some(&-1) { 999 } else { 0 };
+                let layout = Layout::new(offset, strides.iter().copied());
+                let n: usize = sizes.iter().product::<usize>() * esize;
+                let (mut want, mut got) = (vec![0u8; n], vec![1u8; n]);
+                copy(
+                    esize,
+                    sizes,
+                    &src,
+                    &layout,
+                    &mut want,
+                    &Layout::contiguous(sizes),
+                )
+                .unwrap();
+                copy_to_contiguous(&pool, esize, sizes, &src, &layout, &mut got).unwrap();
+                assert_eq!(got, want, "sizes {sizes:?} esize {esize}");
+            }
+        }
+        // A source too short is an error on the parallel path too.
+        let mut dst = vec![0u8; 1 << 18];
+        let short = vec![0u8; 16];
+        let layout = Layout::contiguous(&[64, 1024]);
+        assert!(copy_to_contiguous(&pool, 4, &[64, 1024], &short, &layout, &mut dst).is_err());
     }
 }

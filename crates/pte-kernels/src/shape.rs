@@ -17,7 +17,8 @@ use pte_runtime::{
 };
 use smallvec::SmallVec;
 
-use crate::layout::{as_dtype, as_dtype_piece, copy, copy_into, row_major, window, Along, Dense};
+use crate::layout::{as_dtype, as_dtype_piece, copy, copy_into, copy_to_contiguous, row_major};
+use crate::layout::{window, Along, Dense};
 use crate::layout::{Layout, Strides, Walk};
 use crate::num::Elem;
 use crate::util::{dim_of, dim_set, infer_sizes, numel_of, oob, prod, same_dtype, slice_bounds};
@@ -37,10 +38,10 @@ fn gather(
     args.resize(out, sizes)?;
     let dtype = args.tensor(src)?.dtype;
     same_dtype(dtype, args.tensor(out)?.dtype)?;
+    let pool = args.pool();
     let mut io = Dense::io(args, &[src.into()], &[out.into()], &[])?;
     let input = io.bytes(0)?;
-    let dst = Layout::contiguous(walk);
-    copy(dtype.size(), walk, input, layout, io.bytes_mut(0)?, &dst)?;
+    copy_to_contiguous(pool, dtype.size(), walk, input, layout, io.bytes_mut(0)?)?;
     io.finish()
 }
 

@@ -300,7 +300,7 @@ impl Gemm {
         b_packed: bool,
         threads: usize,
     ) -> Result<usize> {
-        let plan = self.plan(m, n, k, threads);
+        let plan = self.plan(m, n, k, threads, (a_packed, b_packed));
         let per_thread = self.per_thread_scratch(&plan, a_packed, b_packed)?;
         error::mul(per_thread, plan.threads, "matrix product scratch")
     }
@@ -386,12 +386,9 @@ impl Gemm {
             return Ok(());
         }
         let (m, n, k) = (a.lines(), b.lines(), a.depth());
-        let plan = self.plan(m, n, k, pool.threads());
-        let per_thread = self.per_thread_scratch(
-            &plan,
-            matches!(a, Side::Packed(_)),
-            matches!(b, Side::Packed(_)),
-        )?;
+        let packed = (matches!(a, Side::Packed(_)), matches!(b, Side::Packed(_)));
+        let plan = self.plan(m, n, k, pool.threads(), packed);
+        let per_thread = self.per_thread_scratch(&plan, packed.0, packed.1)?;
         let needed = error::mul(per_thread, plan.threads, "matrix product scratch")?;
         let len = scratch.len();
         let scratch = scratch
@@ -557,10 +554,23 @@ impl Gemm {
         Ok(())
     }
 
-    fn plan(&self, m: usize, n: usize, k: usize, threads: usize) -> Plan {
+    /// How an `m × n × k` product splits over `threads`, given which operands
+    /// (`(a, b)`) come packed beforehand.
+    ///
+    /// Each thread packs the parts of an operand given unpacked that its share of C
+    /// reads; splitting along the other operand would make every thread pack all of
+    /// it. So the split goes along the operand given unpacked when the other one is
+    /// packed and it has tiles enough to balance (two per thread); otherwise along the
+    /// longer side.
+    fn plan(&self, m: usize, n: usize, k: usize, threads: usize, packed: (bool, bool)) -> Plan {
         let work = m.saturating_mul(n).saturating_mul(k);
         let (m_tiles, n_tiles) = (m.div_ceil(self.mr), n.div_ceil(self.nr));
-        let split_n = n_tiles >= m_tiles;
+        let enough = |tiles: usize| tiles >= 2 * threads;
+        let split_n = match packed {
+            (true, false) if enough(n_tiles) => true,
+            (false, true) if enough(m_tiles) => false,
+            _ => n_tiles >= m_tiles,
+        };
         let tiles = if split_n { n_tiles } else { m_tiles };
         let threads = threads
             .min(MAX_SPLIT)
