@@ -38,7 +38,8 @@ impl PreparedKernel for AddReluRun {
     }
 }
 
-/// Proposes every `add` followed by a `relu` of its result.
+/// Proposes every `add` followed by a `relu` of its result (read directly or through an
+/// elided view).
 struct AddReluFuser;
 
 impl Fuser for AddReluFuser {
@@ -46,7 +47,7 @@ impl Fuser for AddReluFuser {
         g.calls()
             .windows(2)
             .filter(|w| w[0].op == "aten::add.out" && w[1].op == "aten::relu.out")
-            .filter(|w| w[1].args[0] == w[0].args[3])
+            .filter(|w| w[1].args[0] == w[0].args[3] || g.is_view_of(w[1].args[0], w[0].args[3]))
             .map(|w| Fusion {
                 calls: vec![w[0].id, w[1].id],
                 name: "fused add+relu".into(),
@@ -159,6 +160,69 @@ fn proposals_that_would_lose_a_value_are_refused() {
             "output {output}, extra use {extra}, jump {jump}: {ran:?}"
         );
     }
+}
+
+/// `relu(view(x + y))`, the view elided (planned at the sum's place, never written); with
+/// `view_read_elsewhere` a `neg` reads the view too.
+fn program_through_view(view_read_elsewhere: bool) -> Vec<u8> {
+    let mut b = ProgramBuilder::new();
+    let x = b.tensor(Float, &[2, 3], Memory::Planned);
+    let y = b.tensor(Float, &[2, 3], Memory::Planned);
+    let alpha = b.int(1);
+    let sum = b.tensor(Float, &[2, 3], Memory::Planned);
+    let view = b.tensor(Float, &[2, 3], Memory::Planned);
+    let out = b.tensor(Float, &[2, 3], Memory::Planned);
+    b.call("aten::add", "out", &[x, y, alpha, sum, sum]);
+    b.call("aten::relu", "out", &[view, out, out]);
+    if view_read_elsewhere {
+        let neg = b.tensor(Float, &[2, 3], Memory::Planned);
+        b.call("aten::neg", "out", &[view, neg, neg]);
+        b.output(neg);
+    }
+    b.input(x);
+    b.input(y);
+    b.output(out);
+    let bytes = b.build();
+    let mut image = pte_format::ProgramImage::parse(&bytes).unwrap();
+    let values = image.program.execution_plan.as_mut().unwrap()[0]
+        .values
+        .as_mut()
+        .unwrap();
+    use pte_format::schema::executorch_flatbuffer::KernelTypes;
+    let place = match &values[sum as usize].val {
+        Some(KernelTypes::Tensor(t)) => t.allocation_info.clone(),
+        _ => None,
+    };
+    if let Some(KernelTypes::Tensor(t)) = &mut values[view as usize].val {
+        t.allocation_info = place;
+    }
+    image.to_bytes(&Default::default()).unwrap()
+}
+
+#[test]
+fn a_value_read_through_an_elided_view_fuses_only_if_nothing_else_reads_the_view() {
+    let bytes = program_through_view(false);
+    let (fused, ran) = run(&bytes);
+    assert_eq!(ran, ["fused add+relu"]);
+    // The same program run by the default kernels, which do not fuse add and relu.
+    let mut plain = Program::from_bytes(&bytes)
+        .unwrap()
+        .load_method("forward", &pte_kernels::registry())
+        .unwrap();
+    let inputs = plain.meta().example_inputs(1 << 20).unwrap();
+    plain.set_inputs(&inputs).unwrap();
+    plain.execute().unwrap();
+    let expected = plain.outputs().unwrap()[0]
+        .as_tensor()
+        .unwrap()
+        .as_bytes()
+        .to_vec();
+    assert_eq!(fused, [expected]);
+    let (_, ran) = run(&program_through_view(true));
+    assert!(
+        ran.contains(&"aten::add.out".to_owned()) && ran.contains(&"aten::relu.out".to_owned()),
+        "{ran:?}"
+    );
 }
 
 /// `transpose(W)` is folded at load; a call that packs it at prepare captures it.

@@ -103,7 +103,32 @@ fn is_constant(v: u32, values: &[Slot], writes: &[u32], io: &[u32]) -> bool {
     }
 }
 
-/// Tensors that must keep their planned memory because an elided view reads them there.
+/// Elided views and the tensors they read there, which must keep their planned memory.
+#[derive(Debug, Default)]
+pub(crate) struct Views {
+    /// `(source, view)`, sorted.
+    pairs: Vec<(u32, u32)>,
+}
+
+impl Views {
+    /// True when an elided view reads `v`'s memory.
+    pub(crate) fn is_viewed(&self, v: u32) -> bool {
+        self.of(v).next().is_some()
+    }
+
+    /// The elided views that read `source`'s memory.
+    pub(crate) fn of(&self, source: u32) -> impl Iterator<Item = u32> + '_ {
+        let start = self.pairs.partition_point(|&(s, _)| s < source);
+        self.pairs
+            .get(start..)
+            .unwrap_or_default()
+            .iter()
+            .take_while(move |&&(s, _)| s == source)
+            .map(|&(_, v)| v)
+    }
+}
+
+/// Which tensors elided views read.
 ///
 /// The exporter plans a static `view_copy` at the very place of its input and emits no
 /// instruction for it: such a view is a tensor that instructions read but none writes
@@ -116,7 +141,7 @@ pub(crate) fn viewed(
     values: &[Slot],
     writes: &[u32],
     inputs: &[u32],
-) -> Vec<u32> {
+) -> Views {
     let place = |v: u32| match values.get(v as usize) {
         Some(Slot::Tensor(t)) => match t.storage {
             Storage::Planned { buffer, offset } => Some((buffer, offset)),
@@ -133,12 +158,12 @@ pub(crate) fn viewed(
     // The tensors last written at each place (every writer, when jumps blur the order).
     let mut writers: std::collections::HashMap<(u32, usize), SmallVec<[u32; 2]>> =
         std::collections::HashMap::new();
-    let mut kept = Vec::new();
+    let mut pairs = Vec::new();
     for instr in chains.iter().flatten() {
         let args = referenced(instr, call_args, values);
         for &v in args.iter().filter(|&&v| is_view(v)) {
             if let Some(w) = place(v).and_then(|at| writers.get(&at)) {
-                kept.extend(w.iter().copied().filter(|&o| o != v));
+                pairs.extend(w.iter().filter(|&&o| o != v).map(|&o| (o, v)));
             }
         }
         for &o in args.iter().filter(|&&o| writes.get(o as usize) != Some(&0)) {
@@ -153,9 +178,9 @@ pub(crate) fn viewed(
             }
         }
     }
-    kept.sort_unstable();
-    kept.dedup();
-    kept
+    pairs.sort_unstable();
+    pairs.dedup();
+    Views { pairs }
 }
 
 /// Folds every call it can, in program order (so chains of constant computations fold
@@ -175,7 +200,7 @@ pub(crate) fn fold_constants(
     outputs: &[u32],
     calls: usize,
     pool: &pte_compute::ThreadPool,
-) -> (Vec<bool>, Vec<u32>) {
+) -> (Vec<bool>, Views) {
     let mut folded = vec![false; calls];
     let mut writes = writes(chains, call_args, op_names, kernels, values);
     let viewed = viewed(chains, call_args, values, &writes, inputs);
@@ -206,7 +231,7 @@ pub(crate) fn fold_constants(
                 && !io.contains(&o)
                 && match values.get(o as usize) {
                     Some(Slot::Tensor(t)) => match t.storage {
-                        Storage::Planned { .. } => viewed.binary_search(&o).is_err(),
+                        Storage::Planned { .. } => !viewed.is_viewed(o),
                         Storage::Null => true,
                         _ => false,
                     },

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::args::TensorInfo;
-use crate::fold::call_outputs;
+use crate::fold::{call_outputs, Views};
 use crate::memory::Storage;
 use crate::method::Instr;
 use crate::registry::{Kernel, KernelRegistry};
@@ -43,8 +43,8 @@ pub struct Graph<'a> {
     /// Instructions referring to each value (any kind of instruction).
     uses: Vec<u32>,
     io: &'a [u32],
-    /// Values other values alias (the sources of views the exporter elided), sorted.
-    viewed: &'a [u32],
+    /// The views the exporter elided and the values they alias.
+    viewed: &'a Views,
 }
 
 impl<'a> Graph<'a> {
@@ -126,7 +126,13 @@ impl<'a> Graph<'a> {
     /// True when another value shares this value's memory (a view the exporter elided
     /// reads it): such a value is read by more than [`Graph::uses`] counts.
     pub fn is_aliased(&self, v: u32) -> bool {
-        self.viewed.binary_search(&v).is_ok()
+        self.viewed.is_viewed(v)
+    }
+
+    /// True when `view` is a view the exporter elided that reads `source`'s memory
+    /// (same place; its shape may differ).
+    pub fn is_view_of(&self, view: u32, source: u32) -> bool {
+        self.viewed.of(source).any(|w| w == view)
     }
 
     /// How many instructions refer to a value (a value that is a method input or output
@@ -197,7 +203,7 @@ pub(crate) fn plan(
     op_names: &[String],
     values: &[Slot],
     io: &[u32],
-    viewed: &[u32],
+    viewed: &Views,
 ) -> Vec<Accepted> {
     let Some(fuser) = kernels.fuser() else {
         return Vec::new();
@@ -278,7 +284,7 @@ struct Context<'a> {
     kernels: &'a KernelRegistry,
     values: &'a [Slot],
     jump_targets: Vec<(usize, usize)>,
-    viewed: &'a [u32],
+    viewed: &'a Views,
 }
 
 fn check(f: &Fusion, cx: &Context<'_>, graph: &Graph<'_>) -> Option<Accepted> {
@@ -335,15 +341,24 @@ fn check(f: &Fusion, cx: &Context<'_>, graph: &Graph<'_>) -> Option<Accepted> {
         let args = call_args.get(args.start as usize..args.end as usize)?;
         written.extend(call_outputs(args, values)?);
     }
-    for v in written {
-        if f.args.contains(&v) {
-            continue;
-        }
+    // A value no longer computed may have elided views: they, too, must be read by
+    // the group alone.
+    let only_group_reads = |v: u32| {
         let group_uses = group
             .iter()
             .filter(|i| referenced(i, call_args, values).contains(&v))
             .count() as u32;
-        if graph.uses(v) != group_uses || viewed.binary_search(&v).is_ok() {
+        graph.uses(v) == group_uses
+    };
+    for v in written {
+        if f.args.contains(&v) {
+            continue;
+        }
+        if !only_group_reads(v)
+            || !viewed
+                .of(v)
+                .all(|w| !f.args.contains(&w) && only_group_reads(w))
+        {
             return None;
         }
     }

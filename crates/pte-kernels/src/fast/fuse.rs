@@ -287,7 +287,17 @@ fn product_chain(g: &Graph<'_>, calls: &[Call<'_>], op: Op) -> Option<Fusion> {
     }
     let mut args: Vec<u32> = c.args.get(..n_args)?.to_vec();
     let rest = calls.get(1..).unwrap_or_default();
-    let (act, scalars, out, n) = activation(g, rest, v, n_args)?;
+    // The activation may read the product through an elided view (a reshape of the
+    // same elements): the fused call then writes the activation's shape.
+    let x = rest.first().and_then(|c| arg(c, 0))?;
+    let same_elements = |a: u32, b: u32| {
+        matches!((g.tensor(a), g.tensor(b)), (Some(s), Some(t))
+            if s.sizes.iter().product::<usize>() == t.sizes.iter().product::<usize>())
+    };
+    if x != v && !(g.is_view_of(x, v) && is_f32(g, x) && same_elements(x, v)) {
+        return None;
+    }
+    let (act, scalars, out, n) = activation(g, rest, x, n_args)?;
     args.extend(scalars);
     let out_at = args.len();
     args.extend([out, out]);

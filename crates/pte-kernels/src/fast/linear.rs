@@ -42,6 +42,9 @@ pub(super) struct Packed {
     bias: Option<Vec<f32>>,
     act: Act,
     out: usize,
+    /// The output has a shape of its own (an activation fused through a reshaping view):
+    /// it keeps it, and must hold the product's elements.
+    own_shape: bool,
     consumed: SmallVec<[usize; 2]>,
     _charge: Charge,
 }
@@ -92,7 +95,7 @@ fn matrix(sizes: &[usize]) -> Option<(usize, usize)> {
 
 fn build(args: &Args<'_>, op: Op, act: Act, out: usize) -> KernelResult<Option<Packed>> {
     let (xi, wi, _) = op.positions();
-    let (Some(x), Some(w), Some(_)) = (
+    let (Some(x), Some(w), Some(y)) = (
         f32_tensor(args, xi)?,
         f32_tensor(args, wi)?,
         f32_tensor(args, out)?,
@@ -115,6 +118,17 @@ fn build(args: &Args<'_>, op: Op, act: Act, out: usize) -> KernelResult<Option<P
         Op::Addmm | Op::Mm => matrix(&x.sizes).is_some_and(|(_, c)| c == k),
     };
     if !x_ok {
+        return Ok(None);
+    }
+    let natural = y.sizes.split_last().is_some_and(|(&last, lead)| {
+        last == n
+            && lead
+                == x.sizes
+                    .get(..x.rank().saturating_sub(1))
+                    .unwrap_or_default()
+    });
+    let own_shape = !natural;
+    if own_shape && y.numel() != x.numel() / k.max(1) * n {
         return Ok(None);
     }
     let mut consumed: SmallVec<[usize; 2]> = SmallVec::from_slice(&[wi]);
@@ -167,6 +181,7 @@ fn build(args: &Args<'_>, op: Op, act: Act, out: usize) -> KernelResult<Option<P
         bias,
         act,
         out,
+        own_shape,
         consumed,
         _charge: held,
     }))
@@ -192,11 +207,21 @@ impl PreparedKernel for Packed {
                 x.sizes.as_slice()
             )));
         }
-        let mut sizes = x.sizes.clone();
-        if let Some(last) = sizes.last_mut() {
-            *last = n;
+        if self.own_shape {
+            let held = args.tensor(self.out)?.numel();
+            if held != m * n {
+                return Err(KernelError::invalid(format!(
+                    "{}: output of {held} elements for a {m}x{n} product",
+                    args.op()
+                )));
+            }
+        } else {
+            let mut sizes = x.sizes.clone();
+            if let Some(last) = sizes.last_mut() {
+                *last = n;
+            }
+            args.resize(self.out, &sizes)?;
         }
-        args.resize(self.out, &sizes)?;
         let activation = self.act.resolve(args)?;
         let pool = args.pool();
         let mut io = args.io(&[at(xi)], &[at(self.out)])?;
