@@ -34,10 +34,18 @@ const EXP_MIN: f32 = -87.336_55;
 /// -126..=128.
 #[inline(always)]
 fn exp_reduced<const FMA: bool>(x: f32) -> (f32, i32) {
-    let t = madd::<FMA>(x, LOG2E, ROUND);
+    exp_reduced_sum::<FMA>(x, 0.0)
+}
+
+/// e^(a + b) as [`exp_reduced`] does e^x, for a sum whose rounding would cost accuracy
+/// (a large, b small): n·ln 2 is taken from `a` alone, which Cody and Waite's split
+/// does exactly for |a| below 2^7, and b joins the small remainder.
+#[inline(always)]
+fn exp_reduced_sum<const FMA: bool>(a: f32, b: f32) -> (f32, i32) {
+    let t = madd::<FMA>(a + b, LOG2E, ROUND);
     let n = t - ROUND;
     let ni = t.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
-    let r = madd::<FMA>(n, -LN2_LO, madd::<FMA>(n, -LN2_HI, x));
+    let r = madd::<FMA>(n, -LN2_LO, madd::<FMA>(n, -LN2_HI, a)) + b;
     // 1 + r + r²·(c2 + c3·r + (c4 + c5·r)·r² + c6·r⁴).
     let r2 = r * r;
     let lo = madd::<FMA>(1.666_666_5e-1, r, 5.000_000_1e-1);
@@ -146,7 +154,7 @@ pub(crate) fn tanh<const FMA: bool>(x: f32) -> f32 {
 /// erfc(|x|/√2) with relative error about 1.2e-7 (a Chebyshev fit of
 /// `erfc(z) = t · exp(-z² + P(t))`, `t = 1 / (1 + z/2)`). The exponent -x²/2 is formed
 /// from an exact part (x split in a 12-bit head and a tail: head²/2 is exact) and a
-/// small remainder, so that neither the rounding of x/√2 nor that of x² reaches it.
+/// small remainder.
 #[inline(always)]
 fn erfc_scaled<const FMA: bool>(x: f32) -> f32 {
     const C: [f32; 10] = [
@@ -172,10 +180,15 @@ fn erfc_scaled<const FMA: bool>(x: f32) -> f32 {
     let p = madd::<FMA>(pair(C[8], C[9]), t4 * t4, madd::<FMA>(high, t4, low));
     let hi = f32::from_bits(a.to_bits() & 0xffff_f000);
     let rest = 0.5 * (a - hi) * (a + hi);
-    // -hi²/2 <= 0. P(t) is in -1.3..0.1 and `rest` below a²/2048: the second factor
-    // matters only where the first is not 0 (a < 14) and is clamped where it is.
-    let e = exp_in_range::<FMA>((p - rest).max(-80.0));
-    t * exp_nonpositive::<FMA>(-0.5 * hi * hi) * e
+    // e^(-hi²/2 + P(t) - rest) in one exponential: -hi²/2 is exact (hi has 12 bits) and
+    // the reduction takes n·ln 2 from it alone, so neither the rounding of x/√2 nor
+    // that of x² reaches the result. P(t) is in -1.3..0.1 and `rest` below a²/2048; the
+    // clamp keeps that sum small where the result flushes to 0 anyway (a above 13).
+    let big = -0.5 * hi * hi;
+    let small = (p - rest).max(-80.0);
+    let (y, n) = exp_reduced_sum::<FMA>(big, small);
+    let e = y * pow2(n);
+    t * if big + small < EXP_MIN { 0.0 } else { e }
 }
 
 /// GELU, erf form: x · Φ(x) = x/2 · erfc(-x/√2). As eager PyTorch's float32 path,
