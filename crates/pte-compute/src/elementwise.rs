@@ -373,8 +373,9 @@ multiversion! {
     fn softmax_all<const FMA: bool>(out: &mut [f32], x: &[f32], row_len: usize, log: bool) {
         for (o, r) in out.chunks_exact_mut(row_len).zip(x.chunks_exact(row_len)) {
             let m = row_max(r);
+            // v - m <= 0, or NaN (a row holding NaN or ±inf), which propagates.
             for (d, &v) in o.iter_mut().zip(r) {
-                *d = math::exp::<FMA>(v - m);
+                *d = math::exp_nonpositive::<FMA>(v - m);
             }
             let sum = row_sum(o);
             if log {

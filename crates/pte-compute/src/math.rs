@@ -90,7 +90,7 @@ fn exp_in_range<const FMA: bool>(x: f32) -> f32 {
 /// handle, NaN propagates through the arithmetic, and below `EXP_MIN` the result
 /// flushes to 0 as `exp`'s does.
 #[inline(always)]
-fn exp_nonpositive<const FMA: bool>(x: f32) -> f32 {
+pub(crate) fn exp_nonpositive<const FMA: bool>(x: f32) -> f32 {
     let y = exp_in_range::<FMA>(x);
     if x < EXP_MIN {
         0.0
