@@ -245,16 +245,10 @@ impl ThreadPool {
                 needed,
             });
         }
-        let parts = ScratchParts {
-            ptr: scratch.as_mut_ptr(),
-            per_thread,
-            threads: self.threads(),
-            _borrow: PhantomData,
-        };
+        let parts = Parts::new(scratch.get_mut(..needed).unwrap_or_default(), per_thread);
         self.parallel_for(tasks, |task, thread| {
-            if let Some(part) = parts.part(thread) {
-                f(task, part);
-            }
+            // SAFETY: a thread runs one task at a time, and the borrow ends with it.
+            f(task, unsafe { parts.get(thread) });
         });
         Ok(())
     }
@@ -277,17 +271,13 @@ impl ThreadPool {
         // A few tasks per thread, so that uneven chunks balance.
         let per_task = chunks.div_ceil(self.threads() * 4).max(1);
         let tasks = chunks.div_ceil(per_task);
-        let group = per_task * chunk;
-        let groups = Groups {
-            ptr: data.as_mut_ptr(),
-            len: data.len(),
-            group,
-            _borrow: PhantomData,
-        };
+        let groups = Parts::new(data, per_task * chunk);
         // Task `t` runs group `t`: the same part of the data goes to the same thread
         // from one call to the next (see the module docs).
         self.parallel_for_scratch(tasks, scratch, per_thread, |t, part| {
-            for (i, c) in groups.get(t).chunks_mut(chunk).enumerate() {
+            // SAFETY: every task runs once, and the borrow ends with it.
+            let group = unsafe { groups.get(t) };
+            for (i, c) in group.chunks_mut(chunk).enumerate() {
                 f(t * per_task + i, c, part);
             }
         })
@@ -429,58 +419,44 @@ fn wait_for_job(s: &Shared, w: usize, seen: u64) -> Option<u64> {
     }
 }
 
-/// Cuts a `&mut [T]` into consecutive groups of `group` elements (the last may be
-/// shorter), one per task of a job.
-struct Groups<'a, T> {
+/// A `&mut [T]` cut into consecutive parts of `part` elements (the last may be
+/// shorter), handed out by index to the tasks of a job.
+struct Parts<'a, T> {
     ptr: *mut T,
     len: usize,
-    group: usize,
+    part: usize,
     _borrow: PhantomData<&'a mut [T]>,
 }
 
-// SAFETY: groups handed to different tasks are disjoint (see `get`), and `T: Send`.
-unsafe impl<T: Send> Sync for Groups<'_, T> {}
+// SAFETY: `get`'s contract keeps the borrows handed to different threads disjoint, and
+// `T: Send`.
+unsafe impl<T: Send> Sync for Parts<'_, T> {}
 
-impl<T> Groups<'_, T> {
-    /// Group `t`, empty past the end. Only called from task `t` of
-    /// [`ThreadPool::parallel_for`], which runs every task exactly once, so no two live
-    /// borrows overlap; the borrow cannot outlive the task's call.
-    #[allow(clippy::mut_from_ref)]
-    fn get(&self, t: usize) -> &mut [T] {
-        let start = t.saturating_mul(self.group).min(self.len);
-        let end = start.saturating_add(self.group).min(self.len);
-        // SAFETY: `ptr..ptr + len` is the `&mut [T]` borrowed for `'a`; `start..end`
-        // lies inside it and is disjoint from every other task's range.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), end - start) }
-    }
-}
-
-/// Hands each thread of a job its own part of a scratch buffer.
-struct ScratchParts<'a, T> {
-    ptr: *mut T,
-    per_thread: usize,
-    threads: usize,
-    _borrow: PhantomData<&'a mut [T]>,
-}
-
-// SAFETY: parts handed to different threads are disjoint (see `part`), and `T: Send`.
-unsafe impl<T: Send> Sync for ScratchParts<'_, T> {}
-
-impl<T> ScratchParts<'_, T> {
-    /// The part of thread `thread`, None if out of range. Only called from a task of
-    /// [`ThreadPool::parallel_for`], which never runs two tasks with the same `thread`
-    /// at once, and the returned borrow cannot outlive the task's call.
-    #[allow(clippy::mut_from_ref)]
-    fn part(&self, thread: usize) -> Option<&mut [T]> {
-        if thread >= self.threads {
-            return None;
+impl<'a, T> Parts<'a, T> {
+    fn new(data: &'a mut [T], part: usize) -> Self {
+        Parts {
+            ptr: data.as_mut_ptr(),
+            len: data.len(),
+            part,
+            _borrow: PhantomData,
         }
-        // SAFETY: `ptr` came from a `&mut [T]` of at least `threads * per_thread`
-        // elements (checked by the caller) borrowed for `'a`; parts of distinct threads
-        // do not overlap, and a thread uses its part for one task at a time.
-        Some(unsafe {
-            std::slice::from_raw_parts_mut(self.ptr.add(thread * self.per_thread), self.per_thread)
-        })
+    }
+
+    /// Part `i`, empty past the end.
+    ///
+    /// # Safety
+    /// No other borrow of part `i` may be live while the returned one is: a task of
+    /// [`ThreadPool::parallel_for`] asks for its own task index (every task runs
+    /// once) or its own thread index (a thread runs one task at a time), and lets
+    /// the borrow end with its call.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn get(&self, i: usize) -> &mut [T] {
+        let start = i.saturating_mul(self.part).min(self.len);
+        let end = start.saturating_add(self.part).min(self.len);
+        // SAFETY: `ptr..ptr + len` is the `&mut [T]` borrowed for `'a`; `start..end`
+        // lies inside it and is disjoint from every other part; the caller keeps
+        // borrows of the same part from overlapping.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), end - start) }
     }
 }
 
