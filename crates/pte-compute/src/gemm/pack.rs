@@ -29,6 +29,12 @@ pub(crate) trait Lines: Sync {
         w: usize,
         dst: &mut [f32],
     );
+
+    /// Depths `k0..k0 + kc` of line `l` when they are contiguous in memory, so that a
+    /// micro-kernel can read them in place instead of packing them.
+    fn run_in_place(&self, _l: usize, _k0: usize, _kc: usize) -> Option<&[f32]> {
+        None
+    }
 }
 
 /// A strided matrix whose rows are the lines (pass `b.t()` for B).
@@ -39,6 +45,10 @@ impl Lines for MatRef<'_> {
 
     fn depth(&self) -> usize {
         self.cols()
+    }
+
+    fn run_in_place(&self, l: usize, k0: usize, kc: usize) -> Option<&[f32]> {
+        self.row_run(l, k0, kc).filter(|r| r.len() == kc)
     }
 
     #[allow(clippy::too_many_arguments)] // the block's coordinates and the panel width
