@@ -343,9 +343,9 @@ fn store<R: Elem>(src: &[R], dst: &mut [u8], dtype: DType) -> KernelResult {
 /// Elements per block of the inner loop.
 const BLOCK: usize = 256;
 /// Outputs at least this large are computed on several threads.
-const PARALLEL_MIN: usize = 1 << 16;
+const PARALLEL_MIN: usize = 1 << 13;
 /// Elements per parallel task.
-const PARALLEL_CHUNK: usize = 1 << 14;
+const PARALLEL_CHUNK: usize = 1 << 12;
 
 /// A run of one operand: a contiguous slice, or `None` for the value repeated in its
 /// fill buffer.

@@ -16,7 +16,7 @@ use super::conv::Act;
 use super::{at, compute, f32_tensor};
 
 /// Elements below which an elementwise loop stays on one thread.
-const PARALLEL: usize = 1 << 15;
+const PARALLEL: usize = 1 << 12;
 
 /// Runs `f(offset, chunk)` over chunks of `out` (multiples of `unit` elements) on the
 /// pool's threads when `out` is large.
