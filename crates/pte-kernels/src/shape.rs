@@ -9,6 +9,7 @@
 //! runs. Inputs and outputs of other dim orders are seen in row-major order through
 //! `Dense`. Only conversions and fills are typed.
 
+pub(crate) mod alias;
 mod creation;
 mod pad;
 

@@ -33,43 +33,19 @@ pub(crate) fn call_outputs(args: &[u32], values: &[Slot]) -> Option<SmallVec<[u3
     }
 }
 
-/// How many instructions may write each value: the outputs of pure calls, every argument
-/// of other calls and of delegates, the target of moves, freed tensors.
-fn writes(
+/// How many instructions may write each value (see [`crate::alias::written`]).
+pub(crate) fn writes(
     chains: &[Vec<Instr>],
     call_args: &[u32],
-    op_names: &[String],
-    kernels: &KernelRegistry,
+    pure: &dyn Fn(u32) -> bool,
     values: &[Slot],
 ) -> Vec<u32> {
     let mut count = vec![0u32; values.len()];
-    let mut bump = |v: u32| {
-        if let Some(c) = count.get_mut(v as usize) {
-            *c = c.saturating_add(1);
-        }
-    };
     for instr in chains.iter().flatten() {
-        match instr {
-            Instr::Kernel { op, args, .. } => {
-                let pure = op_names
-                    .get(*op as usize)
-                    .is_some_and(|name| kernels.is_pure(name));
-                let args = call_args
-                    .get(args.start as usize..args.end as usize)
-                    .unwrap_or_default();
-                match call_outputs(args, values).filter(|_| pure) {
-                    Some(outs) => outs.iter().for_each(|&v| bump(v)),
-                    None => referenced(instr, call_args, values)
-                        .into_iter()
-                        .for_each(&mut bump),
-                }
+        for v in crate::alias::written(instr, call_args, values, pure) {
+            if let Some(c) = count.get_mut(v as usize) {
+                *c = c.saturating_add(1);
             }
-            Instr::Delegate { .. } => referenced(instr, call_args, values)
-                .into_iter()
-                .for_each(&mut bump),
-            Instr::Move { to, .. } => bump(*to),
-            Instr::Free { value } => bump(*value),
-            Instr::JumpFalse { .. } | Instr::Nop => {}
         }
     }
     count
@@ -111,6 +87,13 @@ pub(crate) struct Views {
 }
 
 impl Views {
+    /// Records that `view` reads `source`'s memory.
+    pub(crate) fn add(&mut self, source: u32, view: u32) {
+        if let Err(at) = self.pairs.binary_search(&(source, view)) {
+            self.pairs.insert(at, (source, view));
+        }
+    }
+
     /// True when an elided view reads `v`'s memory.
     pub(crate) fn is_viewed(&self, v: u32) -> bool {
         self.of(v).next().is_some()
@@ -202,7 +185,12 @@ pub(crate) fn fold_constants(
     pool: &pte_compute::ThreadPool,
 ) -> (Vec<bool>, Views) {
     let mut folded = vec![false; calls];
-    let mut writes = writes(chains, call_args, op_names, kernels, values);
+    let pure = |op: u32| {
+        op_names
+            .get(op as usize)
+            .is_some_and(|name| kernels.is_pure(name))
+    };
+    let mut writes = writes(chains, call_args, &pure, values);
     let viewed = viewed(chains, call_args, values, &writes, inputs);
     let io: Vec<u32> = inputs.iter().chain(outputs).copied().collect();
     let io = &io[..];

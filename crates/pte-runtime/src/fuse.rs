@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
+pub use crate::alias::Alias;
 use crate::args::TensorInfo;
 use crate::fold::{call_outputs, Views};
 use crate::memory::Storage;
@@ -48,6 +49,52 @@ pub struct Graph<'a> {
 }
 
 impl<'a> Graph<'a> {
+    /// The graph of a method's chains as they stand (folded calls are `Nop`s).
+    pub(crate) fn new(
+        chains: &[Vec<Instr>],
+        call_args: &'a [u32],
+        op_names: &'a [String],
+        values: &'a [Slot],
+        io: &'a [u32],
+        viewed: &'a Views,
+    ) -> Self {
+        let mut uses = vec![0u32; values.len()];
+        for instr in chains.iter().flatten() {
+            let mut refs = referenced(instr, call_args, values);
+            refs.sort_unstable();
+            refs.dedup();
+            for v in refs {
+                if let Some(u) = uses.get_mut(v as usize) {
+                    *u += 1;
+                }
+            }
+        }
+        let mut calls = Vec::new();
+        for (c, chain) in chains.iter().enumerate() {
+            for (i, instr) in chain.iter().enumerate() {
+                if let Instr::Kernel { op, args, .. } = instr {
+                    calls.push(Call {
+                        id: CallId {
+                            chain: c,
+                            instruction: i,
+                        },
+                        op: op_names.get(*op as usize).map_or("?", String::as_str),
+                        args: call_args
+                            .get(args.start as usize..args.end as usize)
+                            .unwrap_or_default(),
+                    });
+                }
+            }
+        }
+        Graph {
+            calls,
+            values,
+            uses,
+            io,
+            viewed,
+        }
+    }
+
     /// The kernel calls, in program order (calls folded at load are left out).
     pub fn calls(&self) -> &[Call<'a>] {
         &self.calls
@@ -156,6 +203,13 @@ pub struct Fusion {
 pub trait Fuser: Send + Sync {
     /// The groups of calls to fuse; the runtime takes those that are safe.
     fn fuse(&self, graph: &Graph<'_>) -> Vec<Fusion>;
+
+    /// Calls whose output is a run of their input's elements in the same order (see
+    /// [`Alias`]); the runtime elides those that are safe (see `alias.rs`). Asked after
+    /// the fusions were taken.
+    fn aliases(&self, _graph: &Graph<'_>) -> Vec<Alias> {
+        Vec::new()
+    }
 }
 
 /// Every value an instruction refers to, lists expanded.
@@ -208,41 +262,7 @@ pub(crate) fn plan(
     let Some(fuser) = kernels.fuser() else {
         return Vec::new();
     };
-    let mut uses = vec![0u32; values.len()];
-    for instr in chains.iter().flatten() {
-        let mut refs = referenced(instr, call_args, values);
-        refs.sort_unstable();
-        refs.dedup();
-        for v in refs {
-            if let Some(u) = uses.get_mut(v as usize) {
-                *u += 1;
-            }
-        }
-    }
-    let mut calls = Vec::new();
-    for (c, chain) in chains.iter().enumerate() {
-        for (i, instr) in chain.iter().enumerate() {
-            if let Instr::Kernel { op, args, .. } = instr {
-                calls.push(Call {
-                    id: CallId {
-                        chain: c,
-                        instruction: i,
-                    },
-                    op: op_names.get(*op as usize).map_or("?", String::as_str),
-                    args: call_args
-                        .get(args.start as usize..args.end as usize)
-                        .unwrap_or_default(),
-                });
-            }
-        }
-    }
-    let graph = Graph {
-        calls,
-        values,
-        uses,
-        io,
-        viewed,
-    };
+    let graph = Graph::new(chains, call_args, op_names, values, io, viewed);
     let jump_targets: Vec<(usize, usize)> = chains
         .iter()
         .enumerate()

@@ -39,6 +39,7 @@
     clippy::unreachable
 )]
 
+mod alias;
 mod args;
 mod budget;
 mod dtype;
@@ -57,7 +58,7 @@ pub use args::{normalize_dim, Arg, Args, Io, Scalar, TensorData, TensorDataMut, 
 pub use budget::{default_memory_limit, Buffer, Charge, MemoryBudget, MemoryError};
 pub use dtype::{DType, Element};
 pub use error::{KernelError, KernelResult, Result, RuntimeError};
-pub use fuse::{Call, CallId, Fuser, Fusion, Graph};
+pub use fuse::{Alias, Call, CallId, Fuser, Fusion, Graph};
 pub use memory::{SharedBytes, SourceBytes};
 pub use method::{
     CancelHandle, LoadOptions, Method, ProfileEntry, MAX_INSTRUCTIONS, MIN_LOOP_ITERATIONS,

@@ -134,7 +134,6 @@ pub struct Method {
     inputs: Vec<u32>,
     outputs: Vec<u32>,
     input_set: Vec<bool>,
-    pool: Option<Arc<rayon::ThreadPool>>,
     /// The pool kernels and delegates split their work on (see [`Args::pool`]).
     compute_pool: Arc<ThreadPool>,
     max_instructions: u64,
@@ -455,7 +454,7 @@ impl Method {
         }
 
         // Calls computing only from constants run now, once.
-        let (folded, viewed) = crate::fold::fold_constants(
+        let (folded, mut viewed) = crate::fold::fold_constants(
             &chains,
             &call_args,
             &op_names,
@@ -482,6 +481,7 @@ impl Method {
             kernels, &chains, &call_args, &op_names, &values, &io, &viewed,
         );
         let mut fused_kernels: Vec<Option<Arc<dyn crate::Kernel>>> = vec![None; kernel_calls.len()];
+        let fused_from = op_names.len();
         for f in fusions {
             let start = call_args.len() as u32;
             call_args.extend_from_slice(&f.args);
@@ -518,6 +518,19 @@ impl Method {
                 }
             }
         }
+        // Copies that move no data.
+        crate::alias::elide(
+            &mut chains,
+            &mut values,
+            &mut viewed,
+            &crate::alias::Method {
+                call_args: &call_args,
+                op_names: &op_names,
+                kernels,
+                fused_from,
+                io: &io,
+            },
+        );
         let unused: Vec<bool> = chains_calls_unused(&chains, kernel_calls.len());
 
         // The other kernels, prepared once per call site.
@@ -556,15 +569,6 @@ impl Method {
 
         crate::fold::release_consumed(&chains, &call_args, &mut values, &prepared, &mut memory);
 
-        let pool = match options.threads {
-            Some(t) => Some(Arc::new(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(t)
-                    .build()
-                    .map_err(|e| RuntimeError::NotSupported(format!("thread pool: {e}")))?,
-            )),
-            None => None,
-        };
         let largest_dim = values
             .iter()
             .filter_map(|v| match v {
@@ -589,7 +593,6 @@ impl Method {
             inputs,
             outputs,
             input_set,
-            pool,
             compute_pool,
             max_instructions: options.max_instructions,
             max_loop_iterations: options.max_loop_iterations,
@@ -807,10 +810,7 @@ impl Method {
             }),
             deadline: self.timeout.map(|t| (Instant::now() + t, t)),
         };
-        match self.pool.clone() {
-            Some(pool) => pool.install(|| self.run(&limits)),
-            None => self.run(&limits),
-        }
+        self.run(&limits)
     }
 
     fn run(&mut self, limits: &Limits) -> Result<()> {

@@ -11,6 +11,9 @@ pub enum Memory {
     Planned,
     /// Not planned: the runtime allocates it when it is written (or the caller sets it).
     Unplanned,
+    /// Planned in buffer 1 at this byte offset, sharing memory with the tensors already
+    /// there (as a planner reuses the place of a dead tensor, or an exporter's view).
+    At(u64),
 }
 
 /// One method (`forward`) of a program under construction.
@@ -101,11 +104,15 @@ impl ProgramBuilder {
         memory: Memory,
         dynamism: et::TensorShapeDynamism,
     ) -> i32 {
-        let allocation_info = (memory == Memory::Planned).then(|| {
-            let offset = self.planned;
+        let offset = match memory {
+            Memory::Planned => Some(self.planned),
+            Memory::At(at) => Some(at),
+            Memory::Unplanned => None,
+        };
+        let allocation_info = offset.map(|offset| {
             let nbytes = sizes.iter().map(|&s| s.max(0) as u64).product::<u64>()
                 * pte_format::scalar::element_size(dtype).unwrap_or(1) as u64;
-            self.planned = (offset + nbytes).next_multiple_of(16);
+            self.planned = self.planned.max((offset + nbytes).next_multiple_of(16));
             Box::new(et::AllocationDetails {
                 memory_id: 1,
                 memory_offset_low: offset as u32,

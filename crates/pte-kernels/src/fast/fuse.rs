@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use pte_runtime::{
-    Args, Call, CallId, DType, Fuser, Fusion, Graph, Kernel, KernelResult, PreparedKernel,
+    Alias, Args, Call, CallId, DType, Fuser, Fusion, Graph, Kernel, KernelResult, PreparedKernel,
 };
 
 use super::conv::{self, Act, Layout};
@@ -26,6 +26,10 @@ use super::pool;
 pub(super) struct Patterns;
 
 impl Fuser for Patterns {
+    fn aliases(&self, g: &Graph<'_>) -> Vec<Alias> {
+        crate::shape::alias::propose(g)
+    }
+
     fn fuse(&self, g: &Graph<'_>) -> Vec<Fusion> {
         let calls = g.calls();
         let mut out = Vec::new();

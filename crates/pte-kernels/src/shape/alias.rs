@@ -1,0 +1,168 @@
+//! Which copies move no data: calls whose output is a run of their input's elements in
+//! the same order, so that the runtime may point the output at the input's bytes and
+//! skip the call (see `pte_runtime::Alias`).
+//!
+//! Both tensors must have the default dim order and one dtype, and the output exactly
+//! the shape the operator gives (a program whose shapes disagree keeps its call, and
+//! the kernel reports the error). Then:
+//! - `view_copy`, `unsqueeze_copy`, `squeeze_copy`, `alias_copy`, `detach_copy`, `clone`,
+//!   `_clone_dim_order` keep every element in place;
+//! - `expand_copy` does when it repeats nothing (the same number of elements);
+//! - `permute_copy` does when the dimensions longer than 1 keep their order;
+//! - `select_copy` and `slice_copy` (step 1) read one run when every dimension before
+//!   the selected one has size 1.
+
+use pte_runtime::{normalize_dim, Alias, Call, Dims, Graph, TensorInfo};
+
+use crate::util::{dim_set, infer_sizes, slice_bounds, wrap_index};
+
+/// The aliases among a method's calls.
+pub(crate) fn propose(g: &Graph<'_>) -> Vec<Alias> {
+    g.calls().iter().filter_map(|c| alias(g, c)).collect()
+}
+
+fn alias(g: &Graph<'_>, c: &Call<'_>) -> Option<Alias> {
+    let (&input, &output) = (c.args.first()?, c.args.last()?);
+    if c.args.get(c.args.len().checked_sub(2)?) != Some(&output) {
+        return None;
+    }
+    let (x, y) = (g.tensor(input)?, g.tensor(output)?);
+    if x.dtype != y.dtype || !x.is_contiguous() || !y.is_contiguous() {
+        return None;
+    }
+    let arg = |i: usize| c.args.get(i).copied();
+    let int = |i: usize| arg(i).and_then(|v| g.int(v));
+    let ints = |i: usize| arg(i).and_then(|v| g.int_list(v));
+    let (sizes, offset) = match c.op {
+        "aten::view_copy.out" => (infer_sizes(&ints(1)?, x.numel()).ok()?, 0),
+        "aten::unsqueeze_copy.out" => {
+            let d = normalize_dim(int(1)?, x.rank() + 1).ok()?;
+            let mut s = x.sizes.clone();
+            s.insert(d, 1);
+            (s, 0)
+        }
+        "aten::squeeze_copy.out" => (squeezed(&x, |_| true), 0),
+        "aten::squeeze_copy.dim_out" => {
+            let d = normalize_dim(int(1)?, x.rank()).ok()?;
+            (squeezed(&x, |i| i == d), 0)
+        }
+        "aten::squeeze_copy.dims_out" => {
+            let set = dim_set(&ints(1)?, x.rank()).ok()?;
+            (squeezed(&x, |i| set.get(i) == Some(&true)), 0)
+        }
+        "aten::alias_copy.out" | "aten::detach_copy.out" | "aten::clone.out" => {
+            (x.sizes.clone(), 0)
+        }
+        "dim_order_ops::_clone_dim_order.out" => {
+            // The requested dim order, if any, must be the output's (the default).
+            let order = arg(2)?;
+            let default = g.is_none(order)
+                || g.int_list(order)?
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &d)| usize::try_from(d) == Ok(i));
+            (default.then(|| x.sizes.clone())?, 0)
+        }
+        "aten::expand_copy.out" => {
+            let want = ints(1)?;
+            let lead = want.len().checked_sub(x.rank())?;
+            let mut s = Dims::new();
+            for (i, &w) in want.iter().enumerate() {
+                let have = i.checked_sub(lead).and_then(|j| x.sizes.get(j).copied());
+                s.push(match (w, have) {
+                    (-1, Some(h)) => h,
+                    (w, _) => usize::try_from(w).ok()?,
+                });
+            }
+            (s, 0)
+        }
+        "aten::permute_copy.out" => {
+            let dims = ints(1)?;
+            let set = dim_set(&dims, x.rank()).ok()?;
+            if dims.len() != x.rank() || !set.iter().all(|&b| b) {
+                return None;
+            }
+            let order: Dims = dims
+                .iter()
+                .map(|&d| normalize_dim(d, x.rank()))
+                .collect::<Result<_, _>>()
+                .ok()?;
+            let moved: Dims = order
+                .iter()
+                .copied()
+                .filter(|&d| x.sizes.get(d) != Some(&1))
+                .collect();
+            if !moved.windows(2).all(|w| w.first() < w.get(1)) {
+                return None;
+            }
+            (
+                order
+                    .iter()
+                    .filter_map(|&d| x.sizes.get(d).copied())
+                    .collect(),
+                0,
+            )
+        }
+        "aten::select_copy.int_out" => {
+            let d = normalize_dim(int(1)?, x.rank()).ok()?;
+            let size = *x.sizes.get(d)?;
+            let index = wrap_index(int(2)?, size, d).ok()?;
+            let mut s = x.sizes.clone();
+            s.remove(d);
+            (s, leading_run(&x, d, index)?)
+        }
+        "aten::slice_copy.Tensor_out" => {
+            let d = normalize_dim(int(1)?, x.rank()).ok()?;
+            let size = *x.sizes.get(d)?;
+            let bound = |i: usize| {
+                let v = arg(i)?;
+                if g.is_none(v) {
+                    Some(None)
+                } else {
+                    g.int(v).map(Some)
+                }
+            };
+            if int(4)? != 1 {
+                return None;
+            }
+            let (start, len) = slice_bounds(size, bound(2)?, bound(3)?, 1).ok()?;
+            let mut s = x.sizes.clone();
+            *s.get_mut(d)? = len;
+            (s, leading_run(&x, d, start)?)
+        }
+        _ => return None,
+    };
+    let fits = offset
+        .checked_add(y.numel())
+        .is_some_and(|e| e <= x.numel());
+    (sizes == y.sizes && fits).then_some(Alias {
+        call: c.id,
+        input,
+        output,
+        offset,
+    })
+}
+
+/// The sizes without the dimensions of size 1 that `drop` selects.
+fn squeezed(x: &TensorInfo, drop: impl Fn(usize) -> bool) -> Dims {
+    x.sizes
+        .iter()
+        .enumerate()
+        .filter(|&(i, &s)| !(s == 1 && drop(i)))
+        .map(|(_, &s)| s)
+        .collect()
+}
+
+/// The offset of index `i` along dimension `d` when the dimensions before it have size
+/// 1 (so that what follows is one run); None otherwise.
+fn leading_run(x: &TensorInfo, d: usize, i: usize) -> Option<usize> {
+    let (before, from) = x.sizes.split_at(d);
+    if before.iter().any(|&s| s != 1) {
+        return None;
+    }
+    let inner = from
+        .get(1..)?
+        .iter()
+        .try_fold(1usize, |n, &s| n.checked_mul(s))?;
+    i.checked_mul(inner)
+}

@@ -1,0 +1,244 @@
+//! Copies that move no data, elided at method load.
+//!
+//! Exported programs are full of `*_copy` calls whose output holds exactly a run of
+//! their input's elements, in order: `unsqueeze_copy` and `squeeze_copy`, an
+//! `expand_copy` to the same shape, a `permute_copy` that moves only dimensions of size
+//! 1, a `clone` that keeps the dim order, a `select_copy` of a leading dimension. The
+//! registry's fuser names such calls ([`crate::Fuser::aliases`]); the runtime drops
+//! each one whose input bytes nothing overwrites until the last read of its output (or
+//! of the views the exporter elided on it), and points the output and those views at
+//! the input's bytes instead.
+//!
+//! Only straight-line methods (one chain, no jumps) with static shapes are rewritten:
+//! there the order of reads and writes is the order of the instructions.
+
+use smallvec::SmallVec;
+
+use crate::fold::{call_outputs, Views};
+use crate::fuse::{referenced, CallId, Graph};
+use crate::memory::Storage;
+use crate::method::Instr;
+use crate::registry::KernelRegistry;
+use crate::value::{Dynamism, Slot};
+
+/// A call whose output is the input's elements from `offset` on, in the same order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Alias {
+    pub call: CallId,
+    pub input: u32,
+    pub output: u32,
+    /// In elements of the input.
+    pub offset: usize,
+}
+
+/// The values an instruction may write: the outputs of a call of a pure operator
+/// (`pure(op)`), every value any other instruction refers to.
+pub(crate) fn written(
+    instr: &Instr,
+    call_args: &[u32],
+    values: &[Slot],
+    pure: &dyn Fn(u32) -> bool,
+) -> SmallVec<[u32; 16]> {
+    match instr {
+        Instr::Kernel { op, args, .. } => {
+            let pure = pure(*op);
+            let args = call_args
+                .get(args.start as usize..args.end as usize)
+                .unwrap_or_default();
+            match call_outputs(args, values).filter(|_| pure) {
+                Some(outs) => outs.into_iter().collect(),
+                None => referenced(instr, call_args, values),
+            }
+        }
+        Instr::Move { to, .. } => SmallVec::from_slice(&[*to]),
+        Instr::Free { value } => SmallVec::from_slice(&[*value]),
+        Instr::JumpFalse { .. } | Instr::Nop => SmallVec::new(),
+        Instr::Delegate { .. } => referenced(instr, call_args, values),
+    }
+}
+
+/// What the rewrite needs to know about the method.
+pub(crate) struct Method<'a> {
+    pub call_args: &'a [u32],
+    pub op_names: &'a [String],
+    pub kernels: &'a KernelRegistry,
+    /// Operators from this index on are fused calls (of pure calls only).
+    pub fused_from: usize,
+    pub io: &'a [u32],
+}
+
+impl Method<'_> {
+    fn is_pure(&self, op: u32) -> bool {
+        op as usize >= self.fused_from
+            || self
+                .op_names
+                .get(op as usize)
+                .is_some_and(|name| self.kernels.is_pure(name))
+    }
+}
+
+/// Elides the aliases the registry's fuser proposes that are safe (see the module
+/// docs); returns how many it elided. `viewed` learns the new views.
+pub(crate) fn elide(
+    chains: &mut [Vec<Instr>],
+    values: &mut [Slot],
+    viewed: &mut Views,
+    m: &Method<'_>,
+) -> usize {
+    let Some(fuser) = m.kernels.fuser() else {
+        return 0;
+    };
+    let [chain] = chains else {
+        return 0;
+    };
+    if chain.iter().any(|i| matches!(i, Instr::JumpFalse { .. })) {
+        return 0;
+    }
+    let mut proposals = {
+        let graph = Graph::new(
+            std::slice::from_ref(chain),
+            m.call_args,
+            m.op_names,
+            values,
+            m.io,
+            viewed,
+        );
+        fuser.aliases(&graph)
+    };
+    proposals.sort_by_key(|a| a.call.instruction);
+    let writes = crate::fold::writes(
+        std::slice::from_ref(chain),
+        m.call_args,
+        &|op| m.is_pure(op),
+        values,
+    );
+    let mut elided = 0;
+    for a in proposals {
+        if let Some(readers) = check(&a, chain, values, viewed, &writes, m) {
+            let Some(Slot::Tensor(src)) = values.get(a.input as usize) else {
+                continue;
+            };
+            let Storage::Planned { buffer, offset } = src.storage else {
+                continue;
+            };
+            let at = offset + a.offset * src.dtype.size();
+            for &r in &readers {
+                if let Some(Slot::Tensor(t)) = values.get_mut(r as usize) {
+                    t.storage = Storage::Planned { buffer, offset: at };
+                }
+                viewed.add(a.input, r);
+            }
+            if let Some(i) = chain.get_mut(a.call.instruction) {
+                *i = Instr::Nop;
+            }
+            elided += 1;
+        }
+    }
+    elided
+}
+
+/// The output and the views on it, when the alias is safe.
+fn check(
+    a: &Alias,
+    chain: &[Instr],
+    values: &[Slot],
+    viewed: &Views,
+    writes: &[u32],
+    m: &Method<'_>,
+) -> Option<SmallVec<[u32; 4]>> {
+    let p = a.call.instruction;
+    let Instr::Kernel { op, args, .. } = chain.get(p)? else {
+        return None;
+    };
+    let args = m.call_args.get(args.start as usize..args.end as usize)?;
+    // A pure call writing the output alone, reading the input; every other argument
+    // is fixed at load (not written at run time).
+    if a.input == a.output
+        || !m.is_pure(*op)
+        || call_outputs(args, values)?.as_slice() != [a.output]
+        || !args.contains(&a.input)
+        || writes.get(a.output as usize) != Some(&1)
+        || args.iter().any(|&v| !fixed(v, values, writes))
+    {
+        return None;
+    }
+    let tensor = |v: u32| match values.get(v as usize) {
+        Some(Slot::Tensor(t)) if t.dynamism == Dynamism::Static => Some(t),
+        _ => None,
+    };
+    let src = tensor(a.input)?;
+    let dst = tensor(a.output)?;
+    let (Storage::Planned { buffer, offset }, Storage::Planned { .. }) = (src.storage, dst.storage)
+    else {
+        return None;
+    };
+    // The output and the exporter's views on it: views not set or read by the caller,
+    // not written, at the output's place.
+    let mut readers: SmallVec<[u32; 4]> = SmallVec::from_slice(&[a.output]);
+    for v in viewed.of(a.output) {
+        let t = tensor(v)?;
+        if t.storage != dst.storage || m.io.contains(&v) || writes.get(v as usize) != Some(&0) {
+            return None;
+        }
+        readers.push(v);
+    }
+    let start = offset.checked_add(a.offset.checked_mul(src.dtype.size())?)?;
+    let len = readers
+        .iter()
+        .filter_map(|&r| tensor(r))
+        .map(|t| t.nbytes())
+        .max()?;
+    let end = start.checked_add(len)?;
+    if src.dtype != dst.dtype || end > offset.checked_add(src.nbytes())? {
+        return None;
+    }
+    // The last instruction reading any of them (the end for a method output, which the
+    // caller reads after it), and no write to the input's bytes from the copy until
+    // then (that instruction included).
+    let last = if m.io.contains(&a.output) {
+        chain.len().checked_sub(1)?
+    } else {
+        chain
+            .iter()
+            .enumerate()
+            .skip(p + 1)
+            .rev()
+            .find(|(_, i)| {
+                referenced(i, m.call_args, values)
+                    .iter()
+                    .any(|v| readers.contains(v))
+            })
+            .map(|(k, _)| k)?
+    };
+    let overlaps = |v: u32| match values.get(v as usize) {
+        Some(Slot::Tensor(t)) => match t.storage {
+            Storage::Planned {
+                buffer: b,
+                offset: o,
+            } => {
+                let bytes = t.capacity.max(t.numel()).saturating_mul(t.dtype.size());
+                b == buffer && o < end && start < o.saturating_add(bytes)
+            }
+            _ => false,
+        },
+        // Lists: `written` lists their tensors too.
+        _ => false,
+    };
+    let clobbered = chain.get(p + 1..=last)?.iter().any(|i| {
+        written(i, m.call_args, values, &|op| m.is_pure(op))
+            .into_iter()
+            .any(overlaps)
+    });
+    (!clobbered).then_some(readers)
+}
+
+/// True for a tensor, or a value no instruction writes (a list: nor its elements).
+fn fixed(v: u32, values: &[Slot], writes: &[u32]) -> bool {
+    let unwritten = |x: u32| writes.get(x as usize) == Some(&0);
+    match values.get(v as usize) {
+        Some(Slot::Tensor(_)) => true,
+        Some(Slot::IntList(items)) => unwritten(v) && items.iter().all(|&i| unwritten(i)),
+        Some(_) => unwritten(v),
+        None => false,
+    }
+}
