@@ -179,12 +179,22 @@ pub fn copy_to_contiguous(
     dst: &mut [u8],
 ) -> KernelResult {
     let d = Layout::contiguous(sizes);
-    if pool.threads() == 1 || dst.len() < PARALLEL_COPY_BYTES {
-        return copy(esize, sizes, src, s, dst, &d);
-    }
     let Some(dims) = coalesced(esize, sizes, src, s, dst, &d)? else {
         return Ok(());
     };
+    if let Some((batch, rows, cols)) = as_transposes(&dims) {
+        // A permutation that transposes dense matrices (K → Kᵀ in attention, NCHW ⇄
+        // NHWC): the blocked transpose instead of an element-by-element walk.
+        let len = batch * rows * cols;
+        return by_elem_size!(esize, E => {
+            let x = typed::<E>(src)?.get(s.offset..s.offset + len).ok_or_else(oob)?;
+            let y = typed_mut::<E>(dst)?.get_mut(..len).ok_or_else(oob)?;
+            pte_compute::layout::transpose(pool, x, batch, rows, cols, y).map_err(compute_error)
+        });
+    }
+    if pool.threads() == 1 || dst.len() < PARALLEL_COPY_BYTES {
+        return by_elem_size!(esize, E => walk::<E>(&dims, typed::<E>(src)?, s.offset, typed_mut::<E>(dst)?, 0));
+    }
     // Outer dims enough for a few rows per thread; at least one dim stays inner.
     let (mut rows, mut split) = (1usize, 0);
     while split + 1 < dims.len() && rows < pool.threads() * 4 {
@@ -218,6 +228,27 @@ pub fn copy_to_contiguous(
         }
         Ok(())
     })
+}
+
+/// A coalesced walk that is `batch` transposes of dense `rows × cols` source matrices
+/// into dense `cols × rows` ones: `(batch, rows, cols)`.
+fn as_transposes(dims: &[(usize, isize, isize)]) -> Option<(usize, usize, usize)> {
+    let (batch, inner) = match dims {
+        [(b, sb, db), inner @ ..] if inner.len() == 2 => (Some((*b, *sb, *db)), inner),
+        inner => (None, inner),
+    };
+    let [(cols, 1, dc), (rows, sr, 1)] = *inner else {
+        return None;
+    };
+    let image = rows.checked_mul(cols)?;
+    let dense = dc == rows as isize && sr == cols as isize;
+    match batch {
+        None if dense => Some((1, rows, cols)),
+        Some((b, sb, db)) if dense && sb == image as isize && db == image as isize => {
+            Some((b, rows, cols))
+        }
+        _ => None,
+    }
 }
 
 /// Checks a copy's operands and returns its walk with size-1 dims dropped and a dim
@@ -861,12 +892,36 @@ mod tests {
     }
 
     #[test]
-    fn parallel_copy_matches_the_serial_one() {
-        let pool = ThreadPool::new(3).unwrap();
-        // Permutations, a broadcast (stride 0) and a reversed walk, with outer sizes
+    fn dense_matrix_transposes_are_recognized() {
+        // K [3, 197, 64] → Kᵀ [3, 64, 197]: three transposes of 197 × 64.
+        let walk = |sizes: &[usize], strides: &[isize]| {
+            let src = vec![0u8; 4 * 3 * 197 * 64 + 256];
+            let dst = vec![0u8; 4 * sizes.iter().product::<usize>()];
+            let s = Layout::new(64, strides.iter().copied());
+            coalesced(4, sizes, &src, &s, &dst, &Layout::contiguous(sizes))
+                .unwrap()
+                .unwrap()
+        };
+        let kt = walk(&[3, 64, 197], &[197 * 64, 1, 64]);
+        assert_eq!(as_transposes(&kt), Some((3, 197, 64)));
+        let one = walk(&[1, 64, 197], &[0, 1, 64]);
+        assert_eq!(as_transposes(&one), Some((1, 197, 64)));
+        // Not dense (every other row) or not a transposition: the general walk.
+        let sparse = walk(&[3, 64, 98], &[197 * 64, 1, 128]);
+        assert_eq!(as_transposes(&sparse), None);
+        let heads = walk(&[3, 197, 64], &[64, 192, 1]);
+        assert_eq!(as_transposes(&heads), None);
+    }
+
+    #[test]
+    fn parallel_and_transposing_copies_match_the_serial_one() {
+        let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(3).unwrap()];
+        // Permutations (the third and fourth transpose dense matrices, the fourth at
+        // an offset), a broadcast (stride 0) and a reversed walk, with outer sizes
         // below, at and above the rows the split wants, of 4-byte and 1-byte elements.
-        let cases: [(&[usize], &[usize], &[isize]); 5] = [
+        let cases: [(&[usize], &[usize], &[isize]); 6] = [
             (&[3, 197, 64], &[197, 3, 64], &[64, 192, 1]),
+            (&[3, 64, 197], &[3 * 197 * 64 + 64], &[197 * 64, 1, 64]),
             (
                 &[1, 2, 131, 257],
                 &[1, 2, 131, 257],
@@ -884,10 +939,14 @@ mod tests {
             for (sizes, src_sizes, strides) in cases {
                 let n_src: usize = src_sizes.iter().product::<usize>() * esize;
                 let src: Vec<u8> = (0..n_src).map(|i| (i * 7 % 251) as u8).collect();
-                let offset = if strides.last() == Some(&-1) { 999 } else { 0 };
+                let offset = match strides.last() {
+                    Some(&-1) => 999,
+                    _ if src_sizes.len() == 1 => 64,
+                    _ => 0,
+                };
                 let layout = Layout::new(offset, strides.iter().copied());
                 let n: usize = sizes.iter().product::<usize>() * esize;
-                let (mut want, mut got) = (vec![0u8; n], vec![1u8; n]);
+                let mut want = vec![0u8; n];
                 copy(
                     esize,
                     sizes,
@@ -897,14 +956,17 @@ mod tests {
                     &Layout::contiguous(sizes),
                 )
                 .unwrap();
-                copy_to_contiguous(&pool, esize, sizes, &src, &layout, &mut got).unwrap();
-                assert_eq!(got, want, "sizes {sizes:?} esize {esize}");
+                for pool in &pools {
+                    let mut got = vec![1u8; n];
+                    copy_to_contiguous(pool, esize, sizes, &src, &layout, &mut got).unwrap();
+                    assert_eq!(got, want, "sizes {sizes:?} esize {esize}");
+                }
             }
         }
         // A source too short is an error on the parallel path too.
         let mut dst = vec![0u8; 1 << 18];
         let short = vec![0u8; 16];
         let layout = Layout::contiguous(&[64, 1024]);
-        assert!(copy_to_contiguous(&pool, 4, &[64, 1024], &short, &layout, &mut dst).is_err());
+        assert!(copy_to_contiguous(&pools[1], 4, &[64, 1024], &short, &layout, &mut dst).is_err());
     }
 }
