@@ -7,7 +7,10 @@
 //! constants in place from the file, resolves external constants from `.ptd` files with
 //! an exact layout check, restores mutable state from the program, looks up every
 //! operator in a [`KernelRegistry`] (reporting all missing ones at once) and every
-//! delegate in a [`BackendRegistry`], and prepares each call's kernel. [`Method::execute`]
+//! delegate in a [`BackendRegistry`], runs the calls that compute only from constants
+//! once, takes the fusions and the elisions of data-preserving copies that the
+//! registry's [`Fuser`] proposes and the runtime finds safe, and prepares each
+//! call's kernel. [`Method::execute`]
 //! runs the instruction chains with upstream's semantics, bounded by an instruction cap, a
 //! loop limit, an optional time limit and a [`CancelHandle`].
 //!
