@@ -34,7 +34,10 @@ const EXP_MIN: f32 = -87.336_55;
 /// -126..=128.
 #[inline(always)]
 fn exp_reduced<const FMA: bool>(x: f32) -> (f32, i32) {
-    exp_reduced_sum::<FMA>(x, 0.0)
+    // As `exp_reduced_sum(x, 0.0)` without adding the 0: an addition on the chain of
+    // every sigmoid, SiLU and softmax element that the compiler may not drop (-0 + 0).
+    let (r, n) = reduce::<FMA>(x, x);
+    (exp_poly::<FMA>(r), n)
 }
 
 /// e^(a + b) as [`exp_reduced`] does e^x, for a sum whose rounding would cost accuracy
@@ -42,17 +45,28 @@ fn exp_reduced<const FMA: bool>(x: f32) -> (f32, i32) {
 /// does exactly for |a| below 2^7, and b joins the small remainder.
 #[inline(always)]
 fn exp_reduced_sum<const FMA: bool>(a: f32, b: f32) -> (f32, i32) {
-    let t = madd::<FMA>(a + b, LOG2E, ROUND);
+    let (r, n) = reduce::<FMA>(a + b, a);
+    (exp_poly::<FMA>(r + b), n)
+}
+
+/// n = round(x / ln 2) and r = a - n·ln 2 (Cody and Waite's two-part ln 2).
+#[inline(always)]
+fn reduce<const FMA: bool>(x: f32, a: f32) -> (f32, i32) {
+    let t = madd::<FMA>(x, LOG2E, ROUND);
     let n = t - ROUND;
     let ni = t.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
-    let r = madd::<FMA>(n, -LN2_LO, madd::<FMA>(n, -LN2_HI, a)) + b;
-    // 1 + r + r²·(c2 + c3·r + (c4 + c5·r)·r² + c6·r⁴).
+    (madd::<FMA>(n, -LN2_LO, madd::<FMA>(n, -LN2_HI, a)), ni)
+}
+
+/// e^r for the reduced argument: 1 + r + r²·(c2 + c3·r + (c4 + c5·r)·r² + c6·r⁴).
+#[inline(always)]
+fn exp_poly<const FMA: bool>(r: f32) -> f32 {
     let r2 = r * r;
     let lo = madd::<FMA>(1.666_666_5e-1, r, 5.000_000_1e-1);
     let mid = madd::<FMA>(8.333_452e-3, r, 4.166_579_6e-2);
     let hi = madd::<FMA>(1.987_569_1e-4, r, 1.398_199_9e-3);
     let p = madd::<FMA>(madd::<FMA>(hi, r2, mid), r2, lo);
-    (madd::<FMA>(p, r2, r) + 1.0, ni)
+    madd::<FMA>(p, r2, r) + 1.0
 }
 
 /// 2^n for n in -126..=127 (a wrapping exponent field for other n).
