@@ -2,8 +2,10 @@
 //!
 //! The loop nest is BLIS's: for each block of `nc` columns and `kc` depths, B is packed
 //! (or read pre-packed) in panels of `nr` columns; for each block of `mc` rows, A is
-//! packed (or read pre-packed) in panels of `mr` rows; a micro-kernel then computes
-//! each `mr × nr` tile in registers. The B panel of `kc × nr` stays in L1 while the A
+//! packed (or read pre-packed) in panels of `mr` rows, or, when its rows are contiguous
+//! along the depth, read in place through row pointers by the indirect micro-kernel of
+//! the NHWC convolutions (no packing pass); a micro-kernel then computes each `mr × nr`
+//! tile in registers. The B panel of `kc × nr` stays in L1 while the A
 //! block streams from L2. After the last depth block the micro-kernel stores the tile
 //! through the bias and clamp of the epilogue; any other activation then runs on the
 //! tile while it is still in L1. Edge tiles run a micro-kernel of exactly the
