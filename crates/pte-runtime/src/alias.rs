@@ -78,21 +78,21 @@ impl Method<'_> {
 }
 
 /// Elides the aliases the registry's fuser proposes that are safe (see the module
-/// docs); returns how many it elided. `viewed` learns the new views.
+/// docs). `viewed` learns the new views.
 pub(crate) fn elide(
     chains: &mut [Vec<Instr>],
     values: &mut [Slot],
     viewed: &mut Views,
     m: &Method<'_>,
-) -> usize {
+) {
     let Some(fuser) = m.kernels.fuser() else {
-        return 0;
+        return;
     };
     let [chain] = chains else {
-        return 0;
+        return;
     };
     if chain.iter().any(|i| matches!(i, Instr::JumpFalse { .. })) {
-        return 0;
+        return;
     }
     let mut proposals = {
         let graph = Graph::new(
@@ -112,32 +112,24 @@ pub(crate) fn elide(
         &|op| m.is_pure(op),
         values,
     );
-    let mut elided = 0;
     for a in proposals {
-        if let Some(readers) = check(&a, chain, values, viewed, &writes, m) {
-            let Some(Slot::Tensor(src)) = values.get(a.input as usize) else {
-                continue;
-            };
-            let Storage::Planned { buffer, offset } = src.storage else {
-                continue;
-            };
-            let at = offset + a.offset * src.dtype.size();
-            for &r in &readers {
-                if let Some(Slot::Tensor(t)) = values.get_mut(r as usize) {
-                    t.storage = Storage::Planned { buffer, offset: at };
-                }
-                viewed.add(a.input, r);
+        let Some((readers, storage)) = check(&a, chain, values, viewed, &writes, m) else {
+            continue;
+        };
+        for &r in &readers {
+            if let Some(Slot::Tensor(t)) = values.get_mut(r as usize) {
+                t.storage = storage;
             }
-            if let Some(i) = chain.get_mut(a.call.instruction) {
-                *i = Instr::Nop;
-            }
-            elided += 1;
+            viewed.add(a.input, r);
+        }
+        if let Some(i) = chain.get_mut(a.call.instruction) {
+            *i = Instr::Nop;
         }
     }
-    elided
 }
 
-/// The output and the views on it, when the alias is safe.
+/// The output and the views on it, and the input's bytes they are to read, when the
+/// alias is safe.
 fn check(
     a: &Alias,
     chain: &[Instr],
@@ -145,7 +137,7 @@ fn check(
     viewed: &Views,
     writes: &[u32],
     m: &Method<'_>,
-) -> Option<SmallVec<[u32; 4]>> {
+) -> Option<(SmallVec<[u32; 4]>, Storage)> {
     let p = a.call.instruction;
     let Instr::Kernel { op, args, .. } = chain.get(p)? else {
         return None;
@@ -229,7 +221,13 @@ fn check(
             .into_iter()
             .any(overlaps)
     });
-    (!clobbered).then_some(readers)
+    (!clobbered).then_some((
+        readers,
+        Storage::Planned {
+            buffer,
+            offset: start,
+        },
+    ))
 }
 
 /// True for a tensor, or a value no instruction writes (a list: nor its elements).

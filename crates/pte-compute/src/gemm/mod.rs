@@ -265,7 +265,7 @@ impl Gemm {
         let (mr, nr) = isa.gemm_tile();
         // The A block (mc × KC) fills about half of a 512 KiB L2 at most; the B block
         // (KC × nc) is streamed from L3 once per row block.
-        let mc = (120 / mr).max(1) * mr;
+        let mc = (MAX_MC / mr).max(1) * mr;
         let nc = (2048 / nr).max(1) * nr;
         Self {
             isa,
@@ -838,7 +838,8 @@ impl Gemm {
 
 /// Most threads a product is split over.
 const MAX_SPLIT: usize = 64;
-/// Largest block of rows (`mc`) of any instruction set.
+/// Rows of A in a block (`mc`, rounded down to a multiple of mr): the in-place rows of
+/// a block are listed in an array of this length.
 const MAX_MC: usize = 120;
 /// Largest mr × nr of any micro-kernel.
 const MAX_TILE: usize = 12 * 32;
