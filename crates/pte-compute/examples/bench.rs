@@ -827,8 +827,8 @@ fn bench_nhwc(o: &Opts) {
         let x = values(xl);
         let mut ys = [vec![0.0; yl], vec![0.0; yl]];
         let mut sc = [
-            vec![0.0; conv.scratch_len().unwrap()],
-            vec![0.0; conv.scratch_len().unwrap()],
+            vec![0.0; conv.scratch_len(1).unwrap()],
+            vec![0.0; conv.scratch_len(2).unwrap()],
         ];
         let [y0, y1] = &mut ys;
         let [s0, s1] = &mut sc;
@@ -990,7 +990,7 @@ fn main() {
             let pool = ThreadPool::new(threads).unwrap();
             let (xl, yl) = conv.io_len(1).unwrap();
             let (x, mut y) = (values(xl), vec![0.0; yl]);
-            let mut scratch = vec![0.0; conv.scratch_len().unwrap()];
+            let mut scratch = vec![0.0; conv.scratch_len(threads).unwrap()];
             let t = Clock::start();
             let mut runs = 0;
             while t.elapsed() < Duration::from_secs(3) {

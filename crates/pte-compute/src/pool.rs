@@ -270,16 +270,47 @@ impl ThreadPool {
         let chunks = data.len().div_ceil(chunk);
         // A few tasks per thread, so that uneven chunks balance.
         let per_task = chunks.div_ceil(self.threads() * 4).max(1);
-        let tasks = chunks.div_ceil(per_task);
-        let groups = Parts::new(data, per_task * chunk);
+        self.parallel_groups(
+            data,
+            chunk,
+            per_task,
+            scratch,
+            per_thread,
+            |i, group, part| {
+                for (k, c) in group.chunks_mut(chunk).enumerate() {
+                    f(i + k, c, part);
+                }
+            },
+        )
+    }
+
+    /// Runs `f(i, group, part)` for every group of `per_task` consecutive chunks of
+    /// `chunk` elements of `data` (one task per group; `i` the group's first chunk, the
+    /// last group may be shorter), `part` the running thread's `per_thread` elements of
+    /// `scratch` (see [`Self::parallel_for_scratch`]). For work that picks its own
+    /// split, such as exactly one group per thread.
+    pub fn parallel_groups<T: Send, S: Send, F: Fn(usize, &mut [T], &mut [S]) + Sync>(
+        &self,
+        data: &mut [T],
+        chunk: usize,
+        per_task: usize,
+        scratch: &mut [S],
+        per_thread: usize,
+        f: F,
+    ) -> Result {
+        if data.is_empty() || chunk == 0 {
+            return Ok(());
+        }
+        let per_task = per_task.max(1);
+        let tasks = data.len().div_ceil(chunk).div_ceil(per_task);
+        let group = crate::error::mul(per_task, chunk, "task group")?;
+        let groups = Parts::new(data, group);
         // Task `t` runs group `t`: the same part of the data goes to the same thread
         // from one call to the next (see the module docs).
         self.parallel_for_scratch(tasks, scratch, per_thread, |t, part| {
             // SAFETY: every task runs once, and the borrow ends with it.
             let group = unsafe { groups.get(t) };
-            for (i, c) in group.chunks_mut(chunk).enumerate() {
-                f(t * per_task + i, c, part);
-            }
+            f(t * per_task, group, part);
         })
     }
 

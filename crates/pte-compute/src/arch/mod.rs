@@ -11,14 +11,21 @@
 //!   accumulated over `kc` steps from packed panels of A and B;
 //! - `multiversion!`: plain Rust loop bodies compiled once per instruction set (with
 //!   `#[target_feature]`), so that LLVM vectorizes them with 256- or 512-bit registers
-//!   and fused multiply-adds, and called through a run-time dispatch on [`Isa`].
+//!   and fused multiply-adds, and called through a run-time dispatch on [`Isa`];
+//! - kernels generic over `Lanes` (`lanes.rs`), for arithmetic in registers that LLVM
+//!   does not vectorize from plain loops.
 
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
 mod generic;
 mod indirect;
+mod lanes;
 #[cfg(target_arch = "x86_64")]
 mod x86;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use lanes::Avx2;
+pub(crate) use lanes::{Lanes, Scalar};
 
 pub(crate) use indirect::{
     depthwise_pixels, indirect_microkernel, IndirectRows, PixelTaps, MAX_TAPS as INDIRECT_TAPS,

@@ -267,12 +267,12 @@ fn nhwc_convolutions_match_the_reference() {
                     let mut y = vec![f32::NAN; y_len];
                     let r = with_residual.then_some(&r_nhwc[..]);
                     if from_nchw {
-                        let len = conv.nchw_scratch_len(batch).unwrap();
+                        let len = conv.nchw_scratch_len(batch, pool.threads()).unwrap();
                         let mut scratch = vec![f32::NAN; len];
                         conv.run_nchw(pool, &x, batch, r, &mut y, &mut scratch)
                             .unwrap();
                     } else {
-                        let mut scratch = vec![f32::NAN; conv.scratch_len().unwrap()];
+                        let mut scratch = vec![f32::NAN; conv.scratch_len(pool.threads()).unwrap()];
                         conv.run(pool, &x_nhwc, batch, r, &mut y, &mut scratch)
                             .unwrap();
                     }

@@ -373,6 +373,36 @@ impl Gemm {
         }
     }
 
+    /// Scratch (in f32 elements) that [`Gemm::run_on_caller`] needs for an `m × n × k`
+    /// product.
+    pub(crate) fn caller_scratch_len(&self, m: usize, n: usize, k: usize) -> Result<usize> {
+        self.scratch_len(m, n, k, false, true, 1)
+    }
+
+    /// `C = A·B` on the calling thread alone, B packed at load time: for callers that
+    /// already split their work over the pool (one product per task).
+    pub(crate) fn run_on_caller(
+        &self,
+        mut c: MatMut<'_>,
+        a: MatRef<'_>,
+        b: &PackedB,
+        scratch: &mut [f32],
+    ) -> Result {
+        b.0.check(self.isa)?;
+        let (a, b) = (Side::Lines(&a), Side::<MatRef<'_>>::Packed(&b.0));
+        let epilogue = Epilogue::default();
+        if !self.prologue(&mut c, &a, &b, &epilogue)? {
+            return Ok(());
+        }
+        let (m, n, k) = (a.lines(), b.lines(), a.depth());
+        let needed = self.caller_scratch_len(m, n, k)?;
+        let len = scratch.len();
+        let scratch = scratch
+            .get_mut(..needed)
+            .ok_or(Error::ScratchTooSmall { len, needed })?;
+        self.block_loop(c, 0, 0, &a, &b, &epilogue, scratch)
+    }
+
     /// The product with the right operand given as lines (columns of B) of any kind:
     /// used by the convolutions with their implicit im2col matrix.
     pub(crate) fn run_sides<A: Lines, B: Lines>(

@@ -13,6 +13,10 @@ use crate::gemm::{Gemm, PackedB};
 use crate::mat::{MatMut, MatRef};
 use crate::pool::ThreadPool;
 
+mod winograd;
+
+use winograd::{Variant, Winograd};
+
 /// Convolution weights as [`ConvNhwc::new`] takes them, in one of three layouts.
 #[derive(Clone, Copy, Debug)]
 pub enum ConvWeights<'a> {
@@ -54,6 +58,8 @@ enum Algo {
     },
     /// Weights as `[kh·kw][channels]`.
     Depthwise { weights: Vec<f32> },
+    /// A 3×3 stride-1 convolution by Winograd's minimal filtering ([`winograd`]).
+    Winograd(Winograd),
     /// A few input channels and no horizontal dilation (a network's stem): the input
     /// is copied with its padding, so that a whole kernel row of a pixel's receptive
     /// field is one run of `kw · c_in` values for the indirect micro-kernel.
@@ -115,7 +121,10 @@ impl ConvNhwc {
         let bias = bias_or_zeros(bias, p.out_channels)?;
         let cout = p.out_channels;
         let depthwise = cig == 1 && cog == 1 && p.groups > 1;
-        let algo = if depthwise {
+        let algo = if let Some(variant) = Variant::choose(&p, out) {
+            let weight = |o, t, i| weights.at((o, t, i), taps, cig, cout);
+            Algo::Winograd(Winograd::new(&gemm, &p, variant, weight)?)
+        } else if depthwise {
             let weights = (0..taps)
                 .flat_map(|t| (0..cout).map(move |o| (o, t, 0)))
                 .map(|at| weights.at(at, taps, 1, cout))
@@ -164,6 +173,7 @@ impl ConvNhwc {
             Algo::Gemm { weights, .. } => weights.iter().map(PackedB::bytes).sum(),
             Algo::Depthwise { weights } => weights.len() * 4,
             Algo::Rows { weights } => weights.bytes(),
+            Algo::Winograd(w) => w.bytes(),
         };
         w + (self.bias.len() + self.zero.len()) * 4
     }
@@ -178,15 +188,16 @@ impl ConvNhwc {
         self.out
     }
 
-    /// "pointwise", "indirect", "depthwise" or "rows".
+    /// "pointwise", "indirect", "depthwise", "rows", "winograd-2x2" or "winograd-4x4".
     pub fn algorithm(&self) -> &'static str {
-        match self.algo {
+        match &self.algo {
             Algo::Gemm {
                 pointwise: true, ..
             } => "pointwise",
             Algo::Gemm { .. } => "indirect",
             Algo::Depthwise { .. } => "depthwise",
             Algo::Rows { .. } => "rows",
+            Algo::Winograd(w) => w.name(),
         }
     }
 
@@ -195,10 +206,11 @@ impl ConvNhwc {
         self.p.io_len(batch)
     }
 
-    /// Scratch (f32 elements) a run needs (the same on any number of threads).
-    pub fn scratch_len(&self) -> Result<usize> {
+    /// Scratch (f32 elements) a run on a pool of `threads` threads needs.
+    pub fn scratch_len(&self, threads: usize) -> Result<usize> {
         match &self.algo {
             Algo::Gemm { .. } | Algo::Depthwise { .. } => Ok(0),
+            Algo::Winograd(w) => w.scratch_len(&self.gemm, &self.p, threads),
             // One image with its padding.
             Algo::Rows { .. } => {
                 let p = &self.p;
@@ -213,9 +225,10 @@ impl ConvNhwc {
         }
     }
 
-    /// Scratch (f32 elements) [`ConvNhwc::run_nchw`] needs for `batch` images.
-    pub fn nchw_scratch_len(&self, batch: usize) -> Result<usize> {
-        let own = self.scratch_len()?;
+    /// Scratch (f32 elements) [`ConvNhwc::run_nchw`] needs for `batch` images on
+    /// `threads` threads.
+    pub fn nchw_scratch_len(&self, batch: usize, threads: usize) -> Result<usize> {
+        let own = self.scratch_len(threads)?;
         match self.algo {
             Algo::Rows { .. } => Ok(own),
             _ => error::add(own, self.io_len(batch)?.0, "scratch"),
@@ -239,7 +252,7 @@ impl ConvNhwc {
         let x_len = self.io_len(batch)?.0;
         error::need("convolution input", input.len(), x_len)?;
         let len = scratch.len();
-        let needed = self.nchw_scratch_len(batch)?;
+        let needed = self.nchw_scratch_len(batch, pool.threads())?;
         let (x, rest) = scratch
             .get_mut(..needed)
             .ok_or(Error::ScratchTooSmall { len, needed })?
@@ -299,7 +312,7 @@ impl ConvNhwc {
             Algo::Rows { weights } => {
                 let (xi, yi) = self.io_len(1)?;
                 let len = scratch.len();
-                let needed = self.scratch_len()?;
+                let needed = self.scratch_len(1)?;
                 let padded = scratch
                     .get_mut(..needed)
                     .ok_or(Error::ScratchTooSmall { len, needed })?;
@@ -348,6 +361,9 @@ impl ConvNhwc {
             }
             Algo::Depthwise { weights } => {
                 self.run_depthwise(pool, input, weights, residual, output)
+            }
+            Algo::Winograd(w) => {
+                self.run_winograd(w, pool, input, batch, residual, output, scratch)
             }
             Algo::Gemm { weights, pointwise } => {
                 if let Some(r) = residual {

@@ -10,6 +10,14 @@
 //!   group's channels per kernel tap otherwise, padding a zero row); a stem with few
 //!   input channels reads whole kernel rows of a padded copy of the image instead.
 //!   Output rows are split over threads, blocks of the weights' panels stay in L2.
+//!   Regular 3×3 stride-1 convolutions on images large enough use Winograd's minimal
+//!   filtering instead (F(4×4, 3×3) from 24×24 outputs, F(2×2, 3×3) from 12×12, at
+//!   least 16 channels in and out): 2.25 or 4 products per output and channel pair
+//!   instead of 9, one GEMM per tile position on the same micro-kernel. On
+//!   resnet18's layers (1 thread, `bench nhwc-layer`) 56×56×64 went from 2.56 to
+//!   1.47-1.57 ms, 28×28×128 from 2.52 to 1.03-1.11, 14×14×256 from 2.64 to 1.45-1.6;
+//!   at 7×7×512 the product is faster (the transformed weights, 16/9 as large, cost
+//!   more to stream than the multiplications they save).
 //! - Depthwise convolutions (one input and one output channel per group): 3×3 on a
 //!   hand-written row kernel (eight channels per vector, a row of pixels per pass),
 //!   other windows per pixel with 16 channels accumulated in registers per tap. A

@@ -159,7 +159,7 @@ fn convolutions_match_a_direct_loop() {
                     let conv = ConvNhwc::new(gemm, p, weights, Some(&b), act).unwrap();
                     let [oh, ow] = conv.output_size();
                     let mut y = vec![f32::NAN; batch * oh * ow * groups * cog];
-                    let mut scratch = vec![0.0; conv.scratch_len().unwrap()];
+                    let mut scratch = vec![0.0; conv.scratch_len(threads).unwrap()];
                     conv.run(&pool, &x, batch, None, &mut y, &mut scratch)
                         .unwrap();
                     let mut want = reference(
@@ -350,6 +350,78 @@ fn deconvolution_matches_a_scatter() {
         }
         for (a, e) in y.iter().zip(&want) {
             assert!((a - (*e as f32).clamp(-1.5, 1.5)).abs() < 1e-4);
+        }
+    }
+}
+
+#[test]
+fn winograd_matches_a_direct_loop() {
+    // (input, padding top/right/bottom/left, in and out channels, batch, algorithm):
+    // sizes that are not multiples of the tile, channels that are not of the vector
+    // lanes nor of the micro-kernel's columns, depths beyond a block of the product,
+    // and the sizes on either side of each variant's threshold.
+    type Case = ([usize; 2], [usize; 4], usize, usize, usize, &'static str);
+    let cases: &[Case] = &[
+        ([26, 25], [1; 4], 16, 20, 1, "winograd-4x4"),
+        ([24, 30], [0; 4], 19, 16, 2, "winograd-4x4"),
+        ([25, 24], [2, 0, 1, 1], 16, 33, 1, "winograd-4x4"),
+        ([24, 24], [1; 4], 260, 16, 1, "winograd-4x4"),
+        ([13, 14], [1; 4], 24, 17, 1, "winograd-2x2"),
+        ([12, 12], [1; 4], 16, 16, 2, "winograd-2x2"),
+        ([11, 12], [1; 4], 16, 16, 1, "indirect"),
+        ([30, 30], [1; 4], 8, 16, 1, "indirect"),
+    ];
+    let pools: Vec<ThreadPool> = (1..=3).map(|t| ThreadPool::new(t).unwrap()).collect();
+    for &(input, padding, cin, cout, batch, algorithm) in cases {
+        let g = Geometry {
+            input,
+            kernel: [3, 3],
+            stride: [1, 1],
+            dilation: [1, 1],
+            padding,
+        };
+        let [oh, ow] = g.output().unwrap();
+        let x = data(batch * input[0] * input[1] * cin, 7);
+        let w = data(cout * 9 * cin, 8);
+        let b = data(cout, 9);
+        let residual = data(batch * oh * ow * cout, 10);
+        let (lo, hi) = (f32::NEG_INFINITY, f32::INFINITY);
+        let direct = reference(&g, 1, cin, cout, false, batch, &x, &w, &b, lo, hi);
+        // Errors grow with the number of terms summed (9·cin products of values
+        // within ±1): measured at most 1.2e-5·√terms for F(4×4), as a direct sum's
+        // for F(2×2).
+        let bound = 3e-5 * (9.0 * cin as f32).sqrt();
+        for isa in Isa::available() {
+            let gemm = Gemm::with_isa(isa).unwrap();
+            for (act, res) in [
+                (
+                    crate::Activation::Clamp {
+                        min: -2.0,
+                        max: 2.5,
+                    },
+                    false,
+                ),
+                (crate::Activation::RELU, true),
+                (crate::Activation::Silu, true),
+            ] {
+                let p = g.conv2d(cin, cout, 1);
+                let conv = ConvNhwc::new(gemm, p, ConvWeights::Ohwi(&w), Some(&b), act).unwrap();
+                assert_eq!(conv.algorithm(), algorithm, "{g:?} {cin}->{cout}");
+                for pool in &pools {
+                    let mut y = vec![f32::NAN; batch * oh * ow * cout];
+                    let len = conv.scratch_len(pool.threads()).unwrap();
+                    let mut scratch = vec![f32::NAN; len];
+                    let r = res.then_some(&residual[..]);
+                    conv.run(pool, &x, batch, r, &mut y, &mut scratch).unwrap();
+                    for (i, (&got, &d)) in y.iter().zip(&direct).enumerate() {
+                        let want = act.apply_scalar(d + if res { residual[i] } else { 0.0 });
+                        assert!(
+                            (got - want).abs() < bound,
+                            "{isa:?} {algorithm} {g:?} {cin}->{cout} {act:?} at {i}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
         }
     }
 }

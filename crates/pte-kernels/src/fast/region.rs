@@ -580,6 +580,7 @@ impl Region {
     /// convolution whose arguments changed) and plans the scratch memory.
     fn shape(&mut self, args: &mut Args<'_>) -> KernelResult<ScratchPlan> {
         let mut layers = self.layers.iter_mut();
+        let threads = args.pool().threads();
         let (mut work, mut exit) = (0usize, 0usize);
         for step in &self.plan.steps {
             let x = nchw(
@@ -606,8 +607,8 @@ impl Region {
                     let need = match step {
                         Step::Conv {
                             x: Src::Nchw(_), ..
-                        } => layer.conv.nchw_scratch_len(x[0]),
-                        _ => layer.conv.scratch_len(),
+                        } => layer.conv.nchw_scratch_len(x[0], threads),
+                        _ => layer.conv.scratch_len(threads),
                     };
                     work = work.max(need.map_err(compute)?);
                     let [oh, ow] = layer.conv.output_size();

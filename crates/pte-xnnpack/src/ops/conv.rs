@@ -201,9 +201,9 @@ impl Kernel for FloatConv {
         set_shape(outputs, 0, &[n, oh, ow, self.cout])
     }
 
-    fn scratch_bytes(&self, _threads: usize) -> usize {
+    fn scratch_bytes(&self, threads: usize) -> usize {
         self.layer.as_ref().map_or(0, |(l, _)| {
-            l.scratch_len().map_or(usize::MAX / 8, |s| s * 4)
+            l.scratch_len(threads).map_or(usize::MAX / 8, |s| s * 4)
         })
     }
 
@@ -212,7 +212,9 @@ impl Kernel for FloatConv {
         let (layer, _) = self.layer.as_ref().ok_or("not reshaped")?;
         let n = x.dims.first().copied().unwrap_or(0);
         let (xl, yl) = layer.io_len(n).map_err(|e| e.to_string())?;
-        let len = layer.scratch_len().map_err(|e| e.to_string())?;
+        let len = layer
+            .scratch_len(cx.pool.threads())
+            .map_err(|e| e.to_string())?;
         let scratch = cx
             .scratch
             .slice_mut::<f32>(len)

@@ -1,0 +1,551 @@
+//! Winograd's minimal filtering for 3×3 stride-1 convolutions (Lavin and Gray, "Fast
+//! Algorithms for Convolutional Neural Networks", 2016).
+//!
+//! F(m×m, 3×3) computes an m×m block of outputs from an α×α input tile, α = m + 2:
+//! per input channel the tile becomes α² values `V = Bᵀ d B`; the weights become,
+//! once at load, α² matrices of input × output channels `U = G g Gᵀ`; one matrix
+//! product per tile position, `M = V · U` over all input channels, runs on the GEMM
+//! micro-kernel; `Aᵀ M A` turns the α² sums into the m×m outputs, with the bias,
+//! residual and clamp applied on the way to the output. Multiplications per output
+//! and channel pair fall from 9 to α²/m²: 4 for F(2×2, 3×3), 2.25 for F(4×4, 3×3);
+//! the transforms cost time linear in the channels (the products are quadratic) and
+//! the transformed weights take α²/9 times the space.
+//!
+//! Tiles go in blocks whose transformed inputs and products stay in L2; a thread
+//! takes a band of whole tile rows, so it writes its own rows of the output.
+//!
+//! Rounding: F(2×2) only adds in its data transforms and halves the weights; F(4×4)
+//! scales by up to 8 and 1/24, which costs a few bits (measured against a float64
+//! direct convolution in the tests).
+
+use super::ConvNhwc;
+#[cfg(target_arch = "x86_64")]
+use crate::arch::Avx2;
+use crate::arch::{Isa, Lanes, Scalar};
+use crate::conv::Conv2dParams;
+use crate::elementwise::{self, Activation};
+use crate::error::{self, Error, Result};
+use crate::gemm::{Gemm, PackedB};
+use crate::mat::{MatMut, MatRef};
+use crate::pool::ThreadPool;
+
+/// Which F(m×m, 3×3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Variant {
+    /// F(2×2, 3×3): 4×4 tiles.
+    F2,
+    /// F(4×4, 3×3): 6×6 tiles.
+    F4,
+}
+
+impl Variant {
+    /// Outputs per tile side.
+    fn m(self) -> usize {
+        match self {
+            Variant::F2 => 2,
+            Variant::F4 => 4,
+        }
+    }
+
+    /// Inputs per tile side.
+    fn alpha(self) -> usize {
+        self.m() + 2
+    }
+
+    /// The variant for a convolution of geometry `p` with output size `out`, if one
+    /// pays: a regular 3×3, stride 1, no dilation, enough channels that the products
+    /// outweigh the transforms, and enough tiles that each transformed weight is
+    /// used often (on a small image the larger weights cost more to stream than the
+    /// multiplications they save).
+    pub(super) fn choose(p: &Conv2dParams, out: [usize; 2]) -> Option<Self> {
+        let regular = p.groups == 1
+            && p.kernel == [3, 3]
+            && p.stride == [1, 1]
+            && p.dilation == [1, 1]
+            && p.in_channels >= MIN_CHANNELS
+            && p.out_channels >= MIN_CHANNELS;
+        let pixels = out[0].saturating_mul(out[1]);
+        match () {
+            _ if !regular => None,
+            _ if pixels >= F4_MIN_PIXELS => Some(Variant::F4),
+            _ if pixels >= F2_MIN_PIXELS => Some(Variant::F2),
+            _ => None,
+        }
+    }
+}
+
+/// Channels (in and out) below which the transforms cost more than they save.
+const MIN_CHANNELS: usize = 16;
+/// Output pixels from which F(4×4) is used, and from which F(2×2) is.
+const F4_MIN_PIXELS: usize = 24 * 24;
+const F2_MIN_PIXELS: usize = 12 * 12;
+/// f32 values of a block's transformed inputs and products: about half of a
+/// 512 KiB L2.
+const BLOCK_VALUES: usize = 64 * 1024;
+
+/// A convolution's transformed weights.
+pub(super) struct Winograd {
+    variant: Variant,
+    /// One packed `in_channels × out_channels` matrix per tile position (row-major
+    /// over the α×α positions).
+    weights: Vec<PackedB>,
+    /// Tiles per block.
+    block: usize,
+}
+
+impl Winograd {
+    /// Transforms `weight(o, tap, i)` (output channel, tap of the 3×3 window in
+    /// row-major order, input channel) for `variant`, in f64.
+    pub(super) fn new(
+        gemm: &Gemm,
+        p: &Conv2dParams,
+        variant: Variant,
+        weight: impl Fn(usize, usize, usize) -> f32,
+    ) -> Result<Self> {
+        let (cin, cout) = (p.in_channels, p.out_channels);
+        let alpha = variant.alpha();
+        let g: &[[f64; 3]] = match variant {
+            Variant::F2 => &G2,
+            Variant::F4 => &G4,
+        };
+        let positions = alpha * alpha;
+        let len = error::mul(
+            error::mul(positions, cin, "winograd weights")?,
+            cout,
+            "winograd weights",
+        )?;
+        // [position][input channel][output channel]
+        let mut u = vec![0.0f32; len];
+        for o in 0..cout {
+            for i in 0..cin {
+                let w: [[f64; 3]; 3] = std::array::from_fn(|r| {
+                    std::array::from_fn(|c| f64::from(weight(o, r * 3 + c, i)))
+                });
+                // Row a of G w, then its product with row b of G.
+                for (a, ga) in g.iter().enumerate() {
+                    let mut row = [0.0f64; 3];
+                    for (k, wr) in ga.iter().zip(&w) {
+                        row.iter_mut().zip(wr).for_each(|(acc, x)| *acc += k * x);
+                    }
+                    for (b, gb) in g.iter().enumerate() {
+                        let v: f64 = row.iter().zip(gb).map(|(x, k)| x * k).sum();
+                        if let Some(dst) = u.get_mut(((a * alpha + b) * cin + i) * cout + o) {
+                            *dst = v as f32;
+                        }
+                    }
+                }
+            }
+        }
+        let weights = u
+            .chunks_exact(cin * cout)
+            .map(|m| gemm.pack_b(MatRef::row_major(m, cin, cout)?))
+            .collect::<Result<Vec<_>>>()?;
+        let (mr, _) = gemm.isa().gemm_tile();
+        let per_tile = positions * (cin + cout);
+        let block = (BLOCK_VALUES / per_tile.max(1) / mr).clamp(2, 8) * mr;
+        Ok(Self {
+            variant,
+            weights,
+            block,
+        })
+    }
+
+    /// Heap bytes held.
+    pub(super) fn bytes(&self) -> usize {
+        self.weights.iter().map(PackedB::bytes).sum()
+    }
+
+    /// "winograd-2x2" or "winograd-4x4".
+    pub(super) fn name(&self) -> &'static str {
+        match self.variant {
+            Variant::F2 => "winograd-2x2",
+            Variant::F4 => "winograd-4x4",
+        }
+    }
+
+    /// Scratch (f32 elements) per thread: a block's transformed inputs and products,
+    /// and the product's own.
+    fn per_thread(&self, gemm: &Gemm, p: &Conv2dParams) -> Result<usize> {
+        let (cin, cout) = (p.in_channels, p.out_channels);
+        let positions = self.variant.alpha().pow(2);
+        let values = error::mul(
+            error::mul(self.block, positions, "winograd scratch")?,
+            error::add(cin, cout, "winograd scratch")?,
+            "winograd scratch",
+        )?;
+        error::add(
+            values,
+            gemm.caller_scratch_len(self.block, cout, cin)?,
+            "winograd scratch",
+        )
+    }
+
+    /// Scratch (f32 elements) a run on `threads` threads needs.
+    pub(super) fn scratch_len(
+        &self,
+        gemm: &Gemm,
+        p: &Conv2dParams,
+        threads: usize,
+    ) -> Result<usize> {
+        error::mul(
+            self.per_thread(gemm, p)?,
+            threads.max(1),
+            "winograd scratch",
+        )
+    }
+}
+
+impl ConvNhwc {
+    /// Runs the convolution through `w` on `batch` NHWC images (see [`ConvNhwc::run`]),
+    /// each image's tile rows split into one band per thread.
+    #[allow(clippy::too_many_arguments)] // `run`'s arguments and the transformed weights
+    pub(super) fn run_winograd(
+        &self,
+        w: &Winograd,
+        pool: &ThreadPool,
+        input: &[f32],
+        batch: usize,
+        residual: Option<&[f32]>,
+        output: &mut [f32],
+        scratch: &mut [f32],
+    ) -> Result {
+        let p = &self.p;
+        let m = w.variant.m();
+        let [oh, ow] = self.out;
+        let (xi, yi) = self.io_len(1)?;
+        let per_thread = w.per_thread(&self.gemm, p)?;
+        let band_rows = oh.div_ceil(m).div_ceil(pool.threads()).max(1);
+        let tile_row = m * ow * p.out_channels;
+        let failed = std::sync::atomic::AtomicBool::new(false);
+        for n in 0..batch {
+            let x = input.get(n * xi..(n + 1) * xi).unwrap_or_default();
+            let r = residual.and_then(|r| r.get(n * yi..(n + 1) * yi));
+            let y = output.get_mut(n * yi..(n + 1) * yi).unwrap_or_default();
+            pool.parallel_groups(
+                y,
+                tile_row,
+                band_rows,
+                scratch,
+                per_thread,
+                |first, band, part| {
+                    let r = r.and_then(|r| r.get(first * tile_row..first * tile_row + band.len()));
+                    if self.winograd_band(w, x, first, r, band, part).is_err() {
+                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                },
+            )?;
+        }
+        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(Error::InvalidParameter {
+                what: "winograd convolution failed".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The tile rows from `first` of one image into `band` (those rows of the output,
+    /// `residual` the same rows of the residual), in blocks of tiles.
+    fn winograd_band(
+        &self,
+        w: &Winograd,
+        x: &[f32],
+        first: usize,
+        residual: Option<&[f32]>,
+        band: &mut [f32],
+        scratch: &mut [f32],
+    ) -> Result {
+        let p = &self.p;
+        let isa = self.gemm.isa();
+        let (m, alpha) = (w.variant.m(), w.variant.alpha());
+        let positions = alpha * alpha;
+        let (cin, cout) = (p.in_channels, p.out_channels);
+        let ow = self.out[1];
+        let [ih, iw] = p.input;
+        let tiles_wide = ow.div_ceil(m);
+        let y0 = first * m;
+        let rows = band.len() / (ow * cout).max(1);
+        let tiles = rows.div_ceil(m) * tiles_wide;
+        let (v_len, m_len) = (w.block * positions * cin, w.block * positions * cout);
+        let (vbuf, rest) = scratch.split_at_mut(v_len.min(scratch.len()));
+        let (mbuf, gemm_scratch) = rest.split_at_mut(m_len.min(rest.len()));
+        let (min, max, rest_act) = match self.activation {
+            Activation::Clamp { min, max } => (min, max, Activation::Identity),
+            a => (f32::NEG_INFINITY, f32::INFINITY, a),
+        };
+        let zero = self.zero.get(..cin).unwrap_or_default();
+        for t0 in (0..tiles).step_by(w.block) {
+            let tb = w.block.min(tiles - t0);
+            // Transformed inputs: tile-major, each tile's α² positions of `cin` values
+            // in a row (a position-major layout put the stores of a tile 2-4 KiB
+            // apart, where they conflict in L1's sets).
+            for t in 0..tb {
+                let (ty, tx) = ((t0 + t) / tiles_wide, (t0 + t) % tiles_wide);
+                let (iy0, ix0) = (y0 + ty * m, tx * m);
+                let mut taps: [&[f32]; 36] = [&[]; 36];
+                for (k, tap) in taps.iter_mut().take(positions).enumerate() {
+                    let iy = (iy0 + k / alpha)
+                        .checked_sub(p.padding[0])
+                        .filter(|&v| v < ih);
+                    let ix = (ix0 + k % alpha)
+                        .checked_sub(p.padding[1])
+                        .filter(|&v| v < iw);
+                    *tap = match iy.zip(ix) {
+                        Some((iy, ix)) => {
+                            let at = (iy * iw + ix) * cin;
+                            x.get(at..at + cin).unwrap_or(zero)
+                        }
+                        None => zero,
+                    };
+                }
+                let dst = vbuf.get_mut(t * positions * cin..).unwrap_or_default();
+                let taps = taps.get(..positions).unwrap_or_default();
+                input(isa, w.variant, taps, cin, dst, cin);
+            }
+            // One product per tile position.
+            for (q, u) in w.weights.iter().enumerate() {
+                let a = vbuf.get(q * cin..).unwrap_or_default();
+                let a = MatRef::new(a, tb, cin, positions * cin, 1)?;
+                let c = mbuf.get_mut(q * cout..).unwrap_or_default();
+                let c = MatMut::new(c, tb, cout, positions * cout, 1)?;
+                self.gemm.run_on_caller(c, a, u, gemm_scratch)?;
+            }
+            // Outputs, with bias, residual and clamp.
+            for t in 0..tb {
+                let (ty, tx) = ((t0 + t) / tiles_wide, (t0 + t) % tiles_wide);
+                let mut at = [None; 16];
+                for (k, slot) in at.iter_mut().take(m * m).enumerate() {
+                    let (oy, ox) = (ty * m + k / m, tx * m + k % m);
+                    if oy < rows && ox < ow {
+                        *slot = Some((oy * ow + ox) * cout);
+                    }
+                }
+                let src = mbuf.get_mut(t * positions * cout..).unwrap_or_default();
+                let stride = cout;
+                let tile = Outputs {
+                    at: at.get(..m * m).unwrap_or_default(),
+                    bias: &self.bias,
+                    residual,
+                    min,
+                    max,
+                };
+                output(isa, w.variant, src, stride, cout, &tile, band);
+                if rest_act != Activation::Identity {
+                    for &o in at.iter().flatten() {
+                        if let Some(px) = band.get_mut(o..o + cout) {
+                            elementwise::activate(isa, px, rest_act);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where a tile's outputs go: `at[i·m + j]`, the offset of output pixel (i, j) of the
+/// tile in the band (None past the image's edge), and what is added and clamped.
+struct Outputs<'a> {
+    at: &'a [Option<usize>],
+    bias: &'a [f32],
+    residual: Option<&'a [f32]>,
+    min: f32,
+    max: f32,
+}
+
+/// G of F(2×2, 3×3) and of F(4×4, 3×3) (interpolation points 0, ±1, ±2).
+const G2: [[f64; 3]; 4] = [
+    [1.0, 0.0, 0.0],
+    [0.5, 0.5, 0.5],
+    [0.5, -0.5, 0.5],
+    [0.0, 0.0, 1.0],
+];
+const G4: [[f64; 3]; 6] = [
+    [1.0 / 4.0, 0.0, 0.0],
+    [-1.0 / 6.0, -1.0 / 6.0, -1.0 / 6.0],
+    [-1.0 / 6.0, 1.0 / 6.0, -1.0 / 6.0],
+    [1.0 / 24.0, 1.0 / 12.0, 1.0 / 6.0],
+    [1.0 / 24.0, -1.0 / 12.0, 1.0 / 6.0],
+    [0.0, 0.0, 1.0],
+];
+
+/// The one-dimensional transforms of a variant, applied to the rows and then to the
+/// columns of a tile.
+trait Transform<const A: usize, const M: usize> {
+    /// Bᵀ d.
+    fn input<S: Lanes>(s: S, d: [S::V; A]) -> [S::V; A];
+    /// Aᵀ m.
+    fn output<S: Lanes>(s: S, m: [S::V; A]) -> [S::V; M];
+}
+
+struct F2;
+struct F4;
+
+impl Transform<4, 2> for F2 {
+    #[inline(always)]
+    fn input<S: Lanes>(s: S, [d0, d1, d2, d3]: [S::V; 4]) -> [S::V; 4] {
+        [s.sub(d0, d2), s.add(d1, d2), s.sub(d2, d1), s.sub(d1, d3)]
+    }
+
+    #[inline(always)]
+    fn output<S: Lanes>(s: S, [m0, m1, m2, m3]: [S::V; 4]) -> [S::V; 2] {
+        [s.add(s.add(m0, m1), m2), s.sub(s.sub(m1, m2), m3)]
+    }
+}
+
+impl Transform<6, 4> for F4 {
+    #[inline(always)]
+    fn input<S: Lanes>(s: S, [d0, d1, d2, d3, d4, d5]: [S::V; 6]) -> [S::V; 6] {
+        let (s12, s34) = (s.add(d1, d2), s.add(d3, d4));
+        let (d21, d34) = (s.sub(d2, d1), s.sub(d4, d3));
+        let (d13, d42) = (s.sub(d1, d3), s.sub(d4, d2));
+        [
+            s.mul_add(d0, 4.0, s.mul_add(d2, -5.0, d4)),
+            s.mul_add(s12, -4.0, s34),
+            s.mul_add(d21, -4.0, d34),
+            s.mul_add(d13, -2.0, d42),
+            s.mul_add(d13, 2.0, d42),
+            s.mul_add(d1, 4.0, s.mul_add(d3, -5.0, d5)),
+        ]
+    }
+
+    #[inline(always)]
+    fn output<S: Lanes>(s: S, [m0, m1, m2, m3, m4, m5]: [S::V; 6]) -> [S::V; 4] {
+        let (s12, d12) = (s.add(m1, m2), s.sub(m1, m2));
+        let (s34, d34) = (s.add(m3, m4), s.sub(m3, m4));
+        [
+            s.add(s.add(m0, s12), s34),
+            s.mul_add(d34, 2.0, d12),
+            s.mul_add(s34, 4.0, s12),
+            s.add(s.mul_add(d34, 8.0, d12), m5),
+        ]
+    }
+}
+
+/// `Bᵀ d B` of one tile, `taps` its A×A input pixels (row-major, each `channels`
+/// long); position q's channels go to `out[q·stride..]`. Rows first, into `out`,
+/// then columns in place: a few vectors live at a time, no tile-sized temporaries.
+#[inline(always)]
+fn input_tile<S: Lanes, T: Transform<A, M>, const A: usize, const M: usize>(
+    s: S,
+    taps: &[&[f32]],
+    channels: usize,
+    out: &mut [f32],
+    stride: usize,
+) {
+    for c in (0..channels).step_by(S::LANES) {
+        let lanes = (channels - c).min(S::LANES);
+        for i in 0..A {
+            let row: [S::V; A] = std::array::from_fn(|j| {
+                s.load(
+                    taps.get(i * A + j)
+                        .and_then(|t| t.get(c..))
+                        .unwrap_or_default(),
+                )
+            });
+            for (j, v) in T::input(s, row).into_iter().enumerate() {
+                let at = (i * A + j) * stride + c;
+                s.store(v, out.get_mut(at..at + lanes).unwrap_or_default());
+            }
+        }
+        for j in 0..A {
+            let col: [S::V; A] = std::array::from_fn(|i| {
+                s.load(out.get((i * A + j) * stride + c..).unwrap_or_default())
+            });
+            for (i, v) in T::input(s, col).into_iter().enumerate() {
+                let at = (i * A + j) * stride + c;
+                s.store(v, out.get_mut(at..at + lanes).unwrap_or_default());
+            }
+        }
+    }
+}
+
+/// `Aᵀ M A` of one tile, position q's channels at `src[q·stride..]` (overwritten:
+/// the row pass goes back into it), plus bias and residual, clamped, into the tile's
+/// output pixels.
+#[inline(always)]
+fn output_tile<S: Lanes, T: Transform<A, M>, const A: usize, const M: usize>(
+    s: S,
+    src: &mut [f32],
+    stride: usize,
+    channels: usize,
+    tile: &Outputs<'_>,
+    band: &mut [f32],
+) {
+    for c in (0..channels).step_by(S::LANES) {
+        let lanes = (channels - c).min(S::LANES);
+        for a in 0..A {
+            let row: [S::V; A] = std::array::from_fn(|b| {
+                s.load(src.get((a * A + b) * stride + c..).unwrap_or_default())
+            });
+            for (j, v) in T::output(s, row).into_iter().enumerate() {
+                let at = (a * A + j) * stride + c;
+                s.store(v, src.get_mut(at..at + lanes).unwrap_or_default());
+            }
+        }
+        let bias = s.load(tile.bias.get(c..).unwrap_or_default());
+        for j in 0..M {
+            let col: [S::V; A] = std::array::from_fn(|a| {
+                s.load(src.get((a * A + j) * stride + c..).unwrap_or_default())
+            });
+            for (i, v) in T::output(s, col).into_iter().enumerate() {
+                let Some(o) = tile.at.get(i * M + j).copied().flatten() else {
+                    continue;
+                };
+                let at = o + c;
+                let mut v = s.add(v, bias);
+                if let Some(r) = tile.residual {
+                    v = s.add(v, s.load(r.get(at..at + lanes).unwrap_or_default()));
+                }
+                let v = s.clamp(v, tile.min, tile.max);
+                s.store(v, band.get_mut(at..at + lanes).unwrap_or_default());
+            }
+        }
+    }
+}
+
+/// The input transform of `variant` on the widest lanes `isa` allows.
+fn input(
+    isa: Isa,
+    variant: Variant,
+    taps: &[&[f32]],
+    channels: usize,
+    out: &mut [f32],
+    stride: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(s) = Avx2::new().filter(|_| isa != Isa::Generic) {
+        return s.vectorize(|| match variant {
+            Variant::F2 => input_tile::<_, F2, 4, 2>(s, taps, channels, out, stride),
+            Variant::F4 => input_tile::<_, F4, 6, 4>(s, taps, channels, out, stride),
+        });
+    }
+    let _ = isa;
+    match variant {
+        Variant::F2 => input_tile::<_, F2, 4, 2>(Scalar, taps, channels, out, stride),
+        Variant::F4 => input_tile::<_, F4, 6, 4>(Scalar, taps, channels, out, stride),
+    }
+}
+
+/// The output transform of `variant` on the widest lanes `isa` allows.
+fn output(
+    isa: Isa,
+    variant: Variant,
+    src: &mut [f32],
+    stride: usize,
+    channels: usize,
+    tile: &Outputs<'_>,
+    band: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(s) = Avx2::new().filter(|_| isa != Isa::Generic) {
+        return s.vectorize(|| match variant {
+            Variant::F2 => output_tile::<_, F2, 4, 2>(s, src, stride, channels, tile, band),
+            Variant::F4 => output_tile::<_, F4, 6, 4>(s, src, stride, channels, tile, band),
+        });
+    }
+    let _ = isa;
+    match variant {
+        Variant::F2 => output_tile::<_, F2, 4, 2>(Scalar, src, stride, channels, tile, band),
+        Variant::F4 => output_tile::<_, F4, 6, 4>(Scalar, src, stride, channels, tile, band),
+    }
+}
