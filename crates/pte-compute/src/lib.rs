@@ -71,9 +71,11 @@
 //!   are fused. Weights are packed once by [`Conv2d::new`]. [`ConvTranspose2d`]: one
 //!   product per image and group with the transposed weights packed once, then
 //!   col2im (output padding, groups, dilation).
-//! - [`nhwc`]: convolution (indirect products, depthwise), transposed convolution
-//!   and pooling on channels-last images, for the XNNPACK delegate and for chains of
-//!   convolutions the kernels keep channels last; [`layout`] converts at the ends.
+//! - [`nhwc`]: convolution (indirect products, depthwise, Winograd F(4×4, 3×3) and
+//!   F(2×2, 3×3) for regular 3×3 stride-1 layers on images large enough), transposed
+//!   convolution and pooling on channels-last images, for the XNNPACK delegate and for
+//!   chains of convolutions the kernels keep channels last; [`layout`] converts at the
+//!   ends.
 //! - [`pooling`]: max pooling on the same window engine (NaN propagating), with
 //!   indices, average pooling (PyTorch's divisors, `ceil_mode`), global average.
 //! - [`elementwise`]: activations, binary operations with a per-channel vector,
@@ -98,15 +100,17 @@
 //! # Safety
 //!
 //! `unsafe` lives in three places, each block with its argument: the SIMD
-//! micro-kernels ([`arch`], behind [`arch`]'s safe checked wrappers), the thread pool
+//! micro-kernels and vector lanes ([`arch`], behind [`arch`]'s safe checked wrappers;
+//! an AVX2 lane value exists only once the CPU has been checked), the thread pool
 //! (a job's closure is shared with workers by pointer while its caller waits; private
 //! scratch parts per thread), and [`MatMut`] (a raw-pointer view so that threads can
 //! write disjoint tiles of one output).
 //!
 //! # Not done
 //!
-//! Winograd convolution, a blocked channel layout (NCHWc), f16/bf16 products. NEON
-//! is compiled and type-checked only (no aarch64 machine to run it).
+//! Winograd for the NCHW [`Conv2d`] (the NHWC one has it), a blocked channel layout
+//! (NCHWc), f16/bf16 products. NEON is compiled and type-checked only (no aarch64
+//! machine to run it); the Winograd transforms run one lane at a time there.
 
 #![deny(
     clippy::indexing_slicing,
