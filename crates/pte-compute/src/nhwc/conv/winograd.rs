@@ -65,11 +65,12 @@ impl Variant {
             && p.in_channels >= MIN_CHANNELS
             && p.out_channels >= MIN_CHANNELS;
         let pixels = out[0].saturating_mul(out[1]);
-        match () {
-            _ if !regular => None,
-            _ if pixels >= F4_MIN_PIXELS => Some(Variant::F4),
-            _ if pixels >= F2_MIN_PIXELS => Some(Variant::F2),
-            _ => None,
+        if !regular || pixels < F2_MIN_PIXELS {
+            None
+        } else if pixels < F4_MIN_PIXELS {
+            Some(Variant::F2)
+        } else {
+            Some(Variant::F4)
         }
     }
 }
@@ -519,7 +520,7 @@ fn input(
             Variant::F4 => input_tile::<_, F4, 6, 4>(s, taps, channels, out, stride),
         });
     }
-    let _ = isa;
+    let _ = isa; // only read on x86-64
     match variant {
         Variant::F2 => input_tile::<_, F2, 4, 2>(Scalar, taps, channels, out, stride),
         Variant::F4 => input_tile::<_, F4, 6, 4>(Scalar, taps, channels, out, stride),
@@ -543,7 +544,7 @@ fn output(
             Variant::F4 => output_tile::<_, F4, 6, 4>(s, src, stride, channels, tile, band),
         });
     }
-    let _ = isa;
+    let _ = isa; // only read on x86-64
     match variant {
         Variant::F2 => output_tile::<_, F2, 4, 2>(Scalar, src, stride, channels, tile, band),
         Variant::F4 => output_tile::<_, F4, 6, 4>(Scalar, src, stride, channels, tile, band),
