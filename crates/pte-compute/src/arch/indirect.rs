@@ -25,38 +25,100 @@ mod x86 {
     use super::super::RawPost;
 
     macro_rules! kernel {
-        ($feat:literal, $name:ident, $dispatch:ident, $v:ty, $mr:expr, $nr:expr, $lanes:expr,
+        ($feat:literal, $name:ident, $dispatch:ident, $put:ident, $v:ty, $mr:expr, $nr:expr, $lanes:expr,
          $zero:ident, $load:ident, $store:ident, $set1:ident, $fmadd:ident, $add:ident, $max:ident, $min:ident,
          [$($r:literal)*]) => {
             /// # Safety
             /// The CPU has the features; `a` holds `taps * R` slices of at least `kc`
-            /// values (row `i` of tap `t` at `a[t * R + i]`); `b` holds
-            /// `taps * kc * NR` values; `c` the tile `(i, j) -> c[i * rs + j]`, `i < R`,
-            /// `j < NR`; a non-null `post.cols` holds NR values (rows bias unused).
+            /// values (row `i` of tap `t` at `a[t * R + i]`); panel `q < panels` of
+            /// `b` holds `taps * kc * NR` values from `b + q * stride`; `c` the tile
+            /// `(i, j) -> c[i * rs + j]`, `i < R`, `j < (panels - 1) * NR + cols`
+            /// (`1 <= cols <= NR`); a non-null `post.cols` holds as many values.
             #[target_feature(enable = $feat)]
             #[allow(clippy::too_many_arguments)]
             unsafe fn $name<const R: usize>(
                 taps: usize,
                 kc: usize,
                 a: *const &[f32],
-                b: *const f32,
+                (b, stride, panels, cols): (*const f32, usize, usize, usize),
                 c: *mut f32,
                 rs: usize,
                 accumulate: bool,
                 post: RawPost,
             ) {
-                const V: usize = $nr / $lanes;
-                let mut acc = [[$zero(); V]; R];
+                // Two vectors per row of a panel; a last panel of at most NR / 2
+                // columns multiplies only the first.
+                const _: () = assert!($nr == 2 * $lanes);
+                for q in 0..panels {
+                    // SAFETY: q < panels: panel q, column q * NR of the tile and its bias.
+                    let (bq, cq, bias) = unsafe {
+                        let bias = if post.cols.is_null() { post.cols } else { post.cols.add(q * $nr) };
+                        (b.add(q * stride), c.add(q * $nr), bias)
+                    };
+                    let args = (taps, kc, a, bq, accumulate, post);
+                    if q + 1 < panels || cols == $nr {
+                        // SAFETY: a whole panel of columns inside the tile and its bias.
+                        unsafe { $put::<R, 2>(args, cq, rs, bias) };
+                        continue;
+                    }
+                    // The last, partial panel: through a tile on the stack, so that no
+                    // column past the tile is read or written.
+                    let mut tile = [[0f32; $nr]; R];
+                    let mut padded = [0f32; $nr];
+                    for (i, row) in tile.iter_mut().enumerate() {
+                        for (s, v) in row.iter_mut().enumerate().take(cols) {
+                            // SAFETY: i < R, s < cols: inside the tile.
+                            *v = if accumulate { unsafe { *cq.add(i * rs + s) } } else { 0.0 };
+                        }
+                    }
+                    for (s, v) in padded.iter_mut().enumerate().take(cols) {
+                        // SAFETY: a non-null bias holds `cols` values from here.
+                        *v = if bias.is_null() { 0.0 } else { unsafe { *bias.add(s) } };
+                    }
+                    let bias = if bias.is_null() { bias } else { padded.as_ptr() };
+                    let t = tile.as_mut_ptr().cast();
+                    // SAFETY: the stack tile holds R rows of NR values.
+                    unsafe {
+                        if cols <= $lanes {
+                            $put::<R, 1>(args, t, $nr, bias);
+                        } else {
+                            $put::<R, 2>(args, t, $nr, bias);
+                        }
+                    }
+                    for (i, row) in tile.iter().enumerate() {
+                        for (s, &v) in row.iter().enumerate().take(cols) {
+                            // SAFETY: i < R, s < cols: inside the tile.
+                            unsafe { *cq.add(i * rs + s) = v };
+                        }
+                    }
+                }
+            }
+
+            /// One panel: the first `W` vectors of each row of the `R × NR` tile at
+            /// `c` (+)= the product, then bias and clamp.
+            ///
+            /// # Safety
+            /// As the kernel for one panel at `b`; `c` holds the tile at row stride
+            /// `rs`; a non-null `bias` holds `W` vectors.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            unsafe fn $put<const R: usize, const W: usize>(
+                (taps, kc, a, b, accumulate, post): (usize, usize, *const &[f32], *const f32, bool, RawPost),
+                c: *mut f32,
+                rs: usize,
+                bias: *const f32,
+            ) {
+                let mut acc = [[$zero(); W]; R];
                 for t in 0..taps {
                     // SAFETY: t < taps: the pointers of this tap are inside `a`.
                     let rows: [*const f32; R] = std::array::from_fn(|i| unsafe { (*a.add(t * R + i)).as_ptr() });
-                    // SAFETY: t * kc + p < taps * kc: inside `b`.
+                    // SAFETY: t * kc + p < taps * kc: inside the panel.
                     let bt = unsafe { b.add(t * kc * $nr) };
                     for p in 0..kc {
                         // SAFETY: p < kc: inside each row and the panel.
                         unsafe {
                             let bp = bt.add(p * $nr);
-                            let bv: [$v; V] = std::array::from_fn(|v| $load(bp.add(v * $lanes)));
+                            let bv: [$v; W] = std::array::from_fn(|v| $load(bp.add(v * $lanes)));
                             for (row, &ap) in acc.iter_mut().zip(&rows) {
                                 let av = $set1(*ap.add(p));
                                 for (x, &y) in row.iter_mut().zip(&bv) {
@@ -69,13 +131,13 @@ mod x86 {
                 let (lo, hi) = ($set1(post.min), $set1(post.max));
                 for (i, row) in acc.iter().enumerate() {
                     for (v, &x) in row.iter().enumerate() {
-                        // SAFETY: inside the tile; a column bias holds NR values.
+                        // SAFETY: inside the tile; a column bias holds W vectors.
                         unsafe {
                             let cp = c.add(i * rs + v * $lanes);
                             let mut x = if accumulate { $add(x, $load(cp)) } else { x };
                             if post.on {
-                                if !post.cols.is_null() {
-                                    x = $add(x, $load(post.cols.add(v * $lanes)));
+                                if !bias.is_null() {
+                                    x = $add(x, $load(bias.add(v * $lanes)));
                                 }
                                 x = $min(hi, $max(lo, x));
                             }
@@ -93,7 +155,7 @@ mod x86 {
                 taps: usize,
                 kc: usize,
                 a: *const &[f32],
-                b: *const f32,
+                b: (*const f32, usize, usize, usize),
                 c: *mut f32,
                 rs: usize,
                 accumulate: bool,
@@ -111,14 +173,14 @@ mod x86 {
     }
 
     kernel!(
-        "avx2,fma", avx2_tile, avx2, __m256, 6, 16, 8,
+        "avx2,fma", avx2_tile, avx2, avx2_put, __m256, 6, 16, 8,
         _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps,
         _mm256_fmadd_ps, _mm256_add_ps, _mm256_max_ps, _mm256_min_ps,
         [1 2 3 4 5]
     );
 
     kernel!(
-        "avx512f,avx2,fma", avx512_tile, avx512, __m512, 12, 32, 16,
+        "avx512f,avx2,fma", avx512_tile, avx512, avx512_put, __m512, 12, 32, 16,
         _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps,
         _mm512_fmadd_ps, _mm512_add_ps, _mm512_max_ps, _mm512_min_ps,
         [1 2 3 4 5 6 7 8 9 10 11]
@@ -133,39 +195,74 @@ fn portable<const NR: usize>(
     taps: usize,
     kc: usize,
     a: &[&[f32]],
-    b: &[f32],
+    b: &PanelRun<'_>,
     c: &mut MatMut<'_>,
     (i0, j0): (usize, usize),
     accumulate: bool,
     post: Option<&Post<'_>>,
 ) {
-    let mut acc = [[0f32; NR]; MAX_MR];
-    for t in 0..taps {
-        let bt = b.get(t * kc * NR..).unwrap_or_default();
-        for (i, row) in acc.iter_mut().enumerate().take(rows) {
-            let x = a.get(t * rows + i).copied().unwrap_or_default();
-            for (p, bp) in bt.chunks_exact(NR).take(kc).enumerate() {
-                let xv = x.get(p).copied().unwrap_or(0.0);
-                for (s, &y) in row.iter_mut().zip(bp) {
-                    *s += xv * y;
+    for q in 0..b.count {
+        let panel = b.data.get(q * b.stride..).unwrap_or_default();
+        let cols = if q + 1 == b.count { b.cols } else { NR };
+        let mut acc = [[0f32; NR]; MAX_MR];
+        for t in 0..taps {
+            let bt = panel.get(t * kc * NR..).unwrap_or_default();
+            for (i, row) in acc.iter_mut().enumerate().take(rows) {
+                let x = a.get(t * rows + i).copied().unwrap_or_default();
+                for (p, bp) in bt.chunks_exact(NR).take(kc).enumerate() {
+                    let xv = x.get(p).copied().unwrap_or(0.0);
+                    for (s, &y) in row.iter_mut().zip(bp) {
+                        *s += xv * y;
+                    }
                 }
+            }
+        }
+        for (i, row) in acc.iter().enumerate().take(rows) {
+            let Some(out) = c.row_run(i0 + i, j0 + q * NR, cols) else {
+                continue;
+            };
+            for (j, (o, &s)) in out.iter_mut().zip(row).enumerate() {
+                let mut x = if accumulate { *o + s } else { s };
+                if let Some(p) = post {
+                    if let TileBias::Cols(v) = p.bias {
+                        x += v.get(q * NR + j).copied().unwrap_or(0.0);
+                    }
+                    x = crate::elementwise::clamp(x, p.min, p.max);
+                }
+                *o = x;
             }
         }
     }
-    for (i, row) in acc.iter().enumerate().take(rows) {
-        let Some(out) = c.row_run(i0 + i, j0, NR) else {
-            continue;
-        };
-        for (j, (o, &s)) in out.iter_mut().zip(row).enumerate() {
-            let mut x = if accumulate { *o + s } else { s };
-            if let Some(p) = post {
-                if let TileBias::Cols(v) = p.bias {
-                    x += v.get(j).copied().unwrap_or(0.0);
-                }
-                x = crate::elementwise::clamp(x, p.min, p.max);
-            }
-            *o = x;
+}
+
+/// Consecutive packed panels of the right operand that one call multiplies: `count`
+/// panels `stride` values apart from the start of `data`, every one `nr` columns wide
+/// but the last, of which only `cols` columns are stored.
+#[derive(Clone, Copy)]
+pub(crate) struct PanelRun<'a> {
+    pub data: &'a [f32],
+    pub stride: usize,
+    pub count: usize,
+    pub cols: usize,
+}
+
+impl<'a> PanelRun<'a> {
+    /// One whole panel.
+    pub(crate) fn one(data: &'a [f32], nr: usize) -> Self {
+        Self {
+            data,
+            stride: 0,
+            count: 1,
+            cols: nr,
         }
+    }
+
+    /// Columns the run stores.
+    fn width(&self, nr: usize) -> Option<usize> {
+        self.count
+            .checked_sub(1)?
+            .checked_mul(nr)?
+            .checked_add(self.cols)
     }
 }
 
@@ -199,14 +296,15 @@ impl<'a> IndirectRows<'a> {
 
 /// One tile of an indirect product: `C[i][j] (+)= Σ_t Σ_k a[t·rows + i][k] · b[(t·kc +
 /// k)·nr + j]` for the `rows × nr` tile of `c` at `(i, j)` (`+=` when `accumulate`),
-/// then the post (column bias and clamp) if given. Every length is checked first:
-/// `a` holds `taps · rows` rows of at least `kc` values, `b` `taps · kc · nr` values,
-/// the tile lies inside `c` with contiguous columns.
+/// then the post (column bias and clamp) if given, for each panel of `b` in turn (the
+/// tiles side by side along the columns). Every length is checked first: `a` holds
+/// `taps · rows` rows of at least `kc` values, each panel `taps · kc · nr` values, the
+/// tiles lie inside `c` with contiguous columns, a column bias covers their columns.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn indirect_microkernel(
     isa: Isa,
     rows_in: &IndirectRows<'_>,
-    b: &[f32],
+    b: &PanelRun<'_>,
     c: &mut MatMut<'_>,
     (i, j): (usize, usize),
     accumulate: bool,
@@ -214,24 +312,30 @@ pub(crate) fn indirect_microkernel(
 ) -> Result {
     let IndirectRows { a, rows, taps, kc } = *rows_in;
     let (mr, nr) = isa.gemm_tile();
+    let width = b.width(nr).filter(|_| b.cols >= 1 && b.cols <= nr);
+    let panel_len = taps.checked_mul(kc).and_then(|v| v.checked_mul(nr));
+    let b_len = b
+        .count
+        .checked_sub(1)
+        .and_then(|q| q.checked_mul(b.stride))
+        .zip(panel_len)
+        .and_then(|(start, len)| start.checked_add(len));
     let ok = rows >= 1
         && rows <= mr
-        && taps
-            .checked_mul(kc)
-            .and_then(|v| v.checked_mul(nr))
-            .is_some_and(|l| b.len() >= l)
+        && b_len.is_some_and(|l| b.data.len() >= l)
         && post.is_none_or(|p| match p.bias {
-            TileBias::Cols(v) => v.len() >= nr,
+            TileBias::Cols(v) => width.is_some_and(|w| v.len() >= w),
             TileBias::None => true,
             TileBias::Rows(_) => false,
         });
-    let tile = c.tile_ptr(i, j, rows, nr);
+    let tile = width.and_then(|w| c.tile_ptr(i, j, rows, w));
     let Some((cp, rs)) = tile.filter(|_| ok && isa.is_available()) else {
         return Err(Error::InvalidParameter {
             what: format!(
-                "indirect micro-kernel call: {rows} rows (mr {mr}), {taps} taps of depth {kc}, {} rows given, b {}",
+                "indirect micro-kernel call: {rows} rows (mr {mr}), {taps} taps of depth {kc}, {} rows given, {} panels of b {}",
                 a.len(),
-                b.len()
+                b.count,
+                b.data.len()
             ),
         });
     };
@@ -249,33 +353,14 @@ pub(crate) fn indirect_microkernel(
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::Avx512 => {
+            let panels = (b.data.as_ptr(), b.stride, b.count, b.cols);
             // SAFETY: every length checked above or by `IndirectRows::new`; the
             // instruction set is available.
             unsafe {
                 if isa == Isa::Avx512 {
-                    x86::avx512(
-                        rows,
-                        taps,
-                        kc,
-                        a.as_ptr(),
-                        b.as_ptr(),
-                        cp,
-                        rs,
-                        accumulate,
-                        raw,
-                    );
+                    x86::avx512(rows, taps, kc, a.as_ptr(), panels, cp, rs, accumulate, raw);
                 } else {
-                    x86::avx2(
-                        rows,
-                        taps,
-                        kc,
-                        a.as_ptr(),
-                        b.as_ptr(),
-                        cp,
-                        rs,
-                        accumulate,
-                        raw,
-                    );
+                    x86::avx2(rows, taps, kc, a.as_ptr(), panels, cp, rs, accumulate, raw);
                 }
             }
         }
@@ -293,82 +378,102 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_available_kernel_matches_the_portable_one() {
+    fn every_kernel_matches_a_direct_sum_over_runs_of_panels() {
         for isa in Isa::available() {
             let (mr, nr) = isa.gemm_tile();
             let (taps, kc) = (3, 7);
+            let stride = taps * kc * nr + 5; // panels need not be adjacent
             let src: Vec<f32> = (0..200).map(|v| (v % 13) as f32 * 0.25 - 1.0).collect();
             let rows_data: Vec<&[f32]> = (0..taps * mr).map(|r| &src[(r * 5) % 150..]).collect();
-            let b: Vec<f32> = (0..taps * kc * nr).map(|v| (v % 7) as f32 - 3.0).collect();
-            let bias: Vec<f32> = (0..nr).map(|v| v as f32).collect();
-            for rows in 1..=mr {
+            let b: Vec<f32> = (0..3 * stride).map(|v| (v % 7) as f32 - 3.0).collect();
+            let bias: Vec<f32> = (0..3 * nr).map(|v| v as f32).collect();
+            for (rows, count, cols) in (1..=mr)
+                .flat_map(|r| (1..=3).map(move |n| (r, n)))
+                .flat_map(|(r, n)| [1, nr / 2, nr / 2 + 1, nr].map(|c| (r, n, c)))
+            {
                 let a: Vec<&[f32]> = (0..taps)
                     .flat_map(|t| (0..rows).map(move |i| (t, i)))
                     .map(|(t, i)| rows_data[t * mr + i])
                     .collect();
-                let post = Post {
-                    bias: TileBias::Cols(&bias),
-                    min: -40.0,
-                    max: 40.0,
+                let width = (count - 1) * nr + cols;
+                let run = PanelRun {
+                    data: &b,
+                    stride,
+                    count,
+                    cols,
                 };
-                for accumulate in [false, true] {
-                    let mut want = vec![1.0f32; rows * nr];
-                    let mut got = want.clone();
-                    let mut wv = MatMut::row_major(&mut want, rows, nr).unwrap();
-                    match nr {
-                        8 => portable::<8>(
-                            rows,
-                            taps,
-                            kc,
-                            &a,
-                            &b,
-                            &mut wv,
-                            (0, 0),
-                            accumulate,
-                            Some(&post),
-                        ),
-                        32 => portable::<32>(
-                            rows,
-                            taps,
-                            kc,
-                            &a,
-                            &b,
-                            &mut wv,
-                            (0, 0),
-                            accumulate,
-                            Some(&post),
-                        ),
-                        _ => portable::<16>(
-                            rows,
-                            taps,
-                            kc,
-                            &a,
-                            &b,
-                            &mut wv,
-                            (0, 0),
-                            accumulate,
-                            Some(&post),
-                        ),
-                    }
-                    let mut gv = MatMut::row_major(&mut got, rows, nr).unwrap();
+                // Two columns past the run that no call may touch.
+                let ldc = width + 2;
+                for (accumulate, with_post) in [(false, true), (true, true), (true, false)] {
+                    let post = Post {
+                        bias: TileBias::Cols(&bias[..width]),
+                        min: -40.0,
+                        max: 40.0,
+                    };
+                    let mut got = vec![1.0f32; rows * ldc];
+                    let mut gv = MatMut::row_major(&mut got, rows, ldc).unwrap();
                     let r = IndirectRows::new(&a, rows, taps, kc).unwrap();
-                    indirect_microkernel(isa, &r, &b, &mut gv, (0, 0), accumulate, Some(&post))
-                        .unwrap();
-                    for (x, y) in got.iter().zip(&want) {
-                        assert!(
-                            (x - y).abs() <= 1e-4 * y.abs().max(1.0),
-                            "{isa:?} rows {rows}: {x} vs {y}"
-                        );
+                    let post = with_post.then_some(&post);
+                    indirect_microkernel(isa, &r, &run, &mut gv, (0, 0), accumulate, post).unwrap();
+                    for i in 0..rows {
+                        for j in 0..ldc {
+                            let (q, s) = (j / nr, j % nr);
+                            let want = if j >= width {
+                                1.0
+                            } else {
+                                let mut sum: f64 = if accumulate { 1.0 } else { 0.0 };
+                                for t in 0..taps {
+                                    for p in 0..kc {
+                                        let x = a[t * rows + i][p] as f64;
+                                        sum += x * b[q * stride + (t * kc + p) * nr + s] as f64;
+                                    }
+                                }
+                                if with_post {
+                                    sum = (sum + bias[j] as f64).clamp(-40.0, 40.0);
+                                }
+                                sum as f32
+                            };
+                            let x = got[i * ldc + j];
+                            assert!(
+                                (x - want).abs() <= 1e-4 * want.abs().max(1.0),
+                                "{isa:?} rows {rows} panels {count} cols {cols} at ({i}, {j}): {x} vs {want}"
+                            );
+                        }
                     }
                 }
             }
-            let mut c = vec![0.0; nr];
-            let mut v = MatMut::row_major(&mut c, 1, nr).unwrap();
+            let mut c = vec![0.0; 2 * nr];
+            let mut v = MatMut::row_major(&mut c, 1, 2 * nr).unwrap();
             assert!(IndirectRows::new(&[&src[..4]], 1, 1, 8).is_err());
             assert!(IndirectRows::new(&[&src[..4]], 2, 1, 1).is_err());
             let one = [&src[..4]];
             let r = IndirectRows::new(&one, 1, 1, 4).unwrap();
-            assert!(indirect_microkernel(isa, &r, &b[..3], &mut v, (0, 0), false, None).is_err());
+            let short = PanelRun::one(&b[..3], nr);
+            assert!(indirect_microkernel(isa, &r, &short, &mut v, (0, 0), false, None).is_err());
+            // A run wider than the output, or than its bias, or a second panel past `b`.
+            let wide = PanelRun {
+                data: &b,
+                stride: 4 * nr,
+                count: 3,
+                cols: 1,
+            };
+            assert!(indirect_microkernel(isa, &r, &wide, &mut v, (0, 0), false, None).is_err());
+            let two = PanelRun { count: 2, ..wide };
+            let narrow = Post {
+                bias: TileBias::Cols(&bias[..nr]),
+                min: 0.0,
+                max: 1.0,
+            };
+            let post = Some(&narrow);
+            assert!(indirect_microkernel(isa, &r, &two, &mut v, (0, 0), false, post).is_err());
+            let far = PanelRun {
+                stride: b.len(),
+                ..two
+            };
+            assert!(indirect_microkernel(isa, &r, &far, &mut v, (0, 0), false, None).is_err());
+            let empty = PanelRun { cols: 0, ..two };
+            assert!(indirect_microkernel(isa, &r, &empty, &mut v, (0, 0), false, None).is_err());
+            assert!(indirect_microkernel(isa, &r, &two, &mut v, (0, 0), false, None).is_ok());
         }
     }
 }

@@ -28,7 +28,8 @@ pub(crate) use lanes::Avx2;
 pub(crate) use lanes::{Lanes, Scalar};
 
 pub(crate) use indirect::{
-    depthwise_pixels, indirect_microkernel, IndirectRows, PixelTaps, MAX_TAPS as INDIRECT_TAPS,
+    depthwise_pixels, indirect_microkernel, IndirectRows, PanelRun, PixelTaps,
+    MAX_TAPS as INDIRECT_TAPS,
 };
 
 use crate::error::{Error, Result};

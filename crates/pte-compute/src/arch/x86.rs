@@ -158,10 +158,11 @@ pub(crate) struct DwRow {
 }
 
 /// Depthwise 3×3 convolution of one output row, channels `0..c / 8 * 8` in blocks of
-/// eight. Pixels go by groups of four whose nine taps all lie inside the row (four
-/// independent accumulators per weight vector, the block's nine weight vectors in
-/// registers), the others one at a time with their taps checked; rows in the
-/// padding are skipped.
+/// eight. For each block the nine weight vectors stay in registers while the row goes
+/// by: pixels by groups of four whose taps all lie inside the row (four independent
+/// accumulators; at stride 1 or 2 without dilation each input vector is loaded once
+/// and feeds every accumulator that reads it), the others one at a time with their
+/// taps checked; rows in the padding are skipped.
 ///
 /// # Safety
 /// AVX2 and FMA are available. `rows[ky]` is null (a padded row) or points to `w_in *
@@ -175,7 +176,6 @@ pub(crate) unsafe fn depthwise3x3_avx2(
     g: DwRow,
 ) {
     let (lo, hi) = (_mm256_set1_ps(g.min), _mm256_set1_ps(g.max));
-    let blocks = g.c / 8;
     // Pixels whose three taps lie inside the row: ox·s ≥ pad and ox·s + 2d - pad < w_in.
     let first = g.pad.div_ceil(g.stride);
     let end = (g.w_in + g.pad)
@@ -186,26 +186,19 @@ pub(crate) unsafe fn depthwise3x3_avx2(
     while ox < g.ow {
         if ox >= first && ox + 4 <= end {
             let ix0 = ox * g.stride - g.pad;
-            for b in 0..blocks {
-                let c0 = b * 8;
-                // SAFETY: c0 + 8 <= c, and tap * c + c0 + 8 <= 9 * c.
-                let mut acc = [unsafe { _mm256_loadu_ps(bias.add(c0)) }; 4];
-                for (ky, &row) in rows.iter().enumerate() {
-                    if row.is_null() {
-                        continue;
+            for c0 in (0..g.c / 8).map(|b| b * 8) {
+                // SAFETY: c0 + 8 <= c and tap * c + c0 + 8 <= 9 * c; every tap of the
+                // four pixels lies inside its row.
+                let acc = unsafe {
+                    let wv: [__m256; 9] =
+                        std::array::from_fn(|t| _mm256_loadu_ps(w.add(t * g.c + c0)));
+                    let bv = _mm256_loadu_ps(bias.add(c0));
+                    match (g.stride, g.dilation) {
+                        (1, 1) => dw_group::<1>(rows, ix0 * g.c + c0, g.c, &wv, bv),
+                        (2, 1) => dw_group::<2>(rows, ix0 * g.c + c0, g.c, &wv, bv),
+                        _ => dw_group_any(rows, ix0 * g.c + c0, g, &wv, bv),
                     }
-                    for kx in 0..3 {
-                        // SAFETY: as above.
-                        let wv = unsafe { _mm256_loadu_ps(w.add((ky * 3 + kx) * g.c + c0)) };
-                        let ix = ix0 + kx * g.dilation;
-                        for (p, a) in acc.iter_mut().enumerate() {
-                            // SAFETY: ix + p·s < w_in for the four pixels of an inner group.
-                            let xv =
-                                unsafe { _mm256_loadu_ps(row.add((ix + p * g.stride) * g.c + c0)) };
-                            *a = _mm256_fmadd_ps(xv, wv, *a);
-                        }
-                    }
-                }
+                };
                 for (p, a) in acc.iter().enumerate() {
                     let v = _mm256_min_ps(hi, _mm256_max_ps(lo, *a));
                     // SAFETY: ox + p < ow and c0 + 8 <= c: inside y.
@@ -215,8 +208,8 @@ pub(crate) unsafe fn depthwise3x3_avx2(
             ox += 4;
             continue;
         }
-        for b in 0..blocks {
-            let c0 = b * 8;
+        // A pixel near the edges, its taps checked.
+        for c0 in (0..g.c / 8).map(|b| b * 8) {
             // SAFETY: c0 + 8 <= c.
             let mut acc = unsafe { _mm256_loadu_ps(bias.add(c0)) };
             for (ky, &row) in rows.iter().enumerate() {
@@ -230,11 +223,11 @@ pub(crate) unsafe fn depthwise3x3_avx2(
                     else {
                         continue;
                     };
-                    // SAFETY: ix < w_in and c0 + 8 <= c: inside the row and the weights.
+                    // SAFETY: ix < w_in and c0 + 8 <= c: inside the row and weights.
                     unsafe {
-                        let wv = _mm256_loadu_ps(w.add((ky * 3 + kx) * g.c + c0));
                         let xv = _mm256_loadu_ps(row.add(ix * g.c + c0));
-                        acc = _mm256_fmadd_ps(xv, wv, acc);
+                        let wk = _mm256_loadu_ps(w.add((ky * 3 + kx) * g.c + c0));
+                        acc = _mm256_fmadd_ps(xv, wk, acc);
                     }
                 }
             }
@@ -244,4 +237,68 @@ pub(crate) unsafe fn depthwise3x3_avx2(
         }
         ox += 1;
     }
+}
+
+/// Four pixels of a depthwise 3×3 row at stride `S` without dilation, from the input
+/// offset `at` of the first one's first tap (in floats, within each row): input
+/// pixel `j` feeds pixel `p` through tap `j - p·S`.
+///
+/// # Safety
+/// AVX2 and FMA are available; each non-null row holds 8 floats at `at + j·c` for
+/// `j <= 3·S + 2`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn dw_group<const S: usize>(
+    rows: [*const f32; 3],
+    at: usize,
+    c: usize,
+    wv: &[__m256; 9],
+    bias: __m256,
+) -> [__m256; 4] {
+    let mut acc = [bias; 4];
+    for (&row, w_row) in rows.iter().zip(wv.chunks_exact(3)) {
+        if row.is_null() {
+            continue;
+        }
+        for j in 0..3 * S + 3 {
+            // SAFETY: j <= 3·S + 2: inside the row.
+            let xv = unsafe { _mm256_loadu_ps(row.add(at + j * c)) };
+            for (p, a) in acc.iter_mut().enumerate() {
+                if let Some(&wk) = j.checked_sub(p * S).and_then(|kx| w_row.get(kx)) {
+                    *a = _mm256_fmadd_ps(xv, wk, *a);
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// [`dw_group`] for any stride and dilation: every tap loaded on its own.
+///
+/// # Safety
+/// AVX2 and FMA are available; each non-null row holds 8 floats at `at + (p·s +
+/// kx·d)·c` for `p < 4`, `kx < 3`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dw_group_any(
+    rows: [*const f32; 3],
+    at: usize,
+    g: DwRow,
+    wv: &[__m256; 9],
+    bias: __m256,
+) -> [__m256; 4] {
+    let mut acc = [bias; 4];
+    for (&row, w_row) in rows.iter().zip(wv.chunks_exact(3)) {
+        if row.is_null() {
+            continue;
+        }
+        for (kx, &wk) in w_row.iter().enumerate() {
+            for (p, a) in acc.iter_mut().enumerate() {
+                let ix = p * g.stride + kx * g.dilation;
+                // SAFETY: inside the row, by the contract.
+                let xv = unsafe { _mm256_loadu_ps(row.add(at + ix * g.c)) };
+                *a = _mm256_fmadd_ps(xv, wk, *a);
+            }
+        }
+    }
+    acc
 }

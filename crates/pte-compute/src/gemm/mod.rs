@@ -713,11 +713,15 @@ impl Gemm {
                             let apanel = ap.get(ir / mr * a_stride..).unwrap_or(&[]);
                             let rows = mr.min(mb - ir);
                             let a_rows = rows_buf.get(ir..ir + rows).unwrap_or_default();
-                            let tile = |c: &mut MatMut<'_>, at, accumulate, post| {
+                            let tile = |c: &mut MatMut<'_>, at, cols, accumulate, post| {
                                 if in_place {
                                     let rows_in = arch::IndirectRows::new(a_rows, rows, 1, kb)?;
+                                    let run = arch::PanelRun {
+                                        cols,
+                                        ..arch::PanelRun::one(bpanel, nr)
+                                    };
                                     arch::indirect_microkernel(
-                                        self.isa, &rows_in, bpanel, c, at, accumulate, post,
+                                        self.isa, &rows_in, &run, c, at, accumulate, post,
                                     )
                                 } else {
                                     arch::microkernel(
@@ -746,11 +750,13 @@ impl Gemm {
                                 min,
                                 max,
                             });
-                            if cols == nr && (c.col_stride() == 1 || nr == 1) {
-                                tile(&mut c, (i, j), accumulate, post.as_ref())?;
+                            // The indirect kernel stores a partial panel itself.
+                            let whole = cols == nr || in_place;
+                            if whole && (c.col_stride() == 1 || nr == 1) {
+                                tile(&mut c, (i, j), cols, accumulate, post.as_ref())?;
                             } else {
                                 self.edge_tile(&mut c, (i, j), (rows, cols), accumulate, |t| {
-                                    tile(t, (0, 0), accumulate, post.as_ref())
+                                    tile(t, (0, 0), nr, accumulate, post.as_ref())
                                 })?;
                             }
                             if last && extra != Activation::Identity {

@@ -3,8 +3,8 @@
 //! channel blocks for depthwise ones, residual and activation fused.
 
 use crate::arch::{
-    self, depthwise_pixels, indirect_microkernel, IndirectRows, Isa, PixelTaps, Post, TileBias,
-    INDIRECT_TAPS,
+    self, depthwise_pixels, indirect_microkernel, IndirectRows, Isa, PanelRun, PixelTaps, Post,
+    TileBias, INDIRECT_TAPS,
 };
 use crate::conv::{bias_or_zeros, Conv2dParams};
 use crate::elementwise::{self, Activation};
@@ -610,7 +610,6 @@ impl ConvNhwc {
         let image = p.input[0] * p.input[1] * p.in_channels;
         let zero = self.zero.get(..k).unwrap_or_default();
         let mut a: [&[f32]; INDIRECT_TAPS * MAX_MR] = [&[]; INDIRECT_TAPS * MAX_MR];
-        let mut padded = [0f32; MAX_NR];
         for (g, b) in weights.iter().enumerate() {
             for q0 in (0..panels).step_by(block) {
                 for r in (0..rows_here).step_by(mr) {
@@ -664,63 +663,23 @@ impl ConvNhwc {
                             seg,
                             k,
                         )?;
-                        for q in q0..panels.min(q0 + block) {
-                            let j = g * cog + q * nr;
-                            let cols = nr.min(cog - q * nr);
-                            let (panel, _) = b.panels().block(q * nr, t0 * k);
-                            let bias = self.bias.get(j..).unwrap_or_default();
-                            let bias = if bias.len() >= nr {
-                                bias
-                            } else {
-                                padded.iter_mut().zip(bias).for_each(|(d, &v)| *d = v);
-                                &padded[..]
-                            };
-                            let post = last.then_some(Post {
-                                bias: TileBias::Cols(bias),
-                                min,
-                                max,
-                            });
-                            let acc = accumulate || t0 > 0;
-                            if cols == nr {
-                                indirect_microkernel(
-                                    isa,
-                                    &list,
-                                    panel,
-                                    &mut c,
-                                    (r, j),
-                                    acc,
-                                    post.as_ref(),
-                                )?;
-                            } else {
-                                // A partial panel of channels: through a tile buffer, so
-                                // that the next group's columns stay untouched.
-                                let mut tile = [0f32; MAX_MR * MAX_NR];
-                                let mut t = MatMut::row_major(&mut tile, rows, nr)?;
-                                for i in 0..rows {
-                                    if let (Some(src), Some(dst)) =
-                                        (c.row_run(r + i, j, cols), t.row_run(i, 0, cols))
-                                    {
-                                        dst.copy_from_slice(src);
-                                    }
-                                }
-                                indirect_microkernel(
-                                    isa,
-                                    &list,
-                                    panel,
-                                    &mut t,
-                                    (0, 0),
-                                    acc,
-                                    post.as_ref(),
-                                )?;
-                                for i in 0..rows {
-                                    if let (Some(dst), Some(src)) =
-                                        (c.row_run(r + i, j, cols), t.row_run(i, 0, cols))
-                                    {
-                                        dst.copy_from_slice(src);
-                                    }
-                                }
-                            }
-                        }
+                        // Panels q0.. of this block, side by side in one call.
+                        let count = block.min(panels - q0);
+                        let j = g * cog + q0 * nr;
+                        let (data, stride) = b.panels().block(q0 * nr, t0 * k);
+                        let run = PanelRun {
+                            data,
+                            stride,
+                            count,
+                            cols: nr.min(cog - (q0 + count - 1) * nr),
+                        };
+                        let post = last.then(|| Post {
+                            bias: TileBias::Cols(self.bias.get(j..).unwrap_or_default()),
+                            min,
+                            max,
+                        });
+                        let acc = accumulate || t0 > 0;
+                        indirect_microkernel(isa, &list, &run, &mut c, (r, j), acc, post.as_ref())?;
                     }
                     let complete = g + 1 == weights.len() && q0 + block >= panels;
                     if complete && rest != Activation::Identity {
@@ -749,6 +708,5 @@ const DW3X3_MIN_WIDTH: usize = 8;
 /// Bytes of packed weights a block of output channels may take (half a typical L2).
 const L2_WEIGHTS: usize = 256 * 1024;
 
-/// Largest tile of any micro-kernel.
+/// Largest mr of any micro-kernel.
 const MAX_MR: usize = 12;
-const MAX_NR: usize = 32;

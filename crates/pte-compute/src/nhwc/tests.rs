@@ -126,6 +126,37 @@ fn convolutions_match_a_direct_loop() {
             1,
             true,
         ),
+        // The hand-written 3×3 depthwise rows (channels a multiple of 8, at least 8
+        // outputs wide): stride 1 and 2, dilation, stride 3, no padding, and widths
+        // that leave a partial group of four at the right edge.
+        (
+            [5, 13],
+            [3, 3],
+            [1, 1],
+            [1, 1],
+            [1, 1, 0, 2],
+            24,
+            1,
+            1,
+            true,
+        ),
+        (
+            [9, 19],
+            [3, 3],
+            [2, 2],
+            [1, 1],
+            [1, 1, 1, 1],
+            16,
+            1,
+            1,
+            true,
+        ),
+        ([7, 20], [3, 3], [1, 1], [2, 2], [2, 2, 2, 2], 8, 1, 1, true),
+        ([6, 30], [3, 3], [3, 3], [1, 1], [1, 0, 1, 1], 8, 1, 1, true),
+        ([4, 12], [3, 3], [1, 1], [1, 1], [0; 4], 16, 1, 1, true),
+        // A 1×1 product whose weights take several blocks of panels, the last panel
+        // partial.
+        ([2, 3], [1, 1], [1, 1], [1, 1], [0; 4], 1, 1100, 70, false),
     ];
     for isa in Isa::available() {
         let gemm = Gemm::with_isa(isa).unwrap();
