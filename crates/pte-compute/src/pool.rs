@@ -491,6 +491,29 @@ impl<'a, T> Parts<'a, T> {
     }
 }
 
+/// The first error met by the tasks of a parallel loop: a task returns nothing, so
+/// each keeps its failure here and the caller returns it once the loop is over.
+#[derive(Default)]
+pub(crate) struct FirstError(Mutex<Option<Error>>);
+
+impl FirstError {
+    /// Keeps `r`'s error unless one is kept already.
+    pub(crate) fn keep(&self, r: Result) {
+        if let Err(e) = r {
+            let mut slot = self.0.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert(e);
+        }
+    }
+
+    /// The error kept, if any.
+    pub(crate) fn into_result(self) -> Result {
+        match self.0.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

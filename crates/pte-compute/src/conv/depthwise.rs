@@ -56,7 +56,7 @@ pub(crate) fn run(
     if plane_out == 0 {
         return Ok(());
     }
-    let failed = std::sync::atomic::AtomicBool::new(false);
+    let failed = crate::pool::FirstError::default();
     let g = window(p, l.out);
     let per_thread = g.scratch().ok_or(Error::SizeOverflow {
         what: "depthwise scratch",
@@ -68,18 +68,15 @@ pub(crate) fn run(
             x.get(ic * plane_in..(ic + 1) * plane_in),
             l.weights.get(oc * taps..(oc + 1) * taps),
         ) else {
-            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            failed.keep(Err(Error::InvalidParameter {
+                what: "depthwise input too short".into(),
+            }));
             return;
         };
         let bias = l.bias.get(oc).copied().unwrap_or(0.0);
         plane_fn(isa, &g, src, wt, bias, l.activation, out, rows);
     })?;
-    if failed.load(std::sync::atomic::Ordering::Relaxed) {
-        return Err(Error::InvalidParameter {
-            what: "depthwise input too short".into(),
-        });
-    }
-    Ok(())
+    failed.into_result()
 }
 
 multiversion! {

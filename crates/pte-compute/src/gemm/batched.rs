@@ -4,8 +4,6 @@
 //! scratch, so that dispatch and threading are paid once for the whole batch; a batch
 //! of few large products runs them one after the other, each split over the threads.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
 use super::{Epilogue, Gemm, Side, PARALLEL_WORK};
 use crate::error::{self, Error, Result};
 use crate::mat::{MatMut, MatRef};
@@ -205,7 +203,7 @@ impl Gemm {
             return Ok(());
         }
         let per_thread = self.scratch_len(m, n, k, false, false, 1)?;
-        let failed = AtomicBool::new(false);
+        let failed = crate::pool::FirstError::default();
         let (rs, cs) = (c.rs, c.cs);
         pool.parallel_chunks(c.data, c.bs, scratch, per_thread, |i, chunk, part| {
             if i >= count {
@@ -220,16 +218,9 @@ impl Gemm {
                 }
                 Ok(())
             };
-            if run().is_err() {
-                failed.store(true, Ordering::Relaxed);
-            }
+            failed.keep(run());
         })?;
-        if failed.load(Ordering::Relaxed) {
-            return Err(Error::InvalidParameter {
-                what: "a product of the batch failed".into(),
-            });
-        }
-        Ok(())
+        failed.into_result()
     }
 }
 

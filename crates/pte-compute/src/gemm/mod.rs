@@ -516,23 +516,16 @@ impl Gemm {
             rest = Some(tail);
         }
         let parts = parts.map(std::sync::Mutex::new);
-        let failed = std::sync::atomic::AtomicBool::new(false);
+        let failed = crate::pool::FirstError::default();
         pool.parallel_for_scratch(plan.threads, scratch, per_thread, |t, s| {
             let part = parts
                 .get(t)
                 .and_then(|p| p.lock().ok().and_then(|mut g| g.take()));
             if let Some((view, i0, j0, epi)) = part {
-                if self.block_loop(view, i0, j0, a, b, &epi, s).is_err() {
-                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                }
+                failed.keep(self.block_loop(view, i0, j0, a, b, &epi, s));
             }
         })?;
-        if failed.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(Error::InvalidParameter {
-                what: "matrix product block failed".into(),
-            });
-        }
-        Ok(())
+        failed.into_result()
     }
 
     /// `c (1 × n) = a (1 × k) · b` without packing: a sum of scaled rows of B when its

@@ -11,6 +11,7 @@ use crate::elementwise::{self, Activation};
 use crate::error::{self, Error, Result};
 use crate::gemm::{Gemm, PackedB};
 use crate::mat::{MatMut, MatRef};
+use crate::pool::FirstError;
 use crate::pool::ThreadPool;
 
 mod winograd;
@@ -410,22 +411,16 @@ impl ConvNhwc {
         let (clamp, rest) = self.clamp_and_rest(residual.is_some());
         let row = self.out[1] * p.out_channels;
         let image = p.input[0] * p.input[1] * p.in_channels;
-        let failed = std::sync::atomic::AtomicBool::new(false);
+        let failed = FirstError::default();
         pool.parallel_chunks(output, row, &mut [0u8; 0], 0, |r, y, _| {
             let (n, oy) = (r / self.out[0], r % self.out[0]);
             let x = input.get(n * image..(n + 1) * image).unwrap_or_default();
-            if self.depthwise_row(isa, x, weights, clamp, oy, y).is_err() {
-                failed.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
+            failed.keep(self.depthwise_row(isa, x, weights, clamp, oy, y));
             if residual.is_none() && rest != Activation::Identity {
                 elementwise::activate(isa, y, rest);
             }
         })?;
-        if failed.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(Error::InvalidParameter {
-                what: "depthwise convolution input too short".into(),
-            });
-        }
+        failed.into_result()?;
         if let Some(r) = residual {
             elementwise::add_vector_activate(isa, output, r, self.activation)?;
         }
@@ -558,23 +553,14 @@ impl ConvNhwc {
         // Panels of weights per block: a block stays in L2 while tiles stream past.
         let panel_bytes = (taps * cig * nr * 4).max(1);
         let block = (L2_WEIGHTS / panel_bytes).max(1);
-        let failed = std::sync::atomic::AtomicBool::new(false);
+        let failed = FirstError::default();
         pool.parallel_chunks(y, rows_per_task * cout, &mut [0u8; 0], 0, |task, yc, _| {
             let r0 = task * rows_per_task;
             let epilogue = (clamp, rest);
-            if self
-                .indirect_rows(weights, x, r0, yc, accumulate, epilogue, block, gather)
-                .is_err()
-            {
-                failed.store(true, std::sync::atomic::Ordering::Relaxed);
-            }
+            let rows = self.indirect_rows(weights, x, r0, yc, accumulate, epilogue, block, gather);
+            failed.keep(rows);
         })?;
-        if failed.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(Error::InvalidParameter {
-                what: "indirect convolution failed".into(),
-            });
-        }
-        Ok(())
+        failed.into_result()
     }
 
     /// Output rows (pixels) `r0..` into `yc` (whole rows of `out_channels`); the clamp

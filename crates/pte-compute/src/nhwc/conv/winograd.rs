@@ -24,10 +24,10 @@ use crate::arch::Avx2;
 use crate::arch::{Isa, Lanes, Scalar};
 use crate::conv::Conv2dParams;
 use crate::elementwise::{self, Activation};
-use crate::error::{self, Error, Result};
+use crate::error::{self, Result};
 use crate::gemm::{Gemm, PackedB};
 use crate::mat::{MatMut, MatRef};
-use crate::pool::ThreadPool;
+use crate::pool::{FirstError, ThreadPool};
 
 /// Which F(m×m, 3×3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -217,7 +217,7 @@ impl ConvNhwc {
         let per_thread = w.per_thread(&self.gemm, p)?;
         let band_rows = oh.div_ceil(m).div_ceil(pool.threads()).max(1);
         let tile_row = m * ow * p.out_channels;
-        let failed = std::sync::atomic::AtomicBool::new(false);
+        let failed = FirstError::default();
         for n in 0..batch {
             let x = input.get(n * xi..(n + 1) * xi).unwrap_or_default();
             let r = residual.and_then(|r| r.get(n * yi..(n + 1) * yi));
@@ -230,18 +230,11 @@ impl ConvNhwc {
                 per_thread,
                 |first, band, part| {
                     let r = r.and_then(|r| r.get(first * tile_row..first * tile_row + band.len()));
-                    if self.winograd_band(w, x, first, r, band, part).is_err() {
-                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                    }
+                    failed.keep(self.winograd_band(w, x, first, r, band, part));
                 },
             )?;
         }
-        if failed.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(Error::InvalidParameter {
-                what: "winograd convolution failed".into(),
-            });
-        }
-        Ok(())
+        failed.into_result()
     }
 
     /// The tile rows from `first` of one image into `band` (those rows of the output,
