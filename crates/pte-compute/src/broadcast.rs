@@ -7,80 +7,11 @@
 //! tensors are merged, so that most calls are one long run.
 
 use crate::arch::{multiversion, Isa};
-use crate::elementwise::clamp;
+use crate::elementwise::{clamp, per_binary_op, BinaryOp};
 use crate::error::{Error, Result};
 
 /// Most dimensions an operand may have.
 pub const MAX_DIMS: usize = 8;
-
-/// A function of two operands.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BinaryFn {
-    /// `x + y`.
-    Add,
-    /// `x - y`.
-    Sub,
-    /// `x * y`.
-    Mul,
-    /// `x / y`.
-    Div,
-    /// `max(x, y)`, NaN if either is NaN.
-    Max,
-    /// `min(x, y)`, NaN if either is NaN.
-    Min,
-    /// `x` if `x >= 0`, else `x * y` (parametric ReLU with slope `y`).
-    Prelu,
-}
-
-use BinaryFn as BinaryOp;
-
-#[inline(always)]
-fn bin(op: BinaryOp, x: f32, y: f32) -> f32 {
-    match op {
-        BinaryOp::Add => x + y,
-        BinaryOp::Sub => x - y,
-        BinaryOp::Mul => x * y,
-        BinaryOp::Div => x / y,
-        BinaryOp::Prelu => {
-            if x >= 0.0 {
-                x
-            } else {
-                x * y
-            }
-        }
-        // NaN propagates through both (XNNPACK's and PyTorch's minimum and maximum).
-        BinaryOp::Max => {
-            if x.is_nan() || y.is_nan() {
-                f32::NAN
-            } else if x > y {
-                x
-            } else {
-                y
-            }
-        }
-        BinaryOp::Min => {
-            if x.is_nan() || y.is_nan() {
-                f32::NAN
-            } else if x < y {
-                x
-            } else {
-                y
-            }
-        }
-    }
-}
-
-macro_rules! per_op {
-    ($op:expr, $body:ident) => {
-        match $op {
-            BinaryOp::Add => $body!(|a: f32, b: f32| a + b),
-            BinaryOp::Sub => $body!(|a: f32, b: f32| a - b),
-            BinaryOp::Mul => $body!(|a: f32, b: f32| a * b),
-            BinaryOp::Div => $body!(|a: f32, b: f32| a / b),
-            other => $body!(|a: f32, b: f32| bin(other, a, b)),
-        }
-    };
-}
 
 multiversion! {
     fn run_vv<const FMA: bool>(op: BinaryOp, out: &mut [f32], x: &[f32], y: &[f32], min: f32, max: f32) {
@@ -92,7 +23,7 @@ multiversion! {
                 }
             }};
         }
-        per_op!(op, body)
+        per_binary_op!(op, body)
     }
 }
 
@@ -106,7 +37,7 @@ multiversion! {
                 }
             }};
         }
-        per_op!(op, body)
+        per_binary_op!(op, body)
     }
 }
 
@@ -120,14 +51,14 @@ multiversion! {
                 }
             }};
         }
-        per_op!(op, body)
+        per_binary_op!(op, body)
     }
 }
 
 /// `out = clamp(op(x, y), min, max)` for operands of the same length.
 pub fn same(
     isa: Isa,
-    op: BinaryFn,
+    op: BinaryOp,
     out: &mut [f32],
     x: &[f32],
     y: &[f32],
@@ -275,7 +206,7 @@ impl Broadcast {
         let Some((&inner, outer)) = self.dims.split_last() else {
             // Every dimension is 1: one element.
             if let (Some(o), Some(&a), Some(&b)) = (out.first_mut(), x.first(), y.first()) {
-                *o = clamp(bin(op, a, b), min, max);
+                *o = clamp(op.apply_scalar(a, b), min, max);
             }
             return Ok(());
         };
@@ -372,7 +303,7 @@ mod tests {
                 }
                 o
             };
-            res.push(bin(op, x[off(&xs)], y[off(&ys)]));
+            res.push(op.apply_scalar(x[off(&xs)], y[off(&ys)]));
         }
         (out, res)
     }

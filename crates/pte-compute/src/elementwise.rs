@@ -190,7 +190,8 @@ pub fn activate(isa: Isa, x: &mut [f32], a: Activation) {
     add_scalar_activate(isa, x, 0.0, a);
 }
 
-/// A binary operation of [`binary`] and [`binary_channels`].
+/// A function of two operands, for the loops of this module and of
+/// [`crate::broadcast`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BinaryOp {
     /// `x + y`.
@@ -201,10 +202,20 @@ pub enum BinaryOp {
     Mul,
     /// `x / y`.
     Div,
-    /// `max(x, y)` (NaN if either is NaN).
+    /// `max(x, y)`, NaN if either is NaN (XNNPACK's and PyTorch's maximum).
     Max,
-    /// `min(x, y)` (NaN if either is NaN).
+    /// `min(x, y)`, NaN if either is NaN.
     Min,
+    /// `x` if `x >= 0`, else `x * y` (parametric ReLU with slope `y`).
+    Prelu,
+}
+
+impl BinaryOp {
+    /// The operation on one pair (the portable reference; inlined into the loops).
+    #[inline(always)]
+    pub fn apply_scalar(self, x: f32, y: f32) -> f32 {
+        bin(self, x, y)
+    }
 }
 
 #[inline(always)]
@@ -232,18 +243,61 @@ fn bin(op: BinaryOp, x: f32, y: f32) -> f32 {
                 y
             }
         }
+        BinaryOp::Prelu => {
+            if x >= 0.0 {
+                x
+            } else {
+                x * y
+            }
+        }
     }
 }
 
+/// Expands `$body!(f)` once per operation, `f` a closure of that operation alone: the
+/// match on the operation stays outside the loop that `$body` writes (a match per
+/// element compiles to a jump per element, which does not vectorize).
+macro_rules! per_binary_op {
+    ($op:expr, $body:ident) => {
+        match $op {
+            $crate::elementwise::BinaryOp::Add => $body!(|p: f32, q: f32| p + q),
+            $crate::elementwise::BinaryOp::Sub => $body!(|p: f32, q: f32| p - q),
+            $crate::elementwise::BinaryOp::Mul => $body!(|p: f32, q: f32| p * q),
+            $crate::elementwise::BinaryOp::Div => $body!(|p: f32, q: f32| p / q),
+            $crate::elementwise::BinaryOp::Max => {
+                $body!(|p: f32, q: f32| $crate::elementwise::BinaryOp::Max.apply_scalar(p, q))
+            }
+            $crate::elementwise::BinaryOp::Min => {
+                $body!(|p: f32, q: f32| $crate::elementwise::BinaryOp::Min.apply_scalar(p, q))
+            }
+            $crate::elementwise::BinaryOp::Prelu => {
+                $body!(|p: f32, q: f32| $crate::elementwise::BinaryOp::Prelu.apply_scalar(p, q))
+            }
+        }
+    };
+}
+pub(crate) use per_binary_op;
+
 multiversion! {
     fn binary_slices<const FMA: bool>(out: &mut [f32], x: &[f32], y: &[f32], op: BinaryOp, a: Activation) {
-        per_activation!(a, FMA, for ((o, &p), &q) in out.iter_mut().zip(x).zip(y) => (v, o) { bin(op, p, q) });
+        macro_rules! body {
+            ($f:expr) => {{
+                let f = $f;
+                per_activation!(a, FMA, for ((o, &p), &q) in out.iter_mut().zip(x).zip(y) => (v, o) { f(p, q) })
+            }};
+        }
+        per_binary_op!(op, body)
     }
 }
 
 multiversion! {
     fn binary_scalar<const FMA: bool>(out: &mut [f32], x: &[f32], y: f32, op: BinaryOp, a: Activation) {
-        per_activation!(a, FMA, for (o, &p) in out.iter_mut().zip(x) => (v, o) { bin(op, p, y) });
+        macro_rules! body {
+            ($f:expr) => {{
+                let f = $f;
+                per_activation!(a, FMA, for (o, &p) in out.iter_mut().zip(x) => (v, o) { f(p, y) })
+            }};
+        }
+        per_binary_op!(op, body)
     }
 }
 
@@ -564,6 +618,48 @@ mod tests {
         activate(Isa::best(), &mut nan, Activation::RELU);
         assert!(nan[0].is_nan());
         assert_eq!(Activation::HardSwish.apply_scalar(1.0), 1.0 * 4.0 / 6.0);
+    }
+
+    #[test]
+    fn every_binary_operation_and_activation_matches_the_portable_path() {
+        let ops = [
+            BinaryOp::Add,
+            BinaryOp::Sub,
+            BinaryOp::Mul,
+            BinaryOp::Div,
+            BinaryOp::Max,
+            BinaryOp::Min,
+            BinaryOp::Prelu,
+        ];
+        let acts = [Activation::Identity, Activation::RELU6, Activation::Silu];
+        let mut x = data(37);
+        x[3] = f32::NAN;
+        let y: Vec<f32> = data(37 + 5).split_off(5);
+        let close = |got: f32, want: f32| {
+            (got - want).abs() <= 1e-6 * want.abs().max(1.0) || (got.is_nan() && want.is_nan())
+        };
+        for isa in Isa::available() {
+            for op in ops {
+                for a in acts {
+                    let mut out = vec![0.0; x.len()];
+                    binary(isa, &mut out, &x, &y, op, a).unwrap();
+                    for ((&o, &p), &q) in out.iter().zip(&x).zip(&y) {
+                        let want = a.apply_scalar(op.apply_scalar(p, q));
+                        assert!(close(o, want), "{isa:?} {op:?} {a:?} ({p}, {q}): {o}");
+                    }
+                    let mut out = vec![0.0; x.len()];
+                    binary_channels(isa, &mut out, &x, &y[..1], 37, op, a).unwrap();
+                    for (&o, &p) in out.iter().zip(&x) {
+                        let want = a.apply_scalar(op.apply_scalar(p, y[0]));
+                        assert!(close(o, want), "{isa:?} {op:?} {a:?} ({p}, {}): {o}", y[0]);
+                    }
+                }
+            }
+        }
+        assert!(BinaryOp::Max.apply_scalar(1.0, f32::NAN).is_nan());
+        assert!(BinaryOp::Min.apply_scalar(f32::NAN, 1.0).is_nan());
+        assert_eq!(BinaryOp::Prelu.apply_scalar(-2.0, 0.25), -0.5);
+        assert_eq!(BinaryOp::Prelu.apply_scalar(2.0, 0.25), 2.0);
     }
 
     #[test]

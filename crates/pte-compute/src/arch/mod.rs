@@ -252,15 +252,15 @@ fn raw_post(post: Option<&Post<'_>>, rows: usize, nr: usize) -> Option<RawPost> 
     }
 }
 
-/// Depthwise 3×3 convolution of one NHWC output row on a hand-written kernel, for the
-/// channels `0..c / 8 * 8` (the caller does the rest); `rows[ky]` is the input row of
-/// kernel row `ky` (`None` in the padding), `weights` is `[9][c]`, the output is
-/// clamped to `[min, max]`. False when this CPU has no such kernel or a length is off
-/// (nothing is written then).
+/// Depthwise K×K convolution (K = 3 or 5) of one NHWC output row on a hand-written
+/// kernel, for the channels `0..c / 8 * 8` (the caller does the rest); `rows[ky]` is
+/// the input row of kernel row `ky` (`None` in the padding), `weights` is `[K·K][c]`,
+/// the output is clamped to `[min, max]`. False when this CPU or this K has no such
+/// kernel or a length is off (nothing is written then).
 #[allow(clippy::too_many_arguments)] // one row's geometry and data
-pub(crate) fn depthwise3x3_row(
+pub(crate) fn depthwise_row<const K: usize>(
     isa: Isa,
-    rows: [Option<&[f32]>; 3],
+    rows: [Option<&[f32]>; K],
     weights: &[f32],
     bias: &[f32],
     y: &mut [f32],
@@ -269,10 +269,12 @@ pub(crate) fn depthwise3x3_row(
 ) -> bool {
     let (c, ow, w_in, stride, dilation, pad) = geometry;
     let row_len = w_in.checked_mul(c);
-    let ok = matches!(isa, Isa::Avx2 | Isa::Avx512)
+    let ok = matches!(K, 3 | 5)
+        && matches!(isa, Isa::Avx2 | Isa::Avx512)
         && isa.is_available()
+        && stride > 0
         && row_len.is_some_and(|n| rows.iter().flatten().all(|r| r.len() >= n))
-        && c.checked_mul(9).is_some_and(|n| weights.len() >= n)
+        && c.checked_mul(K * K).is_some_and(|n| weights.len() >= n)
         && bias.len() >= c
         && ow.checked_mul(c).is_some_and(|n| y.len() >= n);
     if !ok {
@@ -294,7 +296,7 @@ pub(crate) fn depthwise3x3_row(
         // SAFETY: AVX2 and FMA are available (Avx2 and Avx512 imply them), and every
         // length the kernel relies on was checked above.
         unsafe {
-            x86::depthwise3x3_avx2(
+            x86::depthwise_row_avx2::<K>(
                 rows.map(ptr),
                 weights.as_ptr(),
                 bias.as_ptr(),

@@ -1,5 +1,5 @@
 //! x86-64 GEMM micro-kernels (AVX2+FMA 6×16 and AVX-512F 12×32) and the AVX2 row
-//! kernel of 3×3 depthwise convolutions in NHWC.
+//! kernel of 3×3 and 5×5 depthwise convolutions in NHWC.
 //!
 //! Each keeps `rows × (nr / lanes)` accumulators in vector registers; a step of `p` loads
 //! `nr / lanes` vectors of the B panel and broadcasts each of the `rows` values of the A
@@ -140,7 +140,7 @@ kernel!(
     [1 2 3 4 5 6 7 8 9 10 11]
 );
 
-/// The geometry of one output row of a depthwise 3×3 convolution in NHWC.
+/// The geometry of one output row of a depthwise K×K convolution in NHWC.
 #[derive(Clone, Copy)]
 pub(crate) struct DwRow {
     /// Channels (the stride between pixels).
@@ -157,29 +157,66 @@ pub(crate) struct DwRow {
     pub max: f32,
 }
 
-/// Depthwise 3×3 convolution of one output row, channels `0..c / 8 * 8` in blocks of
-/// eight. For each block the nine weight vectors stay in registers while the row goes
-/// by: pixels by groups of four whose taps all lie inside the row (four independent
-/// accumulators; at stride 1 or 2 without dilation each input vector is loaded once
-/// and feeds every accumulator that reads it), the others one at a time with their
-/// taps checked; rows in the padding are skipped.
+/// Where the weight vectors of one block of eight channels come from, tap by tap.
+trait DwTaps: Copy {
+    /// The weights of tap `t` (`ky · K + kx`).
+    ///
+    /// # Safety
+    /// AVX is available and `t < K · K`.
+    unsafe fn tap(self, t: usize) -> __m256;
+}
+
+/// Registers: the nine vectors of a 3×3 window fit beside four accumulators.
+impl DwTaps for &[__m256; 9] {
+    #[inline(always)]
+    unsafe fn tap(self, t: usize) -> __m256 {
+        // Out of range only against the contract; a zero vector keeps it a safe read.
+        self.get(t)
+            .copied()
+            .unwrap_or(unsafe { _mm256_setzero_ps() })
+    }
+}
+
+/// Memory (L1-resident): larger windows would spill a register copy.
+#[derive(Clone, Copy)]
+struct TapsInMemory {
+    /// The block's weights of tap 0; tap `t` is `c · t` floats further.
+    w: *const f32,
+    c: usize,
+}
+
+impl DwTaps for TapsInMemory {
+    #[inline(always)]
+    unsafe fn tap(self, t: usize) -> __m256 {
+        // SAFETY: t < K·K and the weights hold K·K·c floats (the caller's contract).
+        unsafe { _mm256_loadu_ps(self.w.add(t * self.c)) }
+    }
+}
+
+/// Depthwise K×K convolution (K = 3 or 5) of one output row, channels `0..c / 8 * 8`
+/// in blocks of eight. Pixels go by groups of four whose taps all lie inside the row
+/// (four independent accumulators; at stride 1 or 2 without dilation each input
+/// vector is loaded once and feeds every accumulator that reads it), the others one
+/// at a time with their taps checked; rows in the padding are skipped. A 3×3 block's
+/// nine weight vectors stay in registers while the group is computed; a 5×5 block's
+/// are read from memory.
 ///
 /// # Safety
 /// AVX2 and FMA are available. `rows[ky]` is null (a padded row) or points to `w_in *
-/// c` floats; `w` to `9 * c` (`w[tap * c + ch]`), `bias` to `c`, `y` to `ow * c`.
+/// c` floats; `w` to `K * K * c` (`w[tap * c + ch]`), `bias` to `c`, `y` to `ow * c`.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn depthwise3x3_avx2(
-    rows: [*const f32; 3],
+pub(crate) unsafe fn depthwise_row_avx2<const K: usize>(
+    rows: [*const f32; K],
     w: *const f32,
     bias: *const f32,
     y: *mut f32,
     g: DwRow,
 ) {
     let (lo, hi) = (_mm256_set1_ps(g.min), _mm256_set1_ps(g.max));
-    // Pixels whose three taps lie inside the row: ox·s ≥ pad and ox·s + 2d - pad < w_in.
+    // Pixels whose K taps lie inside the row: ox·s ≥ pad and ox·s + (K-1)d - pad < w_in.
     let first = g.pad.div_ceil(g.stride);
     let end = (g.w_in + g.pad)
-        .checked_sub(2 * g.dilation)
+        .checked_sub((K - 1) * g.dilation)
         .map_or(0, |v| v.div_ceil(g.stride))
         .min(g.ow);
     let mut ox = 0;
@@ -187,16 +224,21 @@ pub(crate) unsafe fn depthwise3x3_avx2(
         if ox >= first && ox + 4 <= end {
             let ix0 = ox * g.stride - g.pad;
             for c0 in (0..g.c / 8).map(|b| b * 8) {
-                // SAFETY: c0 + 8 <= c and tap * c + c0 + 8 <= 9 * c; every tap of the
-                // four pixels lies inside its row.
+                let at = ix0 * g.c + c0;
+                // SAFETY: c0 + 8 <= c and tap * c + c0 + 8 <= K * K * c; every tap of
+                // the four pixels lies inside its row.
                 let acc = unsafe {
-                    let wv: [__m256; 9] =
-                        std::array::from_fn(|t| _mm256_loadu_ps(w.add(t * g.c + c0)));
                     let bv = _mm256_loadu_ps(bias.add(c0));
-                    match (g.stride, g.dilation) {
-                        (1, 1) => dw_group::<1>(rows, ix0 * g.c + c0, g.c, &wv, bv),
-                        (2, 1) => dw_group::<2>(rows, ix0 * g.c + c0, g.c, &wv, bv),
-                        _ => dw_group_any(rows, ix0 * g.c + c0, g, &wv, bv),
+                    if K == 3 {
+                        let wv: [__m256; 9] =
+                            std::array::from_fn(|t| _mm256_loadu_ps(w.add(t * g.c + c0)));
+                        dw_group_of::<K, _>(rows, at, g, &wv, bv)
+                    } else {
+                        let taps = TapsInMemory {
+                            w: w.add(c0),
+                            c: g.c,
+                        };
+                        dw_group_of::<K, _>(rows, at, g, taps, bv)
                     }
                 };
                 for (p, a) in acc.iter().enumerate() {
@@ -208,64 +250,124 @@ pub(crate) unsafe fn depthwise3x3_avx2(
             ox += 4;
             continue;
         }
-        // A pixel near the edges, its taps checked.
-        for c0 in (0..g.c / 8).map(|b| b * 8) {
-            // SAFETY: c0 + 8 <= c.
-            let mut acc = unsafe { _mm256_loadu_ps(bias.add(c0)) };
-            for (ky, &row) in rows.iter().enumerate() {
-                if row.is_null() {
-                    continue;
-                }
-                for kx in 0..3 {
-                    let Some(ix) = (ox * g.stride + kx * g.dilation)
-                        .checked_sub(g.pad)
-                        .filter(|&ix| ix < g.w_in)
-                    else {
-                        continue;
-                    };
-                    // SAFETY: ix < w_in and c0 + 8 <= c: inside the row and weights.
-                    unsafe {
-                        let xv = _mm256_loadu_ps(row.add(ix * g.c + c0));
-                        let wk = _mm256_loadu_ps(w.add((ky * 3 + kx) * g.c + c0));
-                        acc = _mm256_fmadd_ps(xv, wk, acc);
-                    }
-                }
-            }
-            let v = _mm256_min_ps(hi, _mm256_max_ps(lo, acc));
-            // SAFETY: ox < ow and c0 + 8 <= c: inside y.
-            unsafe { _mm256_storeu_ps(y.add(ox * g.c + c0), v) };
+        // A pixel near the edges, its taps checked: four blocks of channels at a time
+        // (one accumulator would be a chain of up to K·K dependent multiply-adds,
+        // bound by their latency), then one.
+        let c8 = g.c / 8 * 8;
+        let mut c0 = 0;
+        while c0 + 32 <= c8 {
+            // SAFETY: c0 + 32 <= c, ox < ow; forwarded contract.
+            unsafe { dw_edge_pixel::<K, 4>(rows, w, bias, y, g, ox, c0) };
+            c0 += 32;
+        }
+        while c0 + 8 <= c8 {
+            // SAFETY: c0 + 8 <= c, ox < ow; forwarded contract.
+            unsafe { dw_edge_pixel::<K, 1>(rows, w, bias, y, g, ox, c0) };
+            c0 += 8;
         }
         ox += 1;
     }
 }
 
-/// Four pixels of a depthwise 3×3 row at stride `S` without dilation, from the input
+/// Output pixel `ox`, channels `c0..c0 + 8·B`, of [`depthwise_row_avx2`], every tap
+/// checked against the row's ends.
+///
+/// # Safety
+/// As [`depthwise_row_avx2`]'s, and `ox < ow`, `c0 + 8·B <= c`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn dw_edge_pixel<const K: usize, const B: usize>(
+    rows: [*const f32; K],
+    w: *const f32,
+    bias: *const f32,
+    y: *mut f32,
+    g: DwRow,
+    ox: usize,
+    c0: usize,
+) {
+    // SAFETY: c0 + 8·B <= c.
+    let mut acc: [__m256; B] =
+        std::array::from_fn(|b| unsafe { _mm256_loadu_ps(bias.add(c0 + 8 * b)) });
+    for (ky, &row) in rows.iter().enumerate() {
+        if row.is_null() {
+            continue;
+        }
+        for kx in 0..K {
+            let Some(ix) = (ox * g.stride + kx * g.dilation)
+                .checked_sub(g.pad)
+                .filter(|&ix| ix < g.w_in)
+            else {
+                continue;
+            };
+            for (b, a) in acc.iter_mut().enumerate() {
+                // SAFETY: ix < w_in and c0 + 8·B <= c: inside the row and the weights.
+                unsafe {
+                    let xv = _mm256_loadu_ps(row.add(ix * g.c + c0 + 8 * b));
+                    let wk = _mm256_loadu_ps(w.add((ky * K + kx) * g.c + c0 + 8 * b));
+                    *a = _mm256_fmadd_ps(xv, wk, *a);
+                }
+            }
+        }
+    }
+    let (lo, hi) = (_mm256_set1_ps(g.min), _mm256_set1_ps(g.max));
+    for (b, a) in acc.iter().enumerate() {
+        let v = _mm256_min_ps(hi, _mm256_max_ps(lo, *a));
+        // SAFETY: ox < ow and c0 + 8·B <= c: inside y.
+        unsafe { _mm256_storeu_ps(y.add(ox * g.c + c0 + 8 * b), v) };
+    }
+}
+
+/// The group kernel for this row's stride and dilation.
+///
+/// # Safety
+/// As [`dw_group`]'s and [`dw_group_any`]'s.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+unsafe fn dw_group_of<const K: usize, T: DwTaps>(
+    rows: [*const f32; K],
+    at: usize,
+    g: DwRow,
+    taps: T,
+    bias: __m256,
+) -> [__m256; 4] {
+    // SAFETY: forwarded contract.
+    unsafe {
+        match (g.stride, g.dilation) {
+            (1, 1) => dw_group::<K, 1, T>(rows, at, g.c, taps, bias),
+            (2, 1) => dw_group::<K, 2, T>(rows, at, g.c, taps, bias),
+            _ => dw_group_any::<K, T>(rows, at, g, taps, bias),
+        }
+    }
+}
+
+/// Four pixels of a depthwise K×K row at stride `S` without dilation, from the input
 /// offset `at` of the first one's first tap (in floats, within each row): input
 /// pixel `j` feeds pixel `p` through tap `j - p·S`.
 ///
 /// # Safety
 /// AVX2 and FMA are available; each non-null row holds 8 floats at `at + j·c` for
-/// `j <= 3·S + 2`.
+/// `j < 3·S + K`; `taps` has K·K taps.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn dw_group<const S: usize>(
-    rows: [*const f32; 3],
+unsafe fn dw_group<const K: usize, const S: usize, T: DwTaps>(
+    rows: [*const f32; K],
     at: usize,
     c: usize,
-    wv: &[__m256; 9],
+    taps: T,
     bias: __m256,
 ) -> [__m256; 4] {
     let mut acc = [bias; 4];
-    for (&row, w_row) in rows.iter().zip(wv.chunks_exact(3)) {
+    for (ky, &row) in rows.iter().enumerate() {
         if row.is_null() {
             continue;
         }
-        for j in 0..3 * S + 3 {
-            // SAFETY: j <= 3·S + 2: inside the row.
+        for j in 0..3 * S + K {
+            // SAFETY: j < 3·S + K: inside the row.
             let xv = unsafe { _mm256_loadu_ps(row.add(at + j * c)) };
             for (p, a) in acc.iter_mut().enumerate() {
-                if let Some(&wk) = j.checked_sub(p * S).and_then(|kx| w_row.get(kx)) {
-                    *a = _mm256_fmadd_ps(xv, wk, *a);
+                if let Some(kx) = j.checked_sub(p * S).filter(|&kx| kx < K) {
+                    // SAFETY: ky·K + kx < K·K.
+                    *a = _mm256_fmadd_ps(xv, unsafe { taps.tap(ky * K + kx) }, *a);
                 }
             }
         }
@@ -277,21 +379,23 @@ unsafe fn dw_group<const S: usize>(
 ///
 /// # Safety
 /// AVX2 and FMA are available; each non-null row holds 8 floats at `at + (p·s +
-/// kx·d)·c` for `p < 4`, `kx < 3`.
+/// kx·d)·c` for `p < 4`, `kx < K`; `taps` has K·K taps.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dw_group_any(
-    rows: [*const f32; 3],
+unsafe fn dw_group_any<const K: usize, T: DwTaps>(
+    rows: [*const f32; K],
     at: usize,
     g: DwRow,
-    wv: &[__m256; 9],
+    taps: T,
     bias: __m256,
 ) -> [__m256; 4] {
     let mut acc = [bias; 4];
-    for (&row, w_row) in rows.iter().zip(wv.chunks_exact(3)) {
+    for (ky, &row) in rows.iter().enumerate() {
         if row.is_null() {
             continue;
         }
-        for (kx, &wk) in w_row.iter().enumerate() {
+        for kx in 0..K {
+            // SAFETY: ky·K + kx < K·K.
+            let wk = unsafe { taps.tap(ky * K + kx) };
             for (p, a) in acc.iter_mut().enumerate() {
                 let ix = p * g.stride + kx * g.dilation;
                 // SAFETY: inside the row, by the contract.

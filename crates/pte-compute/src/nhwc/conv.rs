@@ -427,10 +427,26 @@ impl ConvNhwc {
         Ok(())
     }
 
-    /// One output row `oy` of a depthwise convolution: the hand-written 3×3 kernel
-    /// (channels in blocks of eight, a row of pixels per pass, measured faster on
-    /// wide rows), else runs of pixels, each with one input row per tap (the zero row
-    /// for padding), through the channel-blocked kernel.
+    /// The input rows of kernel rows `0..K` for output row `oy` (`None` in the padding).
+    fn depthwise_input_rows<'a, const K: usize>(
+        &self,
+        img: &'a [f32],
+        oy: usize,
+    ) -> [Option<&'a [f32]>; K] {
+        let p = &self.p;
+        let row_len = p.input[1] * p.out_channels;
+        std::array::from_fn(|ky| {
+            (oy * p.stride[0] + ky * p.dilation[0])
+                .checked_sub(p.padding[0])
+                .filter(|&iy| iy < p.input[0])
+                .and_then(|iy| img.get(iy * row_len..(iy + 1) * row_len))
+        })
+    }
+
+    /// One output row `oy` of a depthwise convolution: the hand-written 3×3 or 5×5
+    /// row kernel when the channels are a multiple of eight (measured faster than the
+    /// general kernel at every width from 7), else runs of pixels, each with one input
+    /// row per tap (the zero row for padding), through the channel-blocked kernel.
     fn depthwise_row(
         &self,
         isa: Isa,
@@ -444,24 +460,30 @@ impl ConvNhwc {
         let c = p.out_channels;
         let [kh, kw] = p.kernel;
         let [ih, iw] = p.input;
-        if p.kernel == [3, 3] && c.is_multiple_of(8) && self.out[1] >= DW3X3_MIN_WIDTH {
-            let row_len = iw * c;
-            let rows: [Option<&[f32]>; 3] = std::array::from_fn(|ky| {
-                (oy * p.stride[0] + ky * p.dilation[0])
-                    .checked_sub(p.padding[0])
-                    .filter(|&iy| iy < ih)
-                    .and_then(|iy| img.get(iy * row_len..(iy + 1) * row_len))
-            });
+        if kh == kw && c.is_multiple_of(8) {
             let geometry = (c, self.out[1], iw, p.stride[1], p.dilation[1], p.padding[1]);
-            if arch::depthwise3x3_row(
-                isa,
-                rows,
-                weights,
-                &self.bias,
-                out_row,
-                geometry,
-                (min, max),
-            ) {
+            let done = match kh {
+                3 => arch::depthwise_row(
+                    isa,
+                    self.depthwise_input_rows::<3>(img, oy),
+                    weights,
+                    &self.bias,
+                    out_row,
+                    geometry,
+                    (min, max),
+                ),
+                5 => arch::depthwise_row(
+                    isa,
+                    self.depthwise_input_rows::<5>(img, oy),
+                    weights,
+                    &self.bias,
+                    out_row,
+                    geometry,
+                    (min, max),
+                ),
+                _ => false,
+            };
+            if done {
                 return Ok(());
             }
         }
@@ -686,10 +708,6 @@ impl ConvNhwc {
 /// of a padded copy ([`Algo::Rows`]): runs of a few channels per tap leave the
 /// micro-kernel fetching rows more than multiplying.
 const MIN_SEGMENT: usize = 8;
-
-/// Output width from which a 3×3 depthwise convolution runs on the row kernel (it
-/// goes four pixels at a time; narrower rows are faster pixel by pixel).
-const DW3X3_MIN_WIDTH: usize = 8;
 
 /// Bytes of packed weights a block of output channels may take (half a typical L2).
 const L2_WEIGHTS: usize = 256 * 1024;

@@ -126,9 +126,9 @@ fn convolutions_match_a_direct_loop() {
             1,
             true,
         ),
-        // The hand-written 3×3 depthwise rows (channels a multiple of 8, at least 8
-        // outputs wide): stride 1 and 2, dilation, stride 3, no padding, and widths
-        // that leave a partial group of four at the right edge.
+        // The hand-written 3×3 depthwise rows (channels a multiple of 8): stride 1
+        // and 2, dilation, stride 3, no padding, widths that leave a partial group of
+        // four at the right edge, and rows too narrow for any group.
         (
             [5, 13],
             [3, 3],
@@ -154,6 +154,46 @@ fn convolutions_match_a_direct_loop() {
         ([7, 20], [3, 3], [1, 1], [2, 2], [2, 2, 2, 2], 8, 1, 1, true),
         ([6, 30], [3, 3], [3, 3], [1, 1], [1, 0, 1, 1], 8, 1, 1, true),
         ([4, 12], [3, 3], [1, 1], [1, 1], [0; 4], 16, 1, 1, true),
+        // 40 channels: edge pixels in a block of four and a single block.
+        (
+            [5, 11],
+            [3, 3],
+            [1, 1],
+            [1, 1],
+            [1, 1, 1, 1],
+            40,
+            1,
+            1,
+            true,
+        ),
+        // The 5×5 rows: stride 1 and 2, dilation, asymmetric padding, and outputs
+        // narrower than a group of four interior pixels.
+        (
+            [9, 14],
+            [5, 5],
+            [1, 1],
+            [1, 1],
+            [2, 2, 2, 2],
+            40,
+            1,
+            1,
+            true,
+        ),
+        (
+            [11, 23],
+            [5, 5],
+            [2, 2],
+            [1, 1],
+            [2, 2, 2, 2],
+            32,
+            1,
+            1,
+            true,
+        ),
+        ([8, 20], [5, 5], [1, 1], [2, 2], [4, 4, 1, 3], 8, 1, 1, true),
+        ([7, 8], [5, 5], [1, 1], [1, 1], [2, 2, 2, 2], 48, 1, 1, true),
+        ([5, 4], [5, 5], [2, 2], [1, 1], [2, 2, 2, 2], 16, 1, 1, true),
+        ([4, 3], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 16, 1, 1, true),
         // A 1×1 product whose weights take several blocks of panels, the last panel
         // partial.
         ([2, 3], [1, 1], [1, 1], [1, 1], [0; 4], 1, 1100, 70, false),

@@ -6,8 +6,9 @@
 //! 8-bit addition and subtraction use XNNPACK's fixed-point formula, multiplication its
 //! fp32 requantization.
 
-use pte_compute::broadcast::{BinaryFn, Broadcast};
+use pte_compute::broadcast::Broadcast;
 use pte_compute::elementwise::Activation;
+use pte_compute::elementwise::BinaryOp as BinaryFn;
 use pte_compute::unary::UnaryFn;
 use pte_compute::Isa;
 
