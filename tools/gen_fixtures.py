@@ -233,6 +233,69 @@ def _convnet():
     )
 
 
+class InvertedResiduals(nn.Module):
+    """Mobile blocks (expand 1x1, depthwise 3x3 or 5x5, project 1x1, residual; ReLU6, or
+    SiLU with squeeze-and-excitation): where the exporter's memory plan puts a block's
+    activation over the convolution input it no longer needs."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(7)
+
+        def bn(c):
+            b = nn.BatchNorm2d(c)
+            with torch.no_grad():
+                b.running_mean.copy_(torch.randn(c) * 0.2)
+                b.running_var.copy_(torch.rand(c) + 0.5)
+                b.weight.copy_(torch.rand(c) + 0.5)
+                b.bias.copy_(torch.randn(c) * 0.1)
+            return b
+
+        def block(cin, mid, cout, k, stride, act):
+            return nn.ModuleList([
+                nn.Conv2d(cin, mid, 1, bias=False), bn(mid), act(),
+                nn.Conv2d(mid, mid, k, stride, k // 2, groups=mid, bias=False), bn(mid), act(),
+                nn.Conv2d(mid, cout, 1, bias=False), bn(cout),
+            ])
+
+        self.stem = nn.Conv2d(3, 16, 3, 2, 1)
+        self.blocks = nn.ModuleList([
+            block(16, 48, 16, 3, 1, nn.ReLU6),
+            block(16, 64, 24, 3, 2, nn.ReLU6),
+            block(24, 72, 24, 5, 1, nn.SiLU),
+            block(24, 96, 32, 5, 2, nn.SiLU),
+        ])
+        self.se = nn.ModuleList([nn.Conv2d(96, 8, 1), nn.Conv2d(8, 96, 1)])
+
+    def forward(self, x):
+        x = F.relu6(self.stem(x))
+        for i, b in enumerate(self.blocks):
+            y = x
+            for j, layer in enumerate(b):
+                y = layer(y)
+                if i == 3 and j == 5:
+                    s = F.adaptive_avg_pool2d(y, 1)
+                    s = torch.sigmoid(self.se[1](F.silu(self.se[0](s))))
+                    y = y * s
+            x = x + y if y.shape == x.shape else y
+        return x
+
+
+@fixture("inverted_residuals")
+def _inverted_residuals():
+    m = InvertedResiduals().eval()
+    methods, cases = single(m, torch.randn(1, 3, 32, 32), extra_cases=[(torch.randn(1, 3, 32, 32),)])
+    return Spec(
+        "Four mobile blocks (1x1 expand, depthwise 3x3/5x5 stride 1/2, 1x1 project, "
+        "residual; ReLU6, SiLU, squeeze-and-excitation), input 1x3x32x32: activations "
+        "the memory plan places over a dead convolution input.",
+        methods,
+        cases,
+        rtol=1e-4,
+        atol=1e-5,
+    )
+
+
 class DynBatch(nn.Module):
     def __init__(self):
         super().__init__()

@@ -12,7 +12,11 @@
 //! lifetime, and the steps run in program order), so the run costs no memory beyond
 //! the conversions at its ends: inputs from before the run are converted into scratch
 //! memory, and a 4-d value that leaves the run (its last) is converted back. A value
-//! with height and width 1 is the same in both layouts and may leave it freely.
+//! with height and width 1 is the same in both layouts and may leave it freely. A
+//! step's output that the plan put over the step's own input (an activation placed
+//! over the convolution input it follows) moves to the planned bytes of a value the
+//! fused calls no longer compute, when they are free (`Region::relocate`): else each
+//! execution would copy the input away first.
 //!
 //! The fuser checks that no value kept NHWC is read outside the run, is a method
 //! output, or is aliased by an elided view; the runtime checks the values the run
@@ -31,7 +35,7 @@ use pte_runtime::{
 use smallvec::SmallVec;
 
 use super::conv::{self, Act, Layout};
-use super::fuse::{activation, arg, is_f32, match_conv, single_output};
+use super::fuse::{activation, arg, is_f32, match_conv, outputs, single_output};
 use super::{at, charge, compute, scratch, settle};
 
 /// Where a step reads a tensor.
@@ -98,11 +102,18 @@ enum Step {
     },
 }
 
-/// What the fuser proposes: the steps, and the positions of the inputs to convert.
+/// What the fuser proposes: the steps, the positions of the inputs to convert, and
+/// the values each step's calls computed on the way that nothing else reads.
 #[derive(Clone, Debug)]
 struct Plan {
     steps: Vec<Step>,
     entries: Vec<usize>,
+    /// (step, argument position) of those values, whose planned bytes a step's
+    /// output may move to (`Region::relocate`).
+    spares: Vec<(usize, usize)>,
+    /// The value at each argument position (a value read by several steps has a
+    /// position for each).
+    values: Vec<u32>,
 }
 
 /// True for a 4-d shape with more than one pixel: its layout matters.
@@ -166,6 +177,27 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
             set_exit(last);
         }
     }
+    // The values each step's calls computed on the way (a convolution's output before
+    // its batch normalization, ...): dropped, and read by nothing but those calls.
+    let mut spares = Vec::new();
+    for (k, step) in steps.iter().enumerate() {
+        let own = calls.get(calls_of(k)..calls_of(k + 1)).unwrap_or_default();
+        let out = b.output_value(step);
+        for c in own {
+            for &v in outputs(c) {
+                let inside = own.iter().filter(|c| c.args.contains(&v)).count() as u32;
+                let dropped = Some(v) != out
+                    && is_f32(g, v)
+                    && g.tensor(v).is_some_and(|t| spatial(&t.sizes))
+                    && g.uses(v) == inside
+                    && !g.is_aliased(v);
+                if dropped && !b.args.contains(&v) {
+                    b.args.push(v);
+                    spares.push((k, b.args.len() - 1));
+                }
+            }
+        }
+    }
     let ids: Vec<CallId> = b.ids.get(..n_calls)?.to_vec();
     Some(Fusion {
         name: format!(
@@ -176,6 +208,8 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
         kernel: Arc::new(RegionKernel(Plan {
             steps,
             entries: b.entries,
+            spares,
+            values: b.args.clone(),
         })),
         args: b.args,
     })
@@ -433,6 +467,9 @@ impl Kernel for RegionKernel {
     fn prepare(&self, args: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
         let mut r = Region {
             plan: self.0.clone(),
+            steps: self.0.steps.clone(),
+            moved: Vec::new(),
+            placed: false,
             layers: Vec::new(),
             _charge: charge(args, 0, "NHWC region")?,
         };
@@ -487,6 +524,13 @@ fn build_layer(args: &Args<'_>, layout: &Layout, held: &mut Charge) -> KernelRes
 /// (dynamic shapes).
 struct Region {
     plan: Plan,
+    /// The plan's steps as they run: with the moves of `relocate`.
+    steps: Vec<Step>,
+    /// (output, spare) argument positions: the output is written into the spare's
+    /// bytes and read from there.
+    moved: Vec<(usize, usize)>,
+    /// False until `relocate` has run for the current shapes.
+    placed: bool,
     layers: Vec<Layer>,
     _charge: Charge,
 }
@@ -603,6 +647,7 @@ impl Region {
                         self._charge
                             .shrink(self._charge.bytes().saturating_sub(freed as u64));
                         *layer = build_layer(args, layout, &mut self._charge)?;
+                        self.placed = false;
                     }
                     let need = match step {
                         Step::Conv {
@@ -635,6 +680,10 @@ impl Region {
                 exit = sizes.iter().product();
             }
         }
+        for &(o, d) in &self.moved {
+            let sizes = args.tensor(o)?.sizes;
+            args.resize(d, &sizes)?;
+        }
         let mut entries = SmallVec::new();
         let mut at = 0usize;
         for &e in &self.plan.entries {
@@ -648,6 +697,135 @@ impl Region {
             work: (at + exit, work),
         })
     }
+
+    /// Moves each step output that the program's memory plan put over one of the
+    /// step's own inputs onto the bytes of a value the step's calls computed on the way
+    /// (a spare), when nothing needs those bytes until the output's last read.
+    ///
+    /// The exporter may place an activation's output over the convolution's input,
+    /// dead by then; fused, the convolution writes that output while it reads the
+    /// input, and `Args::io` would copy the input away first, at every execution. The
+    /// spare was live at that very step in the exporter's plan, so its bytes are
+    /// apart from every value live then; what is checked here is that no later step
+    /// of the run writes or still reads them before the output's last read.
+    fn relocate(&mut self, args: &mut Args<'_>) -> KernelResult {
+        self.steps.clone_from(&self.plan.steps);
+        self.moved.clear();
+        let values = &self.plan.values;
+        let value = |p: usize| values.get(p).copied();
+        let span = |args: &Args<'_>, p: usize| -> KernelResult<(usize, usize)> {
+            let b = args.read(at(p))?.bytes();
+            Ok((b.as_ptr() as usize, b.len()))
+        };
+        let meet = |a: (usize, usize), b: (usize, usize)| a.0 < b.0 + b.1 && b.0 < a.0 + a.1;
+        for i in 0..self.steps.len() {
+            let Some(&step) = self.steps.get(i) else {
+                break;
+            };
+            let Dst::Arg(o) = dst_of(&step) else {
+                continue;
+            };
+            if !spatial(&args.tensor(o)?.sizes) {
+                continue;
+            }
+            let out = span(args, o)?;
+            let reads = arg_reads(&step);
+            let mut clash = false;
+            for &r in &reads {
+                clash |= meet(span(args, r)?, out);
+            }
+            if !clash {
+                continue;
+            }
+            let is_o = |p: usize| value(p) == value(o);
+            let later = self.steps.get(i + 1..).unwrap_or_default();
+            let last = later
+                .iter()
+                .rposition(|s| arg_reads(s).into_iter().any(is_o))
+                .map_or(i, |k| i + 1 + k);
+            let sizes = args.tensor(o)?.sizes;
+            for &(_, d) in self.plan.spares.iter().filter(|&&(k, _)| k == i) {
+                if args.resize(d, &sizes).is_err() {
+                    continue;
+                }
+                let to = span(args, d)?;
+                let mut free = true;
+                for &r in &reads {
+                    free &= !meet(span(args, r)?, to);
+                }
+                for (j, s) in later.iter().enumerate() {
+                    // Written before the output's last read, or read later though
+                    // computed before this step (live across it).
+                    if i + 1 + j <= last {
+                        free &= !meet(span(args, dst_of(s).pos())?, to);
+                    }
+                    let before = later.get(..j).unwrap_or_default();
+                    for r in arg_reads(s) {
+                        let fresh = before.iter().any(|p| value(dst_of(p).pos()) == value(r));
+                        if !is_o(r) && !fresh {
+                            free &= !meet(span(args, r)?, to);
+                        }
+                    }
+                }
+                if free {
+                    for s in self.steps.get_mut(i..).unwrap_or_default() {
+                        move_value(s, |p| value(p) == value(o), d);
+                    }
+                    self.moved.push((o, d));
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The argument positions a step reads (converted entries are in scratch).
+fn arg_reads(step: &Step) -> SmallVec<[usize; 2]> {
+    srcs_of(step)
+        .into_iter()
+        .filter_map(|s| match s {
+            Src::Arg(p) | Src::Nchw(p) => Some(p),
+            Src::Entry(_) => None,
+        })
+        .collect()
+}
+
+/// `step` with the value at the positions `from` picks read from or written to
+/// position `to`.
+fn move_value(step: &mut Step, from: impl Fn(usize) -> bool, to: usize) {
+    let src = |s: &mut Src| {
+        if let Src::Arg(p) | Src::Nchw(p) = s {
+            if from(*p) {
+                *p = to;
+            }
+        }
+    };
+    let dst = |d: &mut Dst| {
+        let (Dst::Arg(p) | Dst::Exit(p)) = d;
+        if from(*p) {
+            *p = to;
+        }
+    };
+    match step {
+        Step::Conv {
+            x, residual, out, ..
+        } => {
+            src(x);
+            residual.as_mut().map(src);
+            dst(out);
+        }
+        Step::MaxPool { x, out, .. } | Step::Unary { x, out, .. } => {
+            src(x);
+            dst(out);
+        }
+        Step::Mean { x, .. } => src(x),
+        Step::Binary { a, b, out, .. } => {
+            src(a);
+            src(b);
+            dst(out);
+        }
+    }
 }
 
 /// The views one step works on.
@@ -660,6 +838,10 @@ struct Views<'a> {
 impl PreparedKernel for Region {
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
         let sp = self.shape(args)?;
+        if !self.placed {
+            self.relocate(args)?;
+            self.placed = true;
+        }
         let pool = args.pool();
         let isa = Isa::best();
         let total = sp.total();
@@ -678,7 +860,7 @@ impl PreparedKernel for Region {
             layout::transpose(pool, x, n, c, h * w, piece).map_err(compute)?;
         }
         let mut layers = self.layers.iter();
-        for step in &self.plan.steps {
+        for step in &self.steps {
             let out = dst_of(step);
             let layer = match step {
                 Step::Conv { .. } => layers.next().map(|l| &l.conv),
