@@ -174,6 +174,12 @@ impl Broadcast {
         self.numel
     }
 
+    /// Elements of the output's innermost run: where a caller may cut the output to
+    /// split it between threads ([`Broadcast::run_part`]).
+    pub fn run_len(&self) -> usize {
+        self.dims.last().copied().unwrap_or(1)
+    }
+
     /// `out = clamp(op(x, y), min, max)` over the broadcast shapes (lengths checked).
     #[allow(clippy::too_many_arguments)]
     pub fn run(
@@ -186,10 +192,44 @@ impl Broadcast {
         min: f32,
         max: f32,
     ) -> Result {
-        if out.len() < self.numel || x.len() < self.x_len || y.len() < self.y_len {
+        if out.len() < self.numel {
             return Err(Error::ShapeMismatch {
                 what: format!(
-                    "broadcast of {} and {} elements into {} got {}, {} and {}",
+                    "broadcast into {} elements got an output of {}",
+                    self.numel,
+                    out.len()
+                ),
+            });
+        }
+        let out = out.get_mut(..self.numel).unwrap_or_default();
+        self.run_part(isa, op, 0, out, x, y, min, max)
+    }
+
+    /// [`Broadcast::run`] for the output elements `start..start + out.len()` alone:
+    /// `start` and the length are multiples of [`Broadcast::run_len`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_part(
+        &self,
+        isa: Isa,
+        op: BinaryOp,
+        start: usize,
+        out: &mut [f32],
+        x: &[f32],
+        y: &[f32],
+        min: f32,
+        max: f32,
+    ) -> Result {
+        let inner = self.run_len();
+        let end = start.checked_add(out.len());
+        if x.len() < self.x_len
+            || y.len() < self.y_len
+            || end.is_none_or(|e| e > self.numel)
+            || !start.is_multiple_of(inner)
+            || !out.len().is_multiple_of(inner)
+        {
+            return Err(Error::ShapeMismatch {
+                what: format!(
+                    "broadcast of {} and {} elements into {} got {}, {} and {} at {start}",
                     self.x_len,
                     self.y_len,
                     self.numel,
@@ -199,8 +239,7 @@ impl Broadcast {
                 ),
             });
         }
-        let out = out.get_mut(..self.numel).unwrap_or_default();
-        if self.numel == 0 {
+        if out.is_empty() {
             return Ok(());
         }
         let Some((&inner, outer)) = self.dims.split_last() else {
@@ -217,6 +256,13 @@ impl Broadcast {
         // The outer index, on the stack (the rank is at most `MAX_DIMS`): a call
         // allocates nothing.
         let mut index = [0usize; MAX_DIMS];
+        let mut first = start / inner;
+        for k in (0..outer.len()).rev() {
+            if let (Some(i), Some(&d)) = (index.get_mut(k), outer.get(k)) {
+                *i = first % d.max(1);
+                first /= d.max(1);
+            }
+        }
         for run in out.chunks_exact_mut(inner) {
             let (xo, yo) = index.iter().enumerate().fold((0, 0), |(a, b), (k, &i)| {
                 (
@@ -343,6 +389,34 @@ mod tests {
                     assert_eq!(out, want, "{isa:?} {op:?} {xs:?} {ys:?}");
                 }
             }
+        }
+        // Parts of whole runs, as threads would split the output, give the same.
+        for isa in Isa::available() {
+            let (xs, ys) = ([3usize, 4, 5], [4usize, 1]);
+            let x: Vec<f32> = (0..60).map(|i| i as f32 * 0.25 - 3.0).collect();
+            let y = [1.5f32, -2.0, 0.5, 3.0];
+            let b = Broadcast::new(&xs, &ys).unwrap();
+            let mut whole = vec![0.0; 60];
+            b.run(isa, BinaryOp::Mul, &mut whole, &x, &y, -100.0, 100.0)
+                .unwrap();
+            let run = b.run_len();
+            assert_eq!(run, 5);
+            let mut parts = vec![0.0; 60];
+            for (k, part) in parts.chunks_mut(3 * run).enumerate() {
+                b.run_part(isa, BinaryOp::Mul, k * 3 * run, part, &x, &y, -100.0, 100.0)
+                    .unwrap();
+            }
+            assert_eq!(parts, whole, "{isa:?}");
+            let mut short = vec![0.0; run + 1];
+            assert!(b
+                .run_part(isa, BinaryOp::Mul, 0, &mut short, &x, &y, 0.0, 1.0)
+                .is_err());
+            assert!(b
+                .run_part(isa, BinaryOp::Mul, 1, &mut short[..run], &x, &y, 0.0, 1.0)
+                .is_err());
+            assert!(b
+                .run_part(isa, BinaryOp::Mul, 60, &mut short[..run], &x, &y, 0.0, 1.0)
+                .is_err());
         }
         assert!(Broadcast::new(&[2, 3], &[4]).is_err());
         let b = Broadcast::new(&[2, 3], &[3]).unwrap();

@@ -268,8 +268,18 @@ impl Kernel for FloatBinary {
                     pte_compute::broadcast::same(self.isa, self.op, o, xs, ys, self.min, self.max);
             });
         }
-        plan.run(self.isa, self.op, out, x, y, self.min, self.max)
-            .map_err(|e| e.to_string())
+        // Broadcast: split in whole runs of the innermost dimension.
+        let failed = std::sync::Mutex::new(None);
+        split_rows(cx, out, plan.run_len(), 1, |start, o| {
+            let r = plan.run_part(self.isa, self.op, start, o, x, y, self.min, self.max);
+            if let (Err(e), Ok(mut slot)) = (r, failed.lock()) {
+                slot.get_or_insert(e.to_string());
+            }
+        })?;
+        match failed.into_inner() {
+            Ok(Some(e)) => Err(e.into()),
+            _ => Ok(()),
+        }
     }
 }
 
