@@ -277,7 +277,7 @@ impl Kernel for FloatBinary {
             }
         })?;
         match failed.into_inner() {
-            Ok(Some(e)) => Err(e.into()),
+            Ok(Some(e)) => Err(e),
             _ => Ok(()),
         }
     }
