@@ -427,20 +427,34 @@ impl ConvNhwc {
         Ok(())
     }
 
-    /// The input rows of kernel rows `0..K` for output row `oy` (`None` in the padding).
-    fn depthwise_input_rows<'a, const K: usize>(
+    /// Output row `oy` of a K×K depthwise convolution on the hand-written row kernel;
+    /// false when it does not apply (nothing is written then).
+    fn depthwise_row_kernel<const K: usize>(
         &self,
-        img: &'a [f32],
+        isa: Isa,
+        img: &[f32],
+        weights: &[f32],
+        clamp: (f32, f32),
         oy: usize,
-    ) -> [Option<&'a [f32]>; K] {
+        out_row: &mut [f32],
+    ) -> bool {
         let p = &self.p;
         let row_len = p.input[1] * p.out_channels;
-        std::array::from_fn(|ky| {
+        let rows: [Option<&[f32]>; K] = std::array::from_fn(|ky| {
             (oy * p.stride[0] + ky * p.dilation[0])
                 .checked_sub(p.padding[0])
                 .filter(|&iy| iy < p.input[0])
                 .and_then(|iy| img.get(iy * row_len..(iy + 1) * row_len))
-        })
+        });
+        let geometry = (
+            p.out_channels,
+            self.out[1],
+            p.input[1],
+            p.stride[1],
+            p.dilation[1],
+            p.padding[1],
+        );
+        arch::depthwise_row(isa, rows, weights, &self.bias, out_row, geometry, clamp)
     }
 
     /// One output row `oy` of a depthwise convolution: the hand-written 3×3 or 5×5
@@ -461,26 +475,9 @@ impl ConvNhwc {
         let [kh, kw] = p.kernel;
         let [ih, iw] = p.input;
         if kh == kw && c.is_multiple_of(8) {
-            let geometry = (c, self.out[1], iw, p.stride[1], p.dilation[1], p.padding[1]);
             let done = match kh {
-                3 => arch::depthwise_row(
-                    isa,
-                    self.depthwise_input_rows::<3>(img, oy),
-                    weights,
-                    &self.bias,
-                    out_row,
-                    geometry,
-                    (min, max),
-                ),
-                5 => arch::depthwise_row(
-                    isa,
-                    self.depthwise_input_rows::<5>(img, oy),
-                    weights,
-                    &self.bias,
-                    out_row,
-                    geometry,
-                    (min, max),
-                ),
+                3 => self.depthwise_row_kernel::<3>(isa, img, weights, (min, max), oy, out_row),
+                5 => self.depthwise_row_kernel::<5>(isa, img, weights, (min, max), oy, out_row),
                 _ => false,
             };
             if done {
