@@ -713,6 +713,7 @@ impl Region {
         self.moved.clear();
         let values = &self.plan.values;
         let value = |p: usize| values.get(p).copied();
+        // A value whose bytes cannot be read (not planned, say) never takes an output.
         let span = |args: &Args<'_>, p: usize| -> KernelResult<(usize, usize)> {
             let b = args.read(at(p))?.bytes();
             Ok((b.as_ptr() as usize, b.len()))
@@ -728,12 +729,13 @@ impl Region {
             if !spatial(&args.tensor(o)?.sizes) {
                 continue;
             }
-            let out = span(args, o)?;
+            let Ok(out) = span(args, o) else {
+                continue;
+            };
             let reads = arg_reads(&step);
-            let mut clash = false;
-            for &r in &reads {
-                clash |= meet(span(args, r)?, out);
-            }
+            let clash = reads
+                .iter()
+                .any(|&r| span(args, r).is_ok_and(|r| meet(r, out)));
             if !clash {
                 continue;
             }
@@ -748,22 +750,24 @@ impl Region {
                 if args.resize(d, &sizes).is_err() {
                     continue;
                 }
-                let to = span(args, d)?;
+                let Ok(to) = span(args, d) else {
+                    continue;
+                };
                 let mut free = true;
                 for &r in &reads {
-                    free &= !meet(span(args, r)?, to);
+                    free &= span(args, r).is_ok_and(|r| !meet(r, to));
                 }
                 for (j, s) in later.iter().enumerate() {
                     // Written before the output's last read, or read later though
                     // computed before this step (live across it).
                     if i + 1 + j <= last {
-                        free &= !meet(span(args, dst_of(s).pos())?, to);
+                        free &= span(args, dst_of(s).pos()).is_ok_and(|w| !meet(w, to));
                     }
                     let before = later.get(..j).unwrap_or_default();
                     for r in arg_reads(s) {
                         let fresh = before.iter().any(|p| value(dst_of(p).pos()) == value(r));
                         if !is_o(r) && !fresh {
-                            free &= !meet(span(args, r)?, to);
+                            free &= span(args, r).is_ok_and(|r| !meet(r, to));
                         }
                     }
                 }
