@@ -1,10 +1,12 @@
 //! Batches of equally shaped products (attention: batch × heads of small matrices).
 //!
 //! Many small products run one per task, each single-threaded with its thread's
-//! scratch, so that dispatch and threading are paid once for the whole batch; a batch
-//! of few large products runs them one after the other, each split over the threads.
+//! scratch, so that dispatch and threading are paid once for the whole batch. When
+//! the threads do not divide a batch of large products (three attention heads on two
+//! threads), each product is cut into bands of rows so that every thread gets the same
+//! share; a single product is split over the threads.
 
-use super::{Epilogue, Gemm, Side, PARALLEL_WORK};
+use super::{Bias, Epilogue, Gemm, Side, PARALLEL_WORK};
 use crate::error::{self, Error, Result};
 use crate::mat::{MatMut, MatRef};
 use crate::pool::ThreadPool;
@@ -187,18 +189,29 @@ impl Gemm {
             return Ok(());
         }
         let work = m.saturating_mul(n).saturating_mul(k);
-        if count == 1 || (work >= PARALLEL_WORK && count < 2 * pool.threads()) {
+        let threads = pool.threads();
+        // Bands per product so that every thread gets as many (two each for three
+        // products on two threads), when the products are large enough to share.
+        let bands = if count > 1
+            && threads > 1
+            && work >= PARALLEL_WORK
+            && !count.is_multiple_of(threads)
+        {
+            threads / gcd(count, threads)
+        } else {
+            1
+        };
+        let band = m.div_ceil(bands).next_multiple_of(self.mr.max(1));
+        if bands > 1 && count * bands <= MAX_BANDS && band < m {
+            return self.run_bands(pool, c, a, b, epilogue, scratch, band);
+        }
+        if count == 1 || (work >= PARALLEL_WORK && count < 2 * threads) {
+            // One product after the other, each split over the threads.
             for (i, chunk) in c.data.chunks_mut(c.bs.max(1)).enumerate().take(count) {
                 let view = MatMut::new(chunk, m, n, c.rs, c.cs)?;
                 let (ai, bi) = (a.get(i)?, b.get(i)?.t());
-                self.run_sides(
-                    pool,
-                    view,
-                    Side::Lines(&ai),
-                    Side::Lines(&bi),
-                    epilogue,
-                    scratch,
-                )?;
+                let (sa, sb) = (Side::Lines(&ai), Side::Lines(&bi));
+                self.run_sides(pool, view, sa, sb, epilogue, scratch)?;
             }
             return Ok(());
         }
@@ -222,6 +235,75 @@ impl Gemm {
         })?;
         failed.into_result()
     }
+
+    /// [`Gemm::run_batched`] with each product cut into bands of `band` rows, one
+    /// task per band.
+    #[allow(clippy::too_many_arguments)]
+    fn run_bands(
+        &self,
+        pool: &ThreadPool,
+        c: BatchMut<'_>,
+        a: BatchRef<'_>,
+        b: BatchRef<'_>,
+        epilogue: &Epilogue<'_>,
+        scratch: &mut [f32],
+        band: usize,
+    ) -> Result {
+        let (m, n, k) = (c.rows, c.cols, a.cols);
+        let mut tasks: [Option<(usize, usize, MatMut<'_>)>; MAX_BANDS] =
+            std::array::from_fn(|_| None);
+        let mut slots = tasks.iter_mut();
+        for (i, chunk) in c.data.chunks_mut(c.bs.max(1)).enumerate().take(c.count) {
+            let mut view = MatMut::new(chunk, m, n, c.rs, c.cs)?;
+            let (ai, bi) = (a.get(i)?, b.get(i)?.t());
+            if !self.prologue(&mut view, &Side::Lines(&ai), &Side::Lines(&bi), epilogue)? {
+                continue;
+            }
+            let (mut rest, mut r0) = (Some(view), 0);
+            while let Some(v) = rest.take().filter(|v| v.rows() > 0) {
+                let (head, tail) = v.split_at_row(band);
+                if let Some(slot) = slots.next() {
+                    *slot = Some((i, r0, head));
+                }
+                r0 += band;
+                rest = Some(tail);
+            }
+        }
+        let tasks = tasks.map(std::sync::Mutex::new);
+        let per_thread = self.scratch_len(m, n, k, false, false, 1)?;
+        let failed = crate::pool::FirstError::default();
+        pool.parallel_for_scratch(MAX_BANDS, scratch, per_thread, |t, part| {
+            let task = tasks
+                .get(t)
+                .and_then(|p| p.lock().ok().and_then(|mut g| g.take()));
+            let Some((i, r0, view)) = task else {
+                return;
+            };
+            let run = || -> Result {
+                let (ai, bi) = (a.get(i)?, b.get(i)?.t());
+                let bias = match epilogue.bias {
+                    Bias::Row(v) => Bias::Row(v.get(r0..).unwrap_or(&[])),
+                    other => other,
+                };
+                let epi = Epilogue { bias, ..*epilogue };
+                let (sa, sb) = (Side::Lines(&ai), Side::Lines(&bi));
+                self.block_loop(view, r0, 0, &sa, &sb, &epi, part)
+            };
+            failed.keep(run());
+        })?;
+        failed.into_result()
+    }
+}
+
+/// Most tasks of a batch cut into bands (they sit in an array on the stack).
+const MAX_BANDS: usize = 16;
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
 }
 
 #[cfg(test)]
@@ -235,10 +317,12 @@ mod tests {
         let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
         for isa in Isa::available() {
             let g = Gemm::with_isa(isa).unwrap();
-            // (count, m, n, k): many small products, and few larger ones.
+            // (count, m, n, k): many small products, and few larger ones (three and five
+            // on two threads are cut into bands of rows).
             for (count, m, n, k) in [
                 (8, 17, 13, 9),
                 (3, 64, 64, 64),
+                (5, 40, 50, 70),
                 (1, 5, 3, 2),
                 (2, 80, 90, 70),
                 (5, 0, 3, 4),
@@ -247,10 +331,15 @@ mod tests {
                 let a = values(count * m * k, 1);
                 // B given transposed (as K^T in attention), with padding between rows.
                 let b = values(count * n * (k + 1), 2);
-                let bias = values(n, 3);
+                let bias = values(n.max(m), 3);
+                // A bias per row for odd counts: a band must take its own rows' part.
                 let epi = Epilogue {
                     accumulate: false,
-                    bias: Bias::Col(&bias),
+                    bias: if count % 2 == 1 {
+                        Bias::Row(&bias[..m])
+                    } else {
+                        Bias::Col(&bias[..n])
+                    },
                     activation: Activation::Identity,
                 };
                 let stride = m * (n + 1);
