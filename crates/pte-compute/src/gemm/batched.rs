@@ -6,7 +6,7 @@
 //! threads), each product is cut into bands of rows so that every thread gets the same
 //! share; a single product is split over the threads.
 
-use super::{Bias, Epilogue, Gemm, Side, PARALLEL_WORK};
+use super::{Epilogue, Gemm, Side, PARALLEL_WORK};
 use crate::error::{self, Error, Result};
 use crate::mat::{MatMut, MatRef};
 use crate::pool::ThreadPool;
@@ -253,6 +253,7 @@ impl Gemm {
         let mut tasks: [Option<(usize, usize, MatMut<'_>)>; MAX_BANDS] =
             std::array::from_fn(|_| None);
         let mut slots = tasks.iter_mut();
+        let mut filled = 0;
         for (i, chunk) in c.data.chunks_mut(c.bs.max(1)).enumerate().take(c.count) {
             let mut view = MatMut::new(chunk, m, n, c.rs, c.cs)?;
             let (ai, bi) = (a.get(i)?, b.get(i)?.t());
@@ -264,6 +265,7 @@ impl Gemm {
                 let (head, tail) = v.split_at_row(band);
                 if let Some(slot) = slots.next() {
                     *slot = Some((i, r0, head));
+                    filled += 1;
                 }
                 r0 += band;
                 rest = Some(tail);
@@ -272,7 +274,7 @@ impl Gemm {
         let tasks = tasks.map(std::sync::Mutex::new);
         let per_thread = self.scratch_len(m, n, k, false, false, 1)?;
         let failed = crate::pool::FirstError::default();
-        pool.parallel_for_scratch(MAX_BANDS, scratch, per_thread, |t, part| {
+        pool.parallel_for_scratch(filled, scratch, per_thread, |t, part| {
             let task = tasks
                 .get(t)
                 .and_then(|p| p.lock().ok().and_then(|mut g| g.take()));
@@ -281,11 +283,7 @@ impl Gemm {
             };
             let run = || -> Result {
                 let (ai, bi) = (a.get(i)?, b.get(i)?.t());
-                let bias = match epilogue.bias {
-                    Bias::Row(v) => Bias::Row(v.get(r0..).unwrap_or(&[])),
-                    other => other,
-                };
-                let epi = Epilogue { bias, ..*epilogue };
+                let epi = epilogue.at(r0, 0);
                 let (sa, sb) = (Side::Lines(&ai), Side::Lines(&bi));
                 self.block_loop(view, r0, 0, &sa, &sb, &epi, part)
             };

@@ -65,6 +65,19 @@ pub struct Epilogue<'a> {
     pub activation: Activation,
 }
 
+impl<'a> Epilogue<'a> {
+    /// The epilogue of the block of C from row `i0` and column `j0` on: its bias
+    /// starts there.
+    fn at(&self, i0: usize, j0: usize) -> Epilogue<'a> {
+        let bias = match self.bias {
+            Bias::Row(v) => Bias::Row(v.get(i0..).unwrap_or(&[])),
+            Bias::Col(v) => Bias::Col(v.get(j0..).unwrap_or(&[])),
+            Bias::None => Bias::None,
+        };
+        Epilogue { bias, ..*self }
+    }
+}
+
 /// Panels of `w` lines over the whole depth (see [`pack`]), 64-byte aligned.
 #[derive(Clone, Debug)]
 pub(crate) struct Panels {
@@ -507,12 +520,7 @@ impl Gemm {
             } else {
                 (t * step, 0)
             };
-            let bias = match epilogue.bias {
-                Bias::Row(v) => Bias::Row(v.get(i0..).unwrap_or(&[])),
-                Bias::Col(v) => Bias::Col(v.get(j0..).unwrap_or(&[])),
-                Bias::None => Bias::None,
-            };
-            *slot = Some((head, i0, j0, Epilogue { bias, ..*epilogue }));
+            *slot = Some((head, i0, j0, epilogue.at(i0, j0)));
             rest = Some(tail);
         }
         let parts = parts.map(std::sync::Mutex::new);
