@@ -17,8 +17,9 @@ faster of upstream-XNNPACK and ONNX Runtime (below 1: pte is faster), and time t
 output (load + first execution). Needs the reference environment plus onnx, onnxscript
 and onnxruntime from PyPI.
 
+`pte bench` maps every program with `--mmap`, as upstream's `MmapDataLoader` maps it.
 With `--xnnpack`, both runtimes run the same XNNPACK-lowered file: `pte bench` (its
-XnnpackBackend; the file mapped with `--mmap`, as upstream's `MmapDataLoader` maps it)
+XnnpackBackend)
 against upstream's runtime (the XNNPACK C library), interleaved the same way. Before
 timing, `pte run` on each file is compared with the outputs upstream recorded for it
 (`case0/output_*.npy`); the table shows the largest absolute difference.
@@ -112,11 +113,10 @@ def worker_ort(model: str, input_path: str, threads: int, iterations: int, warmu
 def measure(runtime: str, paths: dict, threads: int, iterations: int, warmup: int, pte: Path) -> dict:
     if runtime in ("pte", "pte_xnnpack"):
         model = paths["plain" if runtime == "pte" else "xnnpack"]
+        # --mmap: both programs mapped, as upstream's loader maps (and locks) the file.
         cmd = [str(pte), "bench", str(model), "--input", str(paths["input"]),
                "--threads", str(threads), "--iterations", str(iterations),
-               "--warmup", str(warmup), "--json"]
-        if runtime == "pte_xnnpack":
-            cmd.append("--mmap")  # as upstream's loader maps the file
+               "--warmup", str(warmup), "--json", "--mmap"]
     else:
         model = {"et_xnnpack": paths["xnnpack"], "et_portable": paths["plain"], "ort": paths["onnx"]}[runtime]
         kind = "ort" if runtime == "ort" else "et"

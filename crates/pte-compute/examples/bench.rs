@@ -12,7 +12,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use pte_compute::{
-    Activation, Conv2d, Conv2dParams, Epilogue, Gemm, Isa, Lhs, MatMut, MatRef, Rhs, ThreadPool,
+    Activation, Conv2d, Conv2dParams, ConvWeights, Epilogue, Gemm, Isa, Lhs, MatMut, MatRef, Rhs,
+    ThreadPool,
 };
 
 /// Set by `--cpu-time`: time by the process's CPU time instead of the wall clock. On a
@@ -694,7 +695,8 @@ fn bench_conv(o: &Opts, name: &str, layers: &[Layer]) {
         let (cig, _) = (p.in_channels / p.groups, 0);
         let w = values(p.out_channels * cig * p.kernel[0] * p.kernel[1]);
         let bias = values(p.out_channels);
-        let conv = Conv2d::new(g, *p, &w, Some(&bias), Activation::RELU).unwrap();
+        let conv =
+            Conv2d::new(g, *p, ConvWeights::oihw(&w), Some(&bias), Activation::RELU).unwrap();
         let (x_len, y_len) = conv.io_len(1).unwrap();
         let x = values(x_len);
         let [oh, ow] = conv.output_size();
@@ -822,7 +824,7 @@ fn bench_nhwc(o: &Opts) {
         let w = values(co * ci / groups * k * k);
         let bias = values(co);
         let conv =
-            ConvNhwc::new(g, p, ConvWeights::Oihw(&w), Some(&bias), Activation::RELU).unwrap();
+            ConvNhwc::new(g, p, ConvWeights::oihw(&w), Some(&bias), Activation::RELU).unwrap();
         let (xl, yl) = conv.io_len(1).unwrap();
         let x = values(xl);
         let mut ys = [vec![0.0; yl], vec![0.0; yl]];
@@ -982,7 +984,7 @@ fn main() {
             let conv = pte_compute::nhwc::ConvNhwc::new(
                 gemm,
                 p,
-                pte_compute::nhwc::ConvWeights::Oihw(&w),
+                pte_compute::nhwc::ConvWeights::oihw(&w),
                 None,
                 Activation::RELU,
             )
@@ -1016,7 +1018,7 @@ fn main() {
             let conv = Conv2d::new(
                 Gemm::with_isa(o.isa).unwrap(),
                 p,
-                &w,
+                ConvWeights::oihw(&w),
                 None,
                 Activation::RELU,
             )

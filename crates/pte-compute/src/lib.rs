@@ -139,7 +139,9 @@ pub mod unary;
 mod window;
 
 pub use arch::Isa;
-pub use conv::{Conv2d, Conv2dParams, ConvTranspose2d, ConvTranspose2dParams};
+pub use conv::{
+    Conv2d, Conv2dParams, ConvTranspose2d, ConvTranspose2dParams, ConvWeights, WeightLayout,
+};
 pub use elementwise::Activation;
 pub use error::{Error, Result};
 pub use gemm::{BatchMut, BatchRef, Bias, Epilogue, Gemm, Lhs, PackedA, PackedB, Rhs};

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use pte_compute::elementwise::{self, BinaryOp};
 use pte_compute::pooling::{self, Pool2dParams};
 use pte_compute::{
-    Activation, BatchMut, BatchRef, Bias, Conv2d, Conv2dParams, Epilogue, Gemm, Isa, Lhs, MatMut,
-    MatRef, Rhs, ThreadPool,
+    Activation, BatchMut, BatchRef, Bias, Conv2d, Conv2dParams, ConvWeights, Epilogue, Gemm, Isa,
+    Lhs, MatMut, MatRef, Rhs, ThreadPool,
 };
 
 struct Counting;
@@ -89,7 +89,14 @@ fn steady_state_calls_do_not_allocate() {
         .iter()
         .map(|p| {
             let w = values(p.out_channels * p.in_channels / p.groups * p.kernel[0] * p.kernel[1]);
-            Conv2d::new(g, *p, &w, Some(&values(p.out_channels)), Activation::RELU6).unwrap()
+            Conv2d::new(
+                g,
+                *p,
+                ConvWeights::oihw(&w),
+                Some(&values(p.out_channels)),
+                Activation::RELU6,
+            )
+            .unwrap()
         })
         .collect();
         let cs = layers

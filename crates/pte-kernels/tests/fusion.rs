@@ -280,3 +280,151 @@ fn a_constant_computed_at_load_is_released_once_captured() {
     // The folded transpose (16 KiB) is held only while a call still reads it.
     assert_eq!(used(false) - used(true), 64 * 64 * 4);
 }
+
+/// A fuser that proposes nothing: the registry's kernels, each call on its own.
+struct NoFusion;
+
+impl Fuser for NoFusion {
+    fn fuse(&self, _: &Graph<'_>) -> Vec<Fusion> {
+        Vec::new()
+    }
+}
+
+/// Asks folding to wait for every `permute_copy`, then fuses nothing: the permutes
+/// must still be folded, after the fusions.
+struct DeferOnly;
+
+impl Fuser for DeferOnly {
+    fn fuse(&self, _: &Graph<'_>) -> Vec<Fusion> {
+        Vec::new()
+    }
+
+    fn defer_folding(&self, g: &Graph<'_>) -> Vec<pte_runtime::CallId> {
+        g.calls()
+            .iter()
+            .filter(|c| c.op == "aten::permute_copy.out")
+            .map(|c| c.id)
+            .collect()
+    }
+}
+
+/// `x · transpose(W) (+ bias) [→ relu]` as the exporter writes a linear layer: a
+/// `permute_copy` of the constant `[n, k]` weight, then `addmm` (or `mm` without a
+/// bias); with `shared` a second product reads the same transpose.
+fn transposed_product(addmm: bool, relu: bool, shared: bool) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
+    let (m, k, n) = (5usize, 19usize, 11usize);
+    let weights: Vec<f32> = (0..n * k)
+        .map(|i| ((i * 7 % 23) as f32 - 11.0) / 8.0)
+        .collect();
+    let bias: Vec<f32> = (0..n).map(|j| j as f32 / 4.0 - 1.0).collect();
+    let dims = |v: &[usize]| v.iter().map(|&d| d as i32).collect::<Vec<_>>();
+    let mut b = ProgramBuilder::new();
+    let x = b.tensor(Float, &dims(&[m, k]), Memory::Planned);
+    let w = b.constant(Float, &dims(&[n, k]), bytemuck::cast_slice(&weights));
+    let perm = b.int_list(&[1, 0]);
+    let wt = b.tensor(Float, &dims(&[k, n]), Memory::Planned);
+    let y = b.tensor(Float, &dims(&[m, n]), Memory::Planned);
+    b.call("aten::permute_copy", "out", &[w, perm, wt, wt]);
+    let product = |b: &mut ProgramBuilder, out: i32| {
+        if addmm {
+            let bias = b.constant(Float, &dims(&[n]), bytemuck::cast_slice(&bias));
+            let one = b.int(1);
+            b.call("aten::addmm", "out", &[bias, x, wt, one, one, out, out]);
+        } else {
+            b.call("aten::mm", "out", &[x, wt, out, out]);
+        }
+    };
+    product(&mut b, y);
+    let mut out = y;
+    if relu {
+        out = b.tensor(Float, &dims(&[m, n]), Memory::Planned);
+        b.call("aten::relu", "out", &[y, out, out]);
+    }
+    b.input(x);
+    b.output(out);
+    if shared {
+        let z = b.tensor(Float, &dims(&[m, n]), Memory::Planned);
+        product(&mut b, z);
+        b.output(z);
+    }
+    (b.build(), weights, if addmm { bias } else { vec![0.0; n] })
+}
+
+/// The registry's kernels with another fuser.
+fn with_fuser(fuser: impl Fuser + 'static) -> KernelRegistry {
+    let mut r = pte_kernels::registry();
+    r.set_fuser(fuser);
+    r
+}
+
+/// The example input, the outputs of `bytes` run by `kernels`, and the operators that
+/// ran.
+fn run_with(bytes: &[u8], kernels: &KernelRegistry) -> (Vec<f32>, Vec<Vec<f32>>, Vec<String>) {
+    let mut m = Program::from_bytes(bytes)
+        .unwrap()
+        .load_method_with(
+            "forward",
+            kernels,
+            &BackendRegistry::new(),
+            &LoadOptions::default(),
+        )
+        .unwrap();
+    m.set_profiling(true);
+    let inputs = m.meta().example_inputs(1 << 20).unwrap();
+    m.set_inputs(&inputs).unwrap();
+    m.execute().unwrap();
+    let floats = |v: &EValue| bytemuck::pod_collect_to_vec(v.as_tensor().unwrap().as_bytes());
+    let outputs = m.outputs().unwrap().iter().map(floats).collect();
+    let mut ran: Vec<String> = m.profile().into_iter().map(|e| e.name).collect();
+    ran.sort();
+    (floats(&inputs[0]), outputs, ran)
+}
+
+#[test]
+fn a_transposed_weight_is_packed_as_stored_and_the_transpose_never_runs() {
+    let (k, n) = (19, 11);
+    for (addmm, relu) in [(true, false), (true, true), (false, false), (false, true)] {
+        let (bytes, w, bias) = transposed_product(addmm, relu, false);
+        let (x, fused, ran) = run_with(&bytes, &pte_kernels::registry());
+        let name = format!(
+            "fused permute+{}{}",
+            if addmm { "addmm" } else { "mm" },
+            if relu { "+activation" } else { "" }
+        );
+        assert_eq!(ran, [name], "addmm {addmm}, relu {relu}");
+        // Each call on its own: the transpose folded, the product packing its result.
+        let (_, plain, ran) = run_with(&bytes, &with_fuser(NoFusion));
+        assert!(!ran.iter().any(|op| op.contains("permute")), "{ran:?}");
+        assert_eq!(fused, plain, "addmm {addmm}, relu {relu}");
+        // What the product is: y = x · Wᵀ + bias.
+        for (i, row) in fused[0].chunks(n).enumerate() {
+            for (j, &got) in row.iter().enumerate() {
+                let dot: f64 = (0..k)
+                    .map(|p| f64::from(x[i * k + p]) * f64::from(w[j * k + p]))
+                    .sum::<f64>()
+                    + f64::from(bias[j]);
+                let want = if relu { dot.max(0.0) } else { dot };
+                assert!(
+                    (f64::from(got) - want).abs() < 1e-4,
+                    "({i}, {j}): {got} vs {want}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn a_transpose_read_by_two_products_is_folded_once_and_not_fused() {
+    let (bytes, _, _) = transposed_product(true, false, true);
+    let (_, fused, ran) = run_with(&bytes, &pte_kernels::registry());
+    assert_eq!(ran, ["aten::addmm.out"]);
+    assert_eq!(fused, run_with(&bytes, &with_fuser(NoFusion)).1);
+}
+
+#[test]
+fn a_deferred_call_no_fusion_takes_is_folded_after_the_fusions() {
+    let (bytes, _, _) = transposed_product(true, true, false);
+    let (_, deferred, ran) = run_with(&bytes, &with_fuser(DeferOnly));
+    assert_eq!(ran, ["aten::addmm.out", "aten::relu.out"]);
+    assert_eq!(deferred, run_with(&bytes, &with_fuser(NoFusion)).1);
+}

@@ -12,7 +12,7 @@
 use smallvec::SmallVec;
 
 use crate::args::Args;
-use crate::fuse::referenced;
+use crate::fuse::{referenced, CallId};
 use crate::memory::{Memory, Storage};
 use crate::method::Instr;
 use crate::registry::KernelRegistry;
@@ -94,6 +94,13 @@ impl Views {
         }
     }
 
+    /// Adds every pair of `other`.
+    pub(crate) fn merge(&mut self, other: &Views) {
+        for &(source, view) in &other.pairs {
+            self.add(source, view);
+        }
+    }
+
     /// True when an elided view reads `v`'s memory.
     pub(crate) fn is_viewed(&self, v: u32) -> bool {
         self.of(v).next().is_some()
@@ -166,14 +173,15 @@ pub(crate) fn viewed(
     Views { pairs }
 }
 
-/// Folds every call it can, in program order (so chains of constant computations fold
-/// whole), and returns which kernel call sites (by index) were folded, and the tensors
-/// that elided views read (see [`viewed`]), which must keep their planned memory. A call whose
-/// kernel fails at load is left to run (and fail) at execution, as it would without
-/// folding: it may sit in a branch that never runs.
+/// Folds every call it can but the `deferred` ones (sorted), in program order (so chains
+/// of constant computations fold whole): a folded call becomes a `Nop`. Returns the
+/// tensors that elided views read (see [`viewed`]), which must keep their planned
+/// memory. A call whose kernel fails at load is left to run (and fail) at execution, as
+/// it would without folding: it may sit in a branch that never runs.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn fold_constants(
-    chains: &[Vec<Instr>],
+    deferred: &[CallId],
+    chains: &mut [Vec<Instr>],
     call_args: &[u32],
     op_names: &[String],
     kernels: &KernelRegistry,
@@ -181,10 +189,9 @@ pub(crate) fn fold_constants(
     memory: &mut Memory,
     inputs: &[u32],
     outputs: &[u32],
-    calls: usize,
     pool: &pte_compute::ThreadPool,
-) -> (Vec<bool>, Views) {
-    let mut folded = vec![false; calls];
+) -> Views {
+    let mut folded: Vec<CallId> = Vec::new();
     let pure = |op: u32| {
         op_names
             .get(op as usize)
@@ -194,10 +201,19 @@ pub(crate) fn fold_constants(
     let viewed = viewed(chains, call_args, values, &writes, inputs);
     let io: Vec<u32> = inputs.iter().chain(outputs).copied().collect();
     let io = &io[..];
-    for instr in chains.iter().flatten() {
-        let Instr::Kernel { kernel, op, args } = instr else {
+    let calls = chains.iter().enumerate().flat_map(|(chain, instrs)| {
+        instrs
+            .iter()
+            .enumerate()
+            .map(move |(instruction, instr)| (CallId { chain, instruction }, instr))
+    });
+    for (id, instr) in calls {
+        let Instr::Kernel { op, args, .. } = instr else {
             continue;
         };
+        if deferred.binary_search(&id).is_ok() {
+            continue;
+        }
         let Some(name) = op_names.get(*op as usize) else {
             continue;
         };
@@ -278,9 +294,7 @@ pub(crate) fn fold_constants(
             }
         }
         if ok {
-            if let Some(f) = folded.get_mut(*kernel as usize) {
-                *f = true;
-            }
+            folded.push(id);
             // No longer written at execution: later calls may fold on them.
             for &o in &outs {
                 if let Some(w) = writes.get_mut(o as usize) {
@@ -289,7 +303,15 @@ pub(crate) fn fold_constants(
             }
         }
     }
-    (folded, viewed)
+    for id in folded {
+        if let Some(instr) = chains
+            .get_mut(id.chain)
+            .and_then(|c| c.get_mut(id.instruction))
+        {
+            *instr = Instr::Nop;
+        }
+    }
+    viewed
 }
 
 /// Gives back the memory of constants computed at load that no call reads any more: every

@@ -210,6 +210,37 @@ pub trait Fuser: Send + Sync {
     fn aliases(&self, _graph: &Graph<'_>) -> Vec<Alias> {
         Vec::new()
     }
+
+    /// Calls that constant folding should leave to the fusions although their inputs
+    /// are all constants: a call that a fusion reads through, such as the transpose of
+    /// a weight that a product can read transposed while packing it. Asked before
+    /// folding, on the method as the program has it; those the fusions do not take are
+    /// folded after them, so the choice changes no result.
+    fn defer_folding(&self, _graph: &Graph<'_>) -> Vec<CallId> {
+        Vec::new()
+    }
+}
+
+/// The calls the registry's fuser asks folding to leave to the fusions (see
+/// [`Fuser::defer_folding`]), sorted.
+pub(crate) fn deferred_folds(
+    kernels: &KernelRegistry,
+    chains: &[Vec<Instr>],
+    call_args: &[u32],
+    op_names: &[String],
+    values: &[Slot],
+    io: &[u32],
+) -> Vec<CallId> {
+    let Some(fuser) = kernels.fuser() else {
+        return Vec::new();
+    };
+    // Elided views are not known yet; no deferral depends on them.
+    let views = Views::default();
+    let graph = Graph::new(chains, call_args, op_names, values, io, &views);
+    let mut calls = fuser.defer_folding(&graph);
+    calls.sort_unstable();
+    calls.dedup();
+    calls
 }
 
 /// Every value an instruction refers to, lists expanded.
@@ -362,14 +393,18 @@ fn check(f: &Fusion, cx: &Context<'_>, graph: &Graph<'_>) -> Option<Accepted> {
         written.extend(call_outputs(args, values)?);
     }
     // A value no longer computed may have elided views: they, too, must be read by
-    // the group alone.
-    let only_group_reads = |v: u32| {
-        let group_uses = group
-            .iter()
-            .filter(|i| referenced(i, call_args, values).contains(&v))
-            .count() as u32;
-        graph.uses(v) == group_uses
-    };
+    // the group alone. (Instructions of the group referring to each value, counted once
+    // for the whole group: a region fuses hundreds of calls.)
+    let mut group_uses: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+    for i in &group {
+        let mut refs = referenced(i, call_args, values);
+        refs.sort_unstable();
+        refs.dedup();
+        for v in refs {
+            *group_uses.entry(v).or_default() += 1;
+        }
+    }
+    let only_group_reads = |v: u32| graph.uses(v) == group_uses.get(&v).copied().unwrap_or(0);
     for v in written {
         if f.args.contains(&v) {
             continue;

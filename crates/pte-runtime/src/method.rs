@@ -453,9 +453,14 @@ impl Method {
             delegates.push((id, handle));
         }
 
-        // Calls computing only from constants run now, once.
-        let (folded, mut viewed) = crate::fold::fold_constants(
-            &chains,
+        // Calls computing only from constants run now, once; those a fusion may read
+        // through wait for the fusions (below), then fold if none took them.
+        let io: Vec<u32> = inputs.iter().chain(&outputs).copied().collect();
+        let deferred =
+            crate::fuse::deferred_folds(kernels, &chains, &call_args, &op_names, &values, &io);
+        let mut viewed = crate::fold::fold_constants(
+            &deferred,
+            &mut chains,
             &call_args,
             &op_names,
             kernels,
@@ -463,20 +468,11 @@ impl Method {
             &mut memory,
             &inputs,
             &outputs,
-            kernel_calls.len(),
             &compute_pool,
         );
-        for instr in chains.iter_mut().flatten() {
-            if let Instr::Kernel { kernel, .. } = instr {
-                if folded.get(*kernel as usize) == Some(&true) {
-                    *instr = Instr::Nop;
-                }
-            }
-        }
 
         // Groups of calls the registry's fuser proposes, and the runtime finds safe, run
         // as one call.
-        let io: Vec<u32> = inputs.iter().chain(&outputs).copied().collect();
         let fusions = crate::fuse::plan(
             kernels, &chains, &call_args, &op_names, &values, &io, &viewed,
         );
@@ -517,6 +513,21 @@ impl Method {
                     }
                 }
             }
+        }
+        if !deferred.is_empty() {
+            let late = crate::fold::fold_constants(
+                &[],
+                &mut chains,
+                &call_args,
+                &op_names,
+                kernels,
+                &mut values,
+                &mut memory,
+                &inputs,
+                &outputs,
+                &compute_pool,
+            );
+            viewed.merge(&late);
         }
         // Copies that move no data.
         crate::alias::elide(

@@ -133,6 +133,151 @@ impl Conv2dParams {
     }
 }
 
+/// How a convolution's weights are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightLayout {
+    /// PyTorch's `[out_channels, in_channels / groups, kh, kw]`.
+    Oihw,
+    /// Channels last, `[out_channels, kh, kw, in_channels / groups]` (XNNPACK's
+    /// regular convolution).
+    Ohwi,
+    /// `[kh, kw, out_channels]`, for one input channel per group (XNNPACK's depthwise
+    /// convolution).
+    Hwo,
+}
+
+/// Convolution weights as the prepared convolutions take them: a layout, and
+/// optionally a factor per output channel (a batch normalization folded in) applied
+/// while the weights are arranged, so that no scaled copy is ever made.
+#[derive(Clone, Copy, Debug)]
+pub struct ConvWeights<'a> {
+    data: &'a [f32],
+    layout: WeightLayout,
+    scale: Option<&'a [f64]>,
+}
+
+impl<'a> ConvWeights<'a> {
+    /// Weights in PyTorch's `[out_channels, in_channels / groups, kh, kw]`.
+    pub fn oihw(data: &'a [f32]) -> Self {
+        Self::new(data, WeightLayout::Oihw)
+    }
+
+    /// Channels-last weights, `[out_channels, kh, kw, in_channels / groups]`.
+    pub fn ohwi(data: &'a [f32]) -> Self {
+        Self::new(data, WeightLayout::Ohwi)
+    }
+
+    /// Depthwise weights, `[kh, kw, out_channels]`.
+    pub fn hwo(data: &'a [f32]) -> Self {
+        Self::new(data, WeightLayout::Hwo)
+    }
+
+    fn new(data: &'a [f32], layout: WeightLayout) -> Self {
+        Self {
+            data,
+            layout,
+            scale: None,
+        }
+    }
+
+    /// The same weights with output channel `o`'s multiplied by `scale[o]` (in f64,
+    /// rounded once to f32); `scale` must have one factor per output channel.
+    pub fn scaled(self, scale: &'a [f64]) -> Self {
+        Self {
+            scale: Some(scale),
+            ..self
+        }
+    }
+
+    /// The values as stored, before any scale.
+    pub fn data(&self) -> &'a [f32] {
+        self.data
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> WeightLayout {
+        self.layout
+    }
+
+    /// The factor per output channel, if any.
+    pub fn scale(&self) -> Option<&'a [f64]> {
+        self.scale
+    }
+
+    /// Checks the weights against geometry `p`: their length, the layout's constraint
+    /// and the scale's length. Returns (taps, depth of one group's product).
+    pub(crate) fn check(&self, p: &Conv2dParams) -> Result<(usize, usize)> {
+        let dims = p.weight_dims(self.data.len())?;
+        let cig = p.channels_per_group().0;
+        if self.layout == WeightLayout::Hwo && cig != 1 {
+            return Err(Error::ShapeMismatch {
+                what: format!("depthwise weights for {cig} input channels per group"),
+            });
+        }
+        match self.scale {
+            Some(s) if s.len() != p.out_channels => Err(Error::ShapeMismatch {
+                what: format!(
+                    "{} weight factors for {} output channels",
+                    s.len(),
+                    p.out_channels
+                ),
+            }),
+            _ => Ok(dims),
+        }
+    }
+
+    /// The stored weight of output channel `o` at tap `t` (of `taps`) for input
+    /// channel `i` of its group (of `cig`), with `cout` output channels in all.
+    pub(crate) fn raw(
+        &self,
+        (o, t, i): (usize, usize, usize),
+        taps: usize,
+        cig: usize,
+        cout: usize,
+    ) -> f32 {
+        let at = match self.layout {
+            WeightLayout::Oihw => (o * cig + i) * taps + t,
+            WeightLayout::Ohwi => (o * taps + t) * cig + i,
+            WeightLayout::Hwo => t * cout + o,
+        };
+        self.data.get(at).copied().unwrap_or(0.0)
+    }
+
+    /// [`Self::raw`] times output channel `o`'s factor.
+    pub(crate) fn at(
+        &self,
+        at: (usize, usize, usize),
+        taps: usize,
+        cig: usize,
+        cout: usize,
+    ) -> f32 {
+        let v = self.raw(at, taps, cig, cout);
+        match self.scale.and_then(|s| s.get(at.0)) {
+            Some(&s) => (f64::from(v) * s) as f32,
+            None => v,
+        }
+    }
+
+    /// Output channels `o0..o0 + n`'s weights, each run of `k` contiguous in the
+    /// order (tap, input channel), when the layout stores them so: OHWI, or OIHW with
+    /// a single tap. Unscaled.
+    pub(crate) fn channel_runs(
+        &self,
+        o0: usize,
+        n: usize,
+        k: usize,
+        taps: usize,
+    ) -> Option<&'a [f32]> {
+        let contiguous = match self.layout {
+            WeightLayout::Ohwi => true,
+            WeightLayout::Oihw => taps == 1,
+            WeightLayout::Hwo => false,
+        };
+        let start = o0.checked_mul(k)?;
+        contiguous.then(|| self.data.get(start..start.checked_add(n.checked_mul(k)?)?))?
+    }
+}
+
 /// A bias of `channels` values (zeros when there is none), checked.
 pub(crate) fn bias_or_zeros(bias: Option<&[f32]>, channels: usize) -> Result<Vec<f32>> {
     match bias {
@@ -181,25 +326,42 @@ impl Conv2d {
     pub fn new(
         gemm: Gemm,
         p: Conv2dParams,
-        weights: &[f32],
+        weights: ConvWeights<'_>,
         bias: Option<&[f32]>,
         activation: Activation,
     ) -> Result<Self> {
         let out = p.output()?;
         let (cig, cog) = p.channels_per_group();
-        let (_, k) = p.weight_dims(weights.len())?;
+        let (taps, k) = weights.check(&p)?;
+        if weights.layout() != WeightLayout::Oihw {
+            return Err(Error::ShapeMismatch {
+                what: format!(
+                    "{:?} weights for an NCHW convolution (OIHW expected)",
+                    weights.layout()
+                ),
+            });
+        }
         let bias = bias_or_zeros(bias, p.out_channels)?;
         let algo = if cig == 1 && p.groups > 1 && depthwise::window(&p, out).supported() {
-            Algo::Depthwise {
-                weights: weights.to_vec(),
+            let mut arranged = Vec::with_capacity(weights.data().len());
+            for o in 0..p.out_channels {
+                arranged.extend((0..taps).map(|t| weights.at((o, t, 0), taps, 1, p.out_channels)));
             }
+            Algo::Depthwise { weights: arranged }
         } else {
             let implicit = !(p.kernel == [1, 1] && p.stride == [1, 1] && p.padding == [0; 4]);
-            let weights = weights
-                .chunks_exact(cog * k)
-                .map(|w| gemm.pack_a(MatRef::row_major(w, cog, k)?))
-                .collect::<Result<Vec<_>>>()?;
-            Algo::Gemm { weights, implicit }
+            let mut packed = Vec::with_capacity(p.groups);
+            for (g, w) in weights.data().chunks_exact(cog * k).enumerate() {
+                let mut a = gemm.pack_a(MatRef::row_major(w, cog, k)?)?;
+                if let Some(s) = weights.scale() {
+                    a.scale_rows(s.get(g * cog..(g + 1) * cog).unwrap_or_default())?;
+                }
+                packed.push(a);
+            }
+            Algo::Gemm {
+                weights: packed,
+                implicit,
+            }
         };
         Ok(Self {
             p,

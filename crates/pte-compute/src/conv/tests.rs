@@ -126,7 +126,7 @@ fn convolutions_match_the_reference() {
             let w = values(p.out_channels * cig * p.kernel[0] * p.kernel[1], i as u32);
             let bias = values(p.out_channels, 100 + i as u32);
             let act = [Activation::Identity, Activation::RELU6, Activation::Silu][i % 3];
-            let conv = Conv2d::new(gemm, *p, &w, Some(&bias), act).unwrap();
+            let conv = Conv2d::new(gemm, *p, ConvWeights::oihw(&w), Some(&bias), act).unwrap();
             let (x_len, y_len) = conv.io_len(batch).unwrap();
             let x = values(x_len, 200 + i as u32);
             let (want, mag) = reference(p, &x, &w, &bias, act, batch);
@@ -154,7 +154,7 @@ fn algorithms_are_chosen_by_shape() {
     let algo = |p: Conv2dParams| {
         let (cig, _) = p.channels_per_group();
         let w = vec![0.0; p.out_channels * cig * p.kernel[0] * p.kernel[1]];
-        Conv2d::new(g, p, &w, None, Activation::Identity)
+        Conv2d::new(g, p, ConvWeights::oihw(&w), None, Activation::Identity)
             .unwrap()
             .algorithm()
     };
@@ -169,8 +169,22 @@ fn invalid_layers_are_refused() {
     let g = Gemm::new();
     let good = cases()[4];
     let w = vec![0.0; good.out_channels * good.in_channels * 9];
-    assert!(Conv2d::new(g, good, &w[1..], None, Activation::Identity).is_err());
-    assert!(Conv2d::new(g, good, &w, Some(&[1.0]), Activation::Identity).is_err());
+    assert!(Conv2d::new(
+        g,
+        good,
+        ConvWeights::oihw(&w[1..]),
+        None,
+        Activation::Identity
+    )
+    .is_err());
+    assert!(Conv2d::new(
+        g,
+        good,
+        ConvWeights::oihw(&w),
+        Some(&[1.0]),
+        Activation::Identity
+    )
+    .is_err());
     for bad in [
         Conv2dParams { groups: 2, ..good },
         Conv2dParams {
@@ -187,11 +201,11 @@ fn invalid_layers_are_refused() {
         },
     ] {
         assert!(
-            Conv2d::new(g, bad, &w, None, Activation::Identity).is_err(),
+            Conv2d::new(g, bad, ConvWeights::oihw(&w), None, Activation::Identity).is_err(),
             "{bad:?}"
         );
     }
-    let conv = Conv2d::new(g, good, &w, None, Activation::Identity).unwrap();
+    let conv = Conv2d::new(g, good, ConvWeights::oihw(&w), None, Activation::Identity).unwrap();
     let pool = ThreadPool::new(1).unwrap();
     let (x_len, y_len) = conv.io_len(1).unwrap();
     let mut y = vec![0.0; y_len];
@@ -218,7 +232,7 @@ fn nhwc_convolutions_match_the_reference() {
             let conv = crate::nhwc::ConvNhwc::new(
                 gemm,
                 *p,
-                crate::nhwc::ConvWeights::Oihw(&w),
+                crate::nhwc::ConvWeights::oihw(&w),
                 Some(&bias),
                 act,
             )
@@ -299,5 +313,49 @@ fn nhwc_convolutions_match_the_reference() {
                 }
             }
         }
+    }
+}
+
+/// Weights scaled per output channel while they are packed give, bit for bit, what the
+/// same weights scaled beforehand give; other layouts and wrong scales are refused.
+#[test]
+fn scaled_weights_equal_weights_scaled_beforehand() {
+    let g = Gemm::new();
+    let pool = ThreadPool::new(1).unwrap();
+    for (i, p) in cases().iter().enumerate() {
+        let (cig, _) = p.channels_per_group();
+        let per_channel = cig * p.kernel[0] * p.kernel[1];
+        let w = values(p.out_channels * per_channel, i as u32);
+        let scale: Vec<f64> = (0..p.out_channels).map(|o| 0.5 + o as f64 / 7.0).collect();
+        let scaled: Vec<f32> = w
+            .iter()
+            .enumerate()
+            .map(|(j, &v)| (f64::from(v) * scale[j / per_channel]) as f32)
+            .collect();
+        let run = |w: ConvWeights<'_>| {
+            let conv = Conv2d::new(g, *p, w, None, Activation::Identity).unwrap();
+            let (x_len, y_len) = conv.io_len(1).unwrap();
+            let x = values(x_len, 7);
+            let mut y = vec![f32::NAN; y_len];
+            let mut scratch = vec![0.0; conv.scratch_len(1).unwrap()];
+            conv.run(&pool, &x, 1, &mut y, &mut scratch).unwrap();
+            y
+        };
+        let (got, want) = (
+            run(ConvWeights::oihw(&w).scaled(&scale)),
+            run(ConvWeights::oihw(&scaled)),
+        );
+        let differs = got
+            .iter()
+            .zip(&want)
+            .position(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(differs, None, "case {i}: first differing output");
+        let refused =
+            |w: ConvWeights<'_>| Conv2d::new(g, *p, w, None, Activation::Identity).is_err();
+        assert!(
+            refused(ConvWeights::oihw(&w).scaled(&scale[1..])),
+            "case {i}"
+        );
+        assert!(refused(ConvWeights::ohwi(&w)), "case {i}");
     }
 }

@@ -114,6 +114,29 @@ impl Panels {
         self.buf.get(self.offset..).unwrap_or(&[])
     }
 
+    /// Multiplies line `l` by `scale[l]` (in f64, rounded once: the same values as
+    /// scaling before packing). Padding lines stay zero.
+    fn scale_lines(&mut self, scale: &[f64]) -> Result {
+        if scale.len() != self.lines {
+            return Err(Error::ShapeMismatch {
+                what: format!("{} factors for {} packed lines", scale.len(), self.lines),
+            });
+        }
+        let (depth, w) = (self.depth, self.w);
+        if depth == 0 || w == 0 {
+            return Ok(());
+        }
+        let data = self.buf.get_mut(self.offset..).unwrap_or_default();
+        for (panel, factors) in data.chunks_exact_mut(depth * w).zip(scale.chunks(w)) {
+            for run in panel.chunks_exact_mut(w) {
+                for (v, &s) in run.iter_mut().zip(factors) {
+                    *v = (f64::from(*v) * s) as f32;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Panels holding lines `l0..` (`l0` a multiple of `w`) from depth `k0`, and the
     /// distance between panels.
     pub(crate) fn block(&self, l0: usize, k0: usize) -> (&[f32], usize) {
@@ -155,6 +178,11 @@ impl PackedA {
     pub fn bytes(&self) -> usize {
         self.0.buf.len() * std::mem::size_of::<f32>()
     }
+    /// Multiplies row `i` by `scale[i]` (in f64, rounded once), e.g. to fold a
+    /// per-channel factor into weights already packed.
+    pub fn scale_rows(&mut self, scale: &[f64]) -> Result {
+        self.0.scale_lines(scale)
+    }
     /// Rows (m).
     pub fn rows(&self) -> usize {
         self.0.lines
@@ -172,6 +200,11 @@ impl PackedB {
     /// Heap bytes held (for memory budgets).
     pub fn bytes(&self) -> usize {
         self.0.buf.len() * std::mem::size_of::<f32>()
+    }
+    /// Multiplies column `j` by `scale[j]` (in f64, rounded once), e.g. to fold a
+    /// per-channel factor into weights already packed.
+    pub fn scale_columns(&mut self, scale: &[f64]) -> Result {
+        self.0.scale_lines(scale)
     }
     /// Rows (k).
     pub fn rows(&self) -> usize {

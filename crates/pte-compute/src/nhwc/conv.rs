@@ -6,7 +6,7 @@ use crate::arch::{
     self, depthwise_pixels, indirect_microkernel, IndirectRows, Isa, PanelRun, PixelTaps, Post,
     TileBias, INDIRECT_TAPS,
 };
-use crate::conv::{bias_or_zeros, Conv2dParams};
+use crate::conv::{bias_or_zeros, Conv2dParams, ConvWeights};
 use crate::elementwise::{self, Activation};
 use crate::error::{self, Error, Result};
 use crate::gemm::{Gemm, PackedB};
@@ -17,38 +17,6 @@ use crate::pool::ThreadPool;
 mod winograd;
 
 use winograd::{Variant, Winograd};
-
-/// Convolution weights as [`ConvNhwc::new`] takes them, in one of three layouts.
-#[derive(Clone, Copy, Debug)]
-pub enum ConvWeights<'a> {
-    /// PyTorch's `[out_channels, in_channels / groups, kh, kw]`.
-    Oihw(&'a [f32]),
-    /// Channels last, `[out_channels, kh, kw, in_channels / groups]` (XNNPACK's
-    /// regular convolution).
-    Ohwi(&'a [f32]),
-    /// `[kh, kw, out_channels]`, for one input channel per group (XNNPACK's depthwise
-    /// convolution).
-    Hwo(&'a [f32]),
-}
-
-impl ConvWeights<'_> {
-    fn data(&self) -> &[f32] {
-        match *self {
-            ConvWeights::Oihw(w) | ConvWeights::Ohwi(w) | ConvWeights::Hwo(w) => w,
-        }
-    }
-
-    /// The weight of output channel `o` at tap `t` (of `taps`) for input channel `i`
-    /// of its group (of `cig`), with `cout` output channels in all.
-    fn at(&self, (o, t, i): (usize, usize, usize), taps: usize, cig: usize, cout: usize) -> f32 {
-        let at = match self {
-            ConvWeights::Oihw(_) => (o * cig + i) * taps + t,
-            ConvWeights::Ohwi(_) => (o * taps + t) * cig + i,
-            ConvWeights::Hwo(_) => t * cout + o,
-        };
-        self.data().get(at).copied().unwrap_or(0.0)
-    }
-}
 
 enum Algo {
     /// One product per group, weights packed as `K × c_out/groups`, K ordered (kernel
@@ -113,12 +81,7 @@ impl ConvNhwc {
     ) -> Result<Self> {
         let out = p.output()?;
         let (cig, cog) = p.channels_per_group();
-        let (taps, k) = p.weight_dims(weights.data().len())?;
-        if matches!(weights, ConvWeights::Hwo(_)) && cig != 1 {
-            return Err(Error::ShapeMismatch {
-                what: format!("depthwise weights for {cig} input channels per group"),
-            });
-        }
+        let (taps, k) = weights.check(&p)?;
         let bias = bias_or_zeros(bias, p.out_channels)?;
         let cout = p.out_channels;
         let depthwise = cig == 1 && cog == 1 && p.groups > 1;
@@ -133,16 +96,27 @@ impl ConvNhwc {
             Algo::Depthwise { weights }
         } else {
             let mut packed = Vec::with_capacity(p.groups);
-            let mut reordered = vec![0.0; k * cog];
+            let mut reordered = Vec::new();
             for g in 0..p.groups {
-                // K × cog, K ordered (tap, input channel).
-                for (d, row) in reordered.chunks_exact_mut(cog.max(1)).enumerate() {
-                    let (t, i) = (d / cig, d % cig);
-                    for (co, v) in row.iter_mut().enumerate() {
-                        *v = weights.at((g * cog + co, t, i), taps, cig, cout);
+                // B is K × cog, K ordered (tap, input channel): packed from the stored
+                // weights when each output channel's are one such run, else reordered.
+                let mut b = match weights.channel_runs(g * cog, cog, k, taps) {
+                    Some(runs) => gemm.pack_b(MatRef::row_major(runs, cog, k)?.t())?,
+                    None => {
+                        reordered.resize(k * cog, 0.0);
+                        for (d, row) in reordered.chunks_exact_mut(cog.max(1)).enumerate() {
+                            let (t, i) = (d / cig, d % cig);
+                            for (co, v) in row.iter_mut().enumerate() {
+                                *v = weights.raw((g * cog + co, t, i), taps, cig, cout);
+                            }
+                        }
+                        gemm.pack_b(MatRef::row_major(&reordered, k, cog)?)?
                     }
+                };
+                if let Some(s) = weights.scale() {
+                    b.scale_columns(s.get(g * cog..(g + 1) * cog).unwrap_or_default())?;
                 }
-                packed.push(gemm.pack_b(MatRef::row_major(&reordered, k, cog)?)?);
+                packed.push(b);
             }
             let pointwise = p.kernel == [1, 1] && p.stride == [1, 1] && p.padding == [0; 4];
             let rows = cig < MIN_SEGMENT && p.groups == 1 && p.dilation[1] == 1 && !pointwise;

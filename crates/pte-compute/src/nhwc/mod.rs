@@ -37,7 +37,8 @@ mod conv;
 mod deconv;
 mod pool;
 
-pub use conv::{ConvNhwc, ConvWeights};
+pub use crate::conv::{ConvWeights, WeightLayout};
+pub use conv::ConvNhwc;
 pub use deconv::DeconvNhwc;
 pub use pool::{global_avg_pool, pool2d, PoolKind};
 

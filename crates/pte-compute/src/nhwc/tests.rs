@@ -222,9 +222,9 @@ fn convolutions_match_a_direct_loop() {
                     crate::Activation::Silu,
                 ] {
                     let weights = if dw {
-                        ConvWeights::Hwo(&w)
+                        ConvWeights::hwo(&w)
                     } else {
-                        ConvWeights::Ohwi(&w)
+                        ConvWeights::ohwi(&w)
                     };
                     let p = g.conv2d(groups * cig, groups * cog, groups);
                     let conv = ConvNhwc::new(gemm, p, weights, Some(&b), act).unwrap();
@@ -476,7 +476,7 @@ fn winograd_matches_a_direct_loop() {
                 (crate::Activation::Silu, true),
             ] {
                 let p = g.conv2d(cin, cout, 1);
-                let conv = ConvNhwc::new(gemm, p, ConvWeights::Ohwi(&w), Some(&b), act).unwrap();
+                let conv = ConvNhwc::new(gemm, p, ConvWeights::ohwi(&w), Some(&b), act).unwrap();
                 assert_eq!(conv.algorithm(), algorithm, "{g:?} {cin}->{cout}");
                 for pool in &pools {
                     let mut y = vec![f32::NAN; batch * oh * ow * cout];
@@ -494,5 +494,100 @@ fn winograd_matches_a_direct_loop() {
                 }
             }
         }
+    }
+}
+
+/// Weights scaled per output channel as they are arranged give, bit for bit, what the
+/// same weights scaled beforehand give, for every algorithm and layout.
+#[test]
+fn scaled_weights_equal_weights_scaled_beforehand() {
+    // (input, kernel, stride, padding, groups, cig, cog, layout)
+    type Case = (
+        [usize; 2],
+        [usize; 2],
+        usize,
+        usize,
+        usize,
+        usize,
+        usize,
+        WeightLayout,
+    );
+    let cases: &[Case] = &[
+        ([6, 7], [1, 1], 1, 0, 1, 20, 13, WeightLayout::Oihw), // pointwise
+        ([6, 7], [1, 1], 1, 0, 1, 20, 13, WeightLayout::Ohwi),
+        ([9, 8], [3, 3], 2, 1, 1, 3, 16, WeightLayout::Oihw), // rows (a stem)
+        ([9, 8], [3, 3], 1, 1, 2, 12, 5, WeightLayout::Oihw), // indirect, reordered
+        ([9, 8], [3, 3], 1, 1, 2, 12, 5, WeightLayout::Ohwi), // indirect, in place
+        ([14, 13], [3, 3], 1, 1, 1, 16, 17, WeightLayout::Oihw), // Winograd
+        ([10, 9], [3, 3], 1, 1, 24, 1, 1, WeightLayout::Oihw), // depthwise
+        ([10, 9], [5, 5], 2, 2, 24, 1, 1, WeightLayout::Hwo),
+    ];
+    let gemm = Gemm::new();
+    let pool = ThreadPool::new(1).unwrap();
+    let mut algorithms = Vec::new();
+    for (c, &(input, kernel, stride, pad, groups, cig, cog, layout)) in cases.iter().enumerate() {
+        let g = Geometry {
+            input,
+            kernel,
+            stride: [stride; 2],
+            dilation: [1, 1],
+            padding: [pad; 4],
+        };
+        let p = g.conv2d(groups * cig, groups * cog, groups);
+        let taps = kernel[0] * kernel[1];
+        let cout = groups * cog;
+        let w = data(cout * taps * cig, c as u32);
+        let scale: Vec<f64> = data(cout, 50 + c as u32)
+            .iter()
+            .map(|&v| 1.0 + f64::from(v) / 3.0)
+            .collect();
+        // The output channel of each stored weight, by layout.
+        let channel = |i: usize| match layout {
+            WeightLayout::Oihw | WeightLayout::Ohwi => i / (taps * cig),
+            WeightLayout::Hwo => i % cout,
+        };
+        let scaled: Vec<f32> = w
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (f64::from(v) * scale[channel(i)]) as f32)
+            .collect();
+        let weights = |data| match layout {
+            WeightLayout::Oihw => ConvWeights::oihw(data),
+            WeightLayout::Ohwi => ConvWeights::ohwi(data),
+            WeightLayout::Hwo => ConvWeights::hwo(data),
+        };
+        let x = data(input[0] * input[1] * groups * cig, 99);
+        let bias = data(cout, 98);
+        let run = |w: ConvWeights<'_>| {
+            let conv = ConvNhwc::new(gemm, p, w, Some(&bias), crate::Activation::Identity).unwrap();
+            let (_, y_len) = conv.io_len(1).unwrap();
+            let mut y = vec![f32::NAN; y_len];
+            let mut scratch = vec![0.0; conv.scratch_len(1).unwrap()];
+            conv.run(&pool, &x, 1, None, &mut y, &mut scratch).unwrap();
+            (conv.algorithm(), y)
+        };
+        let (algorithm, got) = run(weights(&w).scaled(&scale));
+        let (_, want) = run(weights(&scaled));
+        let differs = got
+            .iter()
+            .zip(&want)
+            .position(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(
+            differs, None,
+            "case {c} ({algorithm}): first differing output"
+        );
+        algorithms.push(algorithm);
+        // One factor too few is refused.
+        assert!(ConvNhwc::new(
+            gemm,
+            p,
+            weights(&w).scaled(&scale[1..]),
+            None,
+            Default::default()
+        )
+        .is_err());
+    }
+    for a in ["pointwise", "rows", "indirect", "winograd-2x2", "depthwise"] {
+        assert!(algorithms.contains(&a), "{a} not covered: {algorithms:?}");
     }
 }

@@ -3,9 +3,7 @@
 //! as the fused call of a convolution with the batch normalization (folded into the
 //! weights and bias at load), residual addition and activation after it.
 
-use std::borrow::Cow;
-
-use pte_compute::{Activation, Conv2d, Conv2dParams, Gemm};
+use pte_compute::{Activation, Conv2d, Conv2dParams, ConvWeights, Gemm};
 use pte_runtime::{Args, Charge, KernelError, KernelResult, PreparedKernel};
 use smallvec::SmallVec;
 
@@ -189,11 +187,26 @@ fn pair(list: &[i64], spatial: usize, flat: usize) -> Option<[usize; 2]> {
 /// normalization folded in), activation, batch and output sizes.
 pub(super) struct Spec<'a> {
     pub p: Conv2dParams,
-    pub weights: Cow<'a, [f32]>,
+    /// OIHW, as stored in the program.
+    pub weights: &'a [f32],
+    /// The batch normalization's factor per output channel, applied as the weights
+    /// are arranged.
+    pub scale: Option<Vec<f64>>,
     pub bias: Option<Vec<f32>>,
     pub activation: Activation,
     pub batch: usize,
     pub out_sizes: SmallVec<[usize; 4]>,
+}
+
+impl Spec<'_> {
+    /// The weights with the batch normalization's factors.
+    pub fn weights(&self) -> ConvWeights<'_> {
+        let w = ConvWeights::oihw(self.weights);
+        match &self.scale {
+            Some(s) => w.scaled(s),
+            None => w,
+        }
+    }
 }
 
 /// The convolution of the call's current arguments, or `None` when the call does not
@@ -266,8 +279,8 @@ pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Sp
     let activation = l.act.resolve(args)?;
     // Batch normalization folded into the weights and bias:
     // w' = w·s, b' = (b - mean)·s + beta with s = gamma / sqrt(var + eps), in f64.
-    let (weights, bias) = match l.bn {
-        None => (Cow::Borrowed(weights), bias.map(<[f32]>::to_vec)),
+    let (scale, bias) = match l.bn {
+        None => (None, bias.map(<[f32]>::to_vec)),
         Some(bn) => {
             let vector = |i: usize| -> KernelResult<Option<&[f32]>> {
                 if args.is_none(i)? {
@@ -295,19 +308,13 @@ pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Sp
             let scale: Vec<f64> = (0..c_out)
                 .map(|c| at(gamma, c, 1.0) / (at(Some(var), c, 1.0) + eps).sqrt())
                 .collect();
-            let per_channel = weights.len() / c_out.max(1);
-            let folded = weights
-                .chunks(per_channel.max(1))
-                .zip(&scale)
-                .flat_map(|(w, &s)| w.iter().map(move |&v| (f64::from(v) * s) as f32))
-                .collect::<Vec<f32>>();
             let b: Vec<f32> = (0..c_out)
                 .zip(&scale)
                 .map(|(c, &s)| {
                     ((at(bias, c, 0.0) - at(Some(mean), c, 0.0)) * s + at(beta, c, 0.0)) as f32
                 })
                 .collect();
-            (Cow::Owned(folded), Some(b))
+            (Some(scale), Some(b))
         }
     };
     let mut out_sizes: SmallVec<[usize; 4]> = SmallVec::new();
@@ -319,6 +326,7 @@ pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Sp
     Ok(Some(Spec {
         p,
         weights,
+        scale,
         bias,
         activation,
         batch,
@@ -341,7 +349,7 @@ fn build(args: &Args<'_>, l: &Layout) -> KernelResult<Option<Layer>> {
     let conv = Conv2d::new(
         Gemm::new(),
         s.p,
-        &s.weights,
+        s.weights(),
         s.bias.as_deref(),
         s.activation,
     )

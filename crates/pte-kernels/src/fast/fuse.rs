@@ -4,6 +4,9 @@
 //!   → `add` (a residual) [→ activation]]: one convolution with the normalization folded
 //!   into its weights, the addition and activation in its epilogue;
 //! - `addmm` / `linear` / `mm` with a constant weight → activation;
+//! - `permute_copy` transposing a constant 2-d weight → `addmm` / `mm` reading it [→
+//!   activation]: the weight is packed from its stored layout, the transpose never
+//!   runs (folding defers it, see [`Fuser::defer_folding`]);
 //! - `max_pool2d_with_indices` whose indices nothing reads → max pooling alone.
 //!
 //! Activations: `relu`, `hardtanh`, `clamp` with both bounds, `sigmoid`, `gelu`, and
@@ -30,6 +33,18 @@ impl Fuser for Patterns {
         crate::shape::alias::propose(g)
     }
 
+    fn defer_folding(&self, g: &Graph<'_>) -> Vec<CallId> {
+        let calls = g.calls();
+        (0..calls.len())
+            .filter_map(|i| {
+                let rest = calls.get(i..)?;
+                let c = rest.first()?;
+                (c.op == "aten::permute_copy.out" && transposed_product(g, rest).is_some())
+                    .then_some(c.id)
+            })
+            .collect()
+    }
+
     fn fuse(&self, g: &Graph<'_>) -> Vec<Fusion> {
         let calls = g.calls();
         let mut out = Vec::new();
@@ -40,6 +55,7 @@ impl Fuser for Patterns {
                 "aten::convolution.out" => {
                     super::region::propose(g, rest).or_else(|| conv_chain(g, rest))
                 }
+                "aten::permute_copy.out" => transposed_product(g, rest),
                 "aten::addmm.out" => product_chain(g, rest, Op::Addmm),
                 "aten::linear.out" => product_chain(g, rest, Op::Linear),
                 "aten::mm.out" => product_chain(g, rest, Op::Mm),
@@ -290,18 +306,96 @@ impl Kernel for FusedConv {
 
 /// A product with a constant weight followed by an activation.
 fn product_chain(g: &Graph<'_>, calls: &[Call<'_>], op: Op) -> Option<Fusion> {
-    let c = calls.first()?;
-    let (n_args, w) = match op {
-        Op::Addmm => (5, arg(c, 2)?),
-        Op::Linear => (3, arg(c, 1)?),
-        Op::Mm => (2, arg(c, 1)?),
+    let (c, rest) = calls.split_first()?;
+    let w = arg(c, op.weight())?;
+    if !is_const_f32(g, w, false) {
+        return None;
+    }
+    product_fusion(g, None, c, rest, op, w)
+}
+
+/// The transpose of a constant 2-d weight that the product right after it reads as its
+/// right operand [→ activation]: the product packs the weight transposed, so the
+/// transpose is never computed (constant folding leaves it for this, see
+/// [`Fuser::defer_folding`]).
+fn transposed_product(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
+    let (t, rest) = calls.split_first()?;
+    let (p, rest) = rest.split_first()?;
+    let (w, dims, wt) = (arg(t, 0)?, arg(t, 1)?, single_output(t)?);
+    let transpose = g
+        .int_list(dims)
+        .is_some_and(|d| matches!(d.as_slice(), [1 | -1, 0 | -2]));
+    let op = match p.op {
+        "aten::addmm.out" => Op::Addmm,
+        "aten::mm.out" => Op::Mm,
+        _ => return None,
     };
+    // Read by the product alone (the transpose lists it twice as its output).
+    let only_weight = arg(p, op.weight()) == Some(wt)
+        && p.args.iter().filter(|&&a| a == wt).count() == 1
+        && g.uses(wt) == 2;
+    let matrix = g.tensor(w).is_some_and(|t| t.sizes.len() == 2);
+    if !(transpose && only_weight && matrix && is_const_f32(g, w, false) && is_f32(g, wt)) {
+        return None;
+    }
+    product_fusion(g, Some(t), p, rest, op, w)
+}
+
+/// The fused call of product `c` with `weight` as its right operand [read transposed,
+/// after the `transpose` call], followed by the activation that `rest` starts with;
+/// without a transpose the activation is required (a product alone needs no fusion).
+fn product_fusion(
+    g: &Graph<'_>,
+    transpose: Option<&Call<'_>>,
+    c: &Call<'_>,
+    rest: &[Call<'_>],
+    op: Op,
+    weight: u32,
+) -> Option<Fusion> {
+    let n_args = op.arguments();
     let v = single_output(c)?;
-    if !is_const_f32(g, w, false) || !is_f32(g, v) {
+    if !is_f32(g, v) {
         return None;
     }
     let mut args: Vec<u32> = c.args.get(..n_args)?.to_vec();
-    let rest = calls.get(1..).unwrap_or_default();
+    *args.get_mut(op.weight())? = weight;
+    let (act, scalars, out, n) = match product_activation(g, rest, v, n_args) {
+        Some(found) => found,
+        None if transpose.is_some() => (Act::None, Vec::new(), v, 0),
+        None => return None,
+    };
+    args.extend(scalars);
+    let out_at = args.len();
+    args.extend([out, out]);
+    let mut ids: Vec<_> = transpose.iter().map(|t| t.id).collect();
+    ids.push(c.id);
+    ids.extend(rest.iter().take(n).map(|c| c.id));
+    Some(Fusion {
+        calls: ids,
+        name: format!(
+            "fused {}{}{}",
+            if transpose.is_some() { "permute+" } else { "" },
+            c.op.trim_start_matches("aten::").trim_end_matches(".out"),
+            if n > 0 { "+activation" } else { "" }
+        ),
+        kernel: Arc::new(FusedProduct {
+            op,
+            act,
+            out: out_at,
+            transposed: transpose.is_some(),
+        }),
+        args,
+    })
+}
+
+/// The activation the calls at the start of `rest` apply to product output `v` (see
+/// [`activation`]).
+fn product_activation(
+    g: &Graph<'_>,
+    rest: &[Call<'_>],
+    v: u32,
+    next: usize,
+) -> Option<(Act, Vec<u32>, u32, usize)> {
     // The activation may read the product through an elided view (a reshape of the
     // same elements): the fused call then writes the activation's shape.
     let x = rest.first().and_then(|c| arg(c, 0))?;
@@ -312,36 +406,20 @@ fn product_chain(g: &Graph<'_>, calls: &[Call<'_>], op: Op) -> Option<Fusion> {
     if x != v && !(g.is_view_of(x, v) && is_f32(g, x) && same_elements(x, v)) {
         return None;
     }
-    let (act, scalars, out, n) = activation(g, rest, x, n_args)?;
-    args.extend(scalars);
-    let out_at = args.len();
-    args.extend([out, out]);
-    let mut ids = vec![c.id];
-    ids.extend(rest.iter().take(n).map(|c| c.id));
-    Some(Fusion {
-        calls: ids,
-        name: format!(
-            "fused {}+activation",
-            c.op.trim_start_matches("aten::").trim_end_matches(".out")
-        ),
-        kernel: Arc::new(FusedProduct {
-            op,
-            act,
-            out: out_at,
-        }),
-        args,
-    })
+    activation(g, rest, x, next)
 }
 
 struct FusedProduct {
     op: Op,
     act: Act,
     out: usize,
+    /// The weight argument is the transpose of the product's right operand.
+    transposed: bool,
 }
 
 impl Kernel for FusedProduct {
     fn prepare(&self, args: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
-        linear::prepare_fused(args, self.op, self.act, self.out)
+        linear::prepare_fused(args, self.op, self.act, self.out, self.transposed)
     }
 }
 

@@ -23,6 +23,16 @@ pub(super) enum Op {
 }
 
 impl Op {
+    /// Position of the weight.
+    pub(super) fn weight(self) -> usize {
+        self.positions().1
+    }
+
+    /// Arguments of the plain call before its output.
+    pub(super) fn arguments(self) -> usize {
+        self.positions().2
+    }
+
     /// Positions of the left operand, the weight, and the output (of the plain call).
     fn positions(self) -> (usize, usize, usize) {
         match self {
@@ -50,29 +60,31 @@ pub(super) struct Packed {
 }
 
 pub(super) fn prepare_addmm(args: &Args<'_>, _: &dyn Kernel) -> super::Prepared {
-    boxed(build(args, Op::Addmm, Act::None, 5))
+    boxed(build(args, Op::Addmm, Act::None, 5, false))
 }
 
 pub(super) fn prepare_linear(args: &Args<'_>, _: &dyn Kernel) -> super::Prepared {
-    boxed(build(args, Op::Linear, Act::None, 3))
+    boxed(build(args, Op::Linear, Act::None, 3, false))
 }
 
 pub(super) fn prepare_mm(args: &Args<'_>, _: &dyn Kernel) -> super::Prepared {
-    match build(args, Op::Mm, Act::None, 2)? {
+    match build(args, Op::Mm, Act::None, 2, false)? {
         Some(k) => Ok(Some(Box::new(k))),
         None => prepare_variable_mm(args),
     }
 }
 
 /// A fused product and activation: the product's arguments (its output dropped), then
-/// the activation's scalars, then the output.
+/// the activation's scalars, then the output. `transposed`: the weight argument is
+/// the transpose of the product's right operand (`[n, k]`).
 pub(super) fn prepare_fused(
     args: &Args<'_>,
     op: Op,
     act: Act,
     out: usize,
+    transposed: bool,
 ) -> KernelResult<Box<dyn PreparedKernel>> {
-    match build(args, op, act, out)? {
+    match build(args, op, act, out, transposed)? {
         Some(k) => Ok(Box::new(k)),
         None => Err(KernelError::invalid(format!(
             "{}: arguments do not qualify for the fused product",
@@ -93,7 +105,13 @@ fn matrix(sizes: &[usize]) -> Option<(usize, usize)> {
     }
 }
 
-fn build(args: &Args<'_>, op: Op, act: Act, out: usize) -> KernelResult<Option<Packed>> {
+fn build(
+    args: &Args<'_>,
+    op: Op,
+    act: Act,
+    out: usize,
+    transposed: bool,
+) -> KernelResult<Option<Packed>> {
     let (xi, wi, _) = op.positions();
     let (Some(x), Some(w), Some(y)) = (
         f32_tensor(args, xi)?,
@@ -105,10 +123,11 @@ fn build(args: &Args<'_>, op: Op, act: Act, out: usize) -> KernelResult<Option<P
     let (Some(weights), Some((wr, wc))) = (constant_f32(args, wi)?, matrix(&w.sizes)) else {
         return Ok(None);
     };
-    // The weight as a k × n matrix.
-    let (k, n, w_view) = match op {
-        Op::Linear => (wc, wr, MatRef::row_major(weights, wr, wc).map(MatRef::t)),
-        Op::Addmm | Op::Mm => (wr, wc, MatRef::row_major(weights, wr, wc)),
+    // The weight as a k × n matrix (`linear` stores it n × k, as does a transposed one).
+    let (k, n, w_view) = if transposed || matches!(op, Op::Linear) {
+        (wc, wr, MatRef::row_major(weights, wr, wc).map(MatRef::t))
+    } else {
+        (wr, wc, MatRef::row_major(weights, wr, wc))
     };
     let Ok(w_view) = w_view else {
         return Ok(None);

@@ -25,7 +25,7 @@
 use std::sync::Arc;
 
 use pte_compute::elementwise::{self, BinaryOp};
-use pte_compute::nhwc::{self, ConvNhwc, ConvWeights, Geometry, PoolKind};
+use pte_compute::nhwc::{self, ConvNhwc, Geometry, PoolKind};
 use pte_compute::pooling::Pool2dParams;
 use pte_compute::{layout, Activation, Gemm, Isa};
 use pte_runtime::{
@@ -506,7 +506,7 @@ fn build_layer(args: &Args<'_>, layout: &Layout, held: &mut Charge) -> KernelRes
     let conv = ConvNhwc::new(
         Gemm::new(),
         spec.p,
-        ConvWeights::Oihw(&spec.weights),
+        spec.weights(),
         spec.bias.as_deref(),
         spec.activation,
     )

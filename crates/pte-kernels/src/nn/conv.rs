@@ -9,7 +9,9 @@
 //! type runs one direct loop per output element, accumulating in float32 for float16 and
 //! bfloat16 (PyTorch's opmath type).
 
-use pte_compute::{Activation, Conv2d, Conv2dParams, ConvTranspose2d, ConvTranspose2dParams, Gemm};
+use pte_compute::{
+    Activation, Conv2d, Conv2dParams, ConvTranspose2d, ConvTranspose2dParams, ConvWeights, Gemm,
+};
 use pte_runtime::{Arg, Args, Charge, DType, Dims, KernelError, KernelRegistry, KernelResult};
 use smallvec::SmallVec;
 
@@ -345,7 +347,8 @@ fn prepare_f32(args: &Args<'_>, g: &Geom, has_bias: bool) -> KernelResult<Prepar
             padding: [ph, pw, ph, pw],
             dilation: g.dilation,
         };
-        let layer = Conv2d::new(gemm, p, &w, b, Activation::default()).map_err(err)?;
+        let layer =
+            Conv2d::new(gemm, p, ConvWeights::oihw(&w), b, Activation::default()).map_err(err)?;
         (Layer::Direct(layer), charge)
     };
     Ok(Prepared {

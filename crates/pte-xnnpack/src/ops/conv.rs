@@ -164,8 +164,8 @@ impl FloatConv {
         let dim = if self.kind == Kind::Depthwise { 3 } else { 0 };
         let (weights, bias) = float_filter(&self.filter, self.bias.as_ref(), dim)?;
         let weights = match self.kind {
-            Kind::Depthwise => ConvWeights::Hwo(&weights),
-            Kind::Regular => ConvWeights::Ohwi(&weights),
+            Kind::Depthwise => ConvWeights::hwo(&weights),
+            Kind::Regular => ConvWeights::ohwi(&weights),
         };
         ConvNhwc::new(
             Gemm::new(),
