@@ -695,8 +695,15 @@ fn bench_conv(o: &Opts, name: &str, layers: &[Layer]) {
         let (cig, _) = (p.in_channels / p.groups, 0);
         let w = values(p.out_channels * cig * p.kernel[0] * p.kernel[1]);
         let bias = values(p.out_channels);
-        let conv =
-            Conv2d::new(g, *p, ConvWeights::oihw(&w), Some(&bias), Activation::RELU).unwrap();
+        let conv = Conv2d::new(
+            &pools[0],
+            g,
+            *p,
+            ConvWeights::oihw(&w),
+            Some(&bias),
+            Activation::RELU,
+        )
+        .unwrap();
         let (x_len, y_len) = conv.io_len(1).unwrap();
         let x = values(x_len);
         let [oh, ow] = conv.output_size();
@@ -823,8 +830,15 @@ fn bench_nhwc(o: &Opts) {
         let p = layer(ci, co, groups, size, k, s, pad);
         let w = values(co * ci / groups * k * k);
         let bias = values(co);
-        let conv =
-            ConvNhwc::new(g, p, ConvWeights::oihw(&w), Some(&bias), Activation::RELU).unwrap();
+        let conv = ConvNhwc::new(
+            &pools[0],
+            g,
+            p,
+            ConvWeights::oihw(&w),
+            Some(&bias),
+            Activation::RELU,
+        )
+        .unwrap();
         let (xl, yl) = conv.io_len(1).unwrap();
         let x = values(xl);
         let mut ys = [vec![0.0; yl], vec![0.0; yl]];
@@ -981,7 +995,9 @@ fn main() {
             let p = layer(ci, co, g, size, k, s, pad);
             let w = values(co * ci / g * k * k);
             let gemm = Gemm::with_isa(o.isa).unwrap();
+            let pool = ThreadPool::new(threads).unwrap();
             let conv = pte_compute::nhwc::ConvNhwc::new(
+                &pool,
                 gemm,
                 p,
                 pte_compute::nhwc::ConvWeights::oihw(&w),
@@ -989,7 +1005,6 @@ fn main() {
                 Activation::RELU,
             )
             .unwrap();
-            let pool = ThreadPool::new(threads).unwrap();
             let (xl, yl) = conv.io_len(1).unwrap();
             let (x, mut y) = (values(xl), vec![0.0; yl]);
             let mut scratch = vec![0.0; conv.scratch_len(threads).unwrap()];
@@ -1015,7 +1030,9 @@ fn main() {
         if let [ci, co, g, size, k, s, pad, threads] = n[..] {
             let p = layer(ci, co, g, size, k, s, pad);
             let w = values(co * ci / g * k * k);
+            let pool = ThreadPool::new(threads).unwrap();
             let conv = Conv2d::new(
+                &pool,
                 Gemm::with_isa(o.isa).unwrap(),
                 p,
                 ConvWeights::oihw(&w),
@@ -1023,7 +1040,6 @@ fn main() {
                 Activation::RELU,
             )
             .unwrap();
-            let pool = ThreadPool::new(threads).unwrap();
             let (xl, yl) = conv.io_len(1).unwrap();
             let (x, mut y) = (values(xl), vec![0.0; yl]);
             let mut scratch = vec![0.0; conv.scratch_len(threads).unwrap()];

@@ -90,6 +90,7 @@ fn steady_state_calls_do_not_allocate() {
         .map(|p| {
             let w = values(p.out_channels * p.in_channels / p.groups * p.kernel[0] * p.kernel[1]);
             Conv2d::new(
+                &pool,
                 g,
                 *p,
                 ConvWeights::oihw(&w),

@@ -237,7 +237,7 @@ impl Exec {
                 debug_handle: node.debug_handle,
                 message,
             };
-            let prepared = ops::prepare(node, graph, budget).map_err(|e| match e {
+            let prepared = ops::prepare(node, graph, budget, &pool).map_err(|e| match e {
                 ops::PrepareError::Invalid(m) => fail(m),
                 ops::PrepareError::Memory(source) => XnnError::Memory {
                     what: format!(

@@ -320,10 +320,12 @@ impl std::fmt::Debug for Conv2d {
 }
 
 impl Conv2d {
-    /// Prepares a convolution with `weights` of shape `[out_channels, in_channels /
-    /// groups, kh, kw]` (PyTorch's layout), an optional bias per output channel and an
-    /// activation applied after the bias, for the product engine `gemm`.
+    /// Prepares a convolution with `weights` in PyTorch's layout (`[out_channels,
+    /// in_channels / groups, kh, kw]`, optionally scaled per output channel), an
+    /// optional bias per output channel and an activation applied after the bias, for
+    /// the product engine `gemm`; large weights are packed on the threads of `pool`.
     pub fn new(
+        pool: &ThreadPool,
         gemm: Gemm,
         p: Conv2dParams,
         weights: ConvWeights<'_>,
@@ -352,7 +354,7 @@ impl Conv2d {
             let implicit = !(p.kernel == [1, 1] && p.stride == [1, 1] && p.padding == [0; 4]);
             let mut packed = Vec::with_capacity(p.groups);
             for (g, w) in weights.data().chunks_exact(cog * k).enumerate() {
-                let mut a = gemm.pack_a(MatRef::row_major(w, cog, k)?)?;
+                let mut a = gemm.pack_a_on(pool, MatRef::row_major(w, cog, k)?)?;
                 if let Some(s) = weights.scale() {
                     a.scale_rows(s.get(g * cog..(g + 1) * cog).unwrap_or_default())?;
                 }

@@ -126,7 +126,15 @@ fn convolutions_match_the_reference() {
             let w = values(p.out_channels * cig * p.kernel[0] * p.kernel[1], i as u32);
             let bias = values(p.out_channels, 100 + i as u32);
             let act = [Activation::Identity, Activation::RELU6, Activation::Silu][i % 3];
-            let conv = Conv2d::new(gemm, *p, ConvWeights::oihw(&w), Some(&bias), act).unwrap();
+            let conv = Conv2d::new(
+                &pools[i % 2],
+                gemm,
+                *p,
+                ConvWeights::oihw(&w),
+                Some(&bias),
+                act,
+            )
+            .unwrap();
             let (x_len, y_len) = conv.io_len(batch).unwrap();
             let x = values(x_len, 200 + i as u32);
             let (want, mag) = reference(p, &x, &w, &bias, act, batch);
@@ -151,12 +159,20 @@ fn convolutions_match_the_reference() {
 #[test]
 fn algorithms_are_chosen_by_shape() {
     let g = Gemm::new();
+    let pool = ThreadPool::new(1).unwrap();
     let algo = |p: Conv2dParams| {
         let (cig, _) = p.channels_per_group();
         let w = vec![0.0; p.out_channels * cig * p.kernel[0] * p.kernel[1]];
-        Conv2d::new(g, p, ConvWeights::oihw(&w), None, Activation::Identity)
-            .unwrap()
-            .algorithm()
+        Conv2d::new(
+            &pool,
+            g,
+            p,
+            ConvWeights::oihw(&w),
+            None,
+            Activation::Identity,
+        )
+        .unwrap()
+        .algorithm()
     };
     assert_eq!(algo(cases()[0]), "pointwise");
     assert_eq!(algo(cases()[2]), "im2col");
@@ -167,9 +183,11 @@ fn algorithms_are_chosen_by_shape() {
 #[test]
 fn invalid_layers_are_refused() {
     let g = Gemm::new();
+    let pool = ThreadPool::new(1).unwrap();
     let good = cases()[4];
     let w = vec![0.0; good.out_channels * good.in_channels * 9];
     assert!(Conv2d::new(
+        &pool,
         g,
         good,
         ConvWeights::oihw(&w[1..]),
@@ -178,6 +196,7 @@ fn invalid_layers_are_refused() {
     )
     .is_err());
     assert!(Conv2d::new(
+        &pool,
         g,
         good,
         ConvWeights::oihw(&w),
@@ -201,12 +220,27 @@ fn invalid_layers_are_refused() {
         },
     ] {
         assert!(
-            Conv2d::new(g, bad, ConvWeights::oihw(&w), None, Activation::Identity).is_err(),
+            Conv2d::new(
+                &pool,
+                g,
+                bad,
+                ConvWeights::oihw(&w),
+                None,
+                Activation::Identity
+            )
+            .is_err(),
             "{bad:?}"
         );
     }
-    let conv = Conv2d::new(g, good, ConvWeights::oihw(&w), None, Activation::Identity).unwrap();
-    let pool = ThreadPool::new(1).unwrap();
+    let conv = Conv2d::new(
+        &pool,
+        g,
+        good,
+        ConvWeights::oihw(&w),
+        None,
+        Activation::Identity,
+    )
+    .unwrap();
     let (x_len, y_len) = conv.io_len(1).unwrap();
     let mut y = vec![0.0; y_len];
     assert!(conv
@@ -230,6 +264,7 @@ fn nhwc_convolutions_match_the_reference() {
             let bias = values(p.out_channels, 100 + i as u32);
             let act = [Activation::Identity, Activation::RELU6, Activation::Silu][i % 3];
             let conv = crate::nhwc::ConvNhwc::new(
+                &pools[i % 2],
                 gemm,
                 *p,
                 crate::nhwc::ConvWeights::oihw(&w),
@@ -333,7 +368,7 @@ fn scaled_weights_equal_weights_scaled_beforehand() {
             .map(|(j, &v)| (f64::from(v) * scale[j / per_channel]) as f32)
             .collect();
         let run = |w: ConvWeights<'_>| {
-            let conv = Conv2d::new(g, *p, w, None, Activation::Identity).unwrap();
+            let conv = Conv2d::new(&pool, g, *p, w, None, Activation::Identity).unwrap();
             let (x_len, y_len) = conv.io_len(1).unwrap();
             let x = values(x_len, 7);
             let mut y = vec![f32::NAN; y_len];
@@ -351,7 +386,7 @@ fn scaled_weights_equal_weights_scaled_beforehand() {
             .position(|(a, b)| a.to_bits() != b.to_bits());
         assert_eq!(differs, None, "case {i}: first differing output");
         let refused =
-            |w: ConvWeights<'_>| Conv2d::new(g, *p, w, None, Activation::Identity).is_err();
+            |w: ConvWeights<'_>| Conv2d::new(&pool, g, *p, w, None, Activation::Identity).is_err();
         assert!(
             refused(ConvWeights::oihw(&w).scaled(&scale[1..])),
             "case {i}"

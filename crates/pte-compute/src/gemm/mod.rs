@@ -37,6 +37,8 @@ use crate::pool::ThreadPool;
 const KC: usize = 256;
 /// Multiply-adds below which a product runs on one thread.
 const PARALLEL_WORK: usize = 1 << 17;
+/// Packed elements from which packing is split between threads (256 KiB).
+const PARALLEL_PACK: usize = 1 << 16;
 /// Alignment (in f32) of packed buffers: a cache line.
 const ALIGN: usize = 16;
 
@@ -90,15 +92,36 @@ pub(crate) struct Panels {
 }
 
 impl Panels {
-    fn new(isa: Isa, src: &MatRef<'_>, w: usize) -> Result<Self> {
+    /// Packs `src`, split between the threads of `pool` when it is large: packing
+    /// writes fresh memory, and the page faults of a large weight scale with threads.
+    fn new(isa: Isa, src: &MatRef<'_>, w: usize, pool: Option<&ThreadPool>) -> Result<Self> {
         let (lines, depth) = (src.rows(), src.cols());
         let len = pack::packed_len(lines, depth, w).ok_or(Error::SizeOverflow {
             what: "packed operand",
         })?;
         let mut buf = vec![0.0; error::add(len, ALIGN, "packed operand")?];
         let offset = buf.as_ptr().align_offset(ALIGN * 4).min(ALIGN - 1);
-        if let Some(dst) = buf.get_mut(offset..offset + len) {
-            src.pack(isa, 0, lines, 0, depth, w, dst);
+        let panel = depth * w;
+        if let Some(dst) = buf.get_mut(offset..offset + len).filter(|_| panel > 0) {
+            let pack_panels = |first: usize, dst: &mut [f32]| {
+                let l0 = first * w;
+                let count = (dst.len() / panel * w).min(lines.saturating_sub(l0));
+                src.pack(isa, l0, count, 0, depth, w, dst);
+            };
+            match pool.filter(|p| p.threads() > 1 && len >= PARALLEL_PACK) {
+                Some(pool) => {
+                    let per_task = (len / panel).div_ceil(pool.threads() * 4).max(1);
+                    pool.parallel_groups(
+                        dst,
+                        panel,
+                        per_task,
+                        &mut [0u8; 0],
+                        0,
+                        |first, group, _| pack_panels(first, group),
+                    )?;
+                }
+                None => pack_panels(0, dst),
+            }
         }
         Ok(Self {
             isa,
@@ -329,12 +352,22 @@ impl Gemm {
 
     /// Packs a left operand once (for constant weights).
     pub fn pack_a(&self, a: MatRef<'_>) -> Result<PackedA> {
-        Panels::new(self.isa, &a, self.mr).map(PackedA)
+        Panels::new(self.isa, &a, self.mr, None).map(PackedA)
     }
 
     /// Packs a right operand once (for constant weights).
     pub fn pack_b(&self, b: MatRef<'_>) -> Result<PackedB> {
-        Panels::new(self.isa, &b.t(), self.nr).map(PackedB)
+        Panels::new(self.isa, &b.t(), self.nr, None).map(PackedB)
+    }
+
+    /// [`Self::pack_a`] on the threads of `pool`.
+    pub fn pack_a_on(&self, pool: &ThreadPool, a: MatRef<'_>) -> Result<PackedA> {
+        Panels::new(self.isa, &a, self.mr, Some(pool)).map(PackedA)
+    }
+
+    /// [`Self::pack_b`] on the threads of `pool`.
+    pub fn pack_b_on(&self, pool: &ThreadPool, b: MatRef<'_>) -> Result<PackedB> {
+        Panels::new(self.isa, &b.t(), self.nr, Some(pool)).map(PackedB)
     }
 
     /// Scratch (in f32 elements) that [`Gemm::run`] needs for an `m × n × k` product on

@@ -6,7 +6,7 @@ use crate::arch::{
     self, depthwise_pixels, indirect_microkernel, IndirectRows, Isa, PanelRun, PixelTaps, Post,
     TileBias, INDIRECT_TAPS,
 };
-use crate::conv::{bias_or_zeros, Conv2dParams, ConvWeights};
+use crate::conv::{bias_or_zeros, Conv2dParams, ConvWeights, WeightLayout};
 use crate::elementwise::{self, Activation};
 use crate::error::{self, Error, Result};
 use crate::gemm::{Gemm, PackedB};
@@ -71,8 +71,10 @@ impl std::fmt::Debug for ConvNhwc {
 
 impl ConvNhwc {
     /// Prepares a convolution of geometry `p` with `weights`, an optional bias per
-    /// output channel, and an activation applied after the bias (and residual).
+    /// output channel, and an activation applied after the bias (and residual); large
+    /// weights are packed on the threads of `pool`.
     pub fn new(
+        pool: &ThreadPool,
         gemm: Gemm,
         p: Conv2dParams,
         weights: ConvWeights<'_>,
@@ -87,7 +89,7 @@ impl ConvNhwc {
         let depthwise = cig == 1 && cog == 1 && p.groups > 1;
         let algo = if let Some(variant) = Variant::choose(&p, out) {
             let weight = |o, t, i| weights.at((o, t, i), taps, cig, cout);
-            Algo::Winograd(Winograd::new(&gemm, &p, variant, weight)?)
+            Algo::Winograd(Winograd::new(&gemm, pool, &p, variant, weight)?)
         } else if depthwise {
             let weights = (0..taps)
                 .flat_map(|t| (0..cout).map(move |o| (o, t, 0)))
@@ -99,10 +101,24 @@ impl ConvNhwc {
             let mut reordered = Vec::new();
             for g in 0..p.groups {
                 // B is K × cog, K ordered (tap, input channel): packed from the stored
-                // weights when each output channel's are one such run, else reordered.
-                let mut b = match weights.channel_runs(g * cog, cog, k, taps) {
-                    Some(runs) => gemm.pack_b(MatRef::row_major(runs, cog, k)?.t())?,
-                    None => {
+                // weights when each output channel's are one such run, else from a
+                // reordered copy.
+                let group = g * cog * k..(g + 1) * cog * k;
+                let mut b = match (
+                    weights.channel_runs(g * cog, cog, k, taps),
+                    weights.layout(),
+                ) {
+                    (Some(runs), _) => {
+                        gemm.pack_b_on(pool, MatRef::row_major(runs, cog, k)?.t())?
+                    }
+                    (None, WeightLayout::Oihw) => {
+                        // Each output channel's [cig][taps] to [taps][cig]: runs again.
+                        let stored = weights.data().get(group).unwrap_or_default();
+                        reordered.resize(cog * k, 0.0);
+                        crate::layout::transpose(pool, stored, cog, cig, taps, &mut reordered)?;
+                        gemm.pack_b_on(pool, MatRef::row_major(&reordered, cog, k)?.t())?
+                    }
+                    (None, _) => {
                         reordered.resize(k * cog, 0.0);
                         for (d, row) in reordered.chunks_exact_mut(cog.max(1)).enumerate() {
                             let (t, i) = (d / cig, d % cig);
@@ -110,7 +126,7 @@ impl ConvNhwc {
                                 *v = weights.raw((g * cog + co, t, i), taps, cig, cout);
                             }
                         }
-                        gemm.pack_b(MatRef::row_major(&reordered, k, cog)?)?
+                        gemm.pack_b_on(pool, MatRef::row_major(&reordered, k, cog)?)?
                     }
                 };
                 if let Some(s) = weights.scale() {

@@ -227,7 +227,7 @@ fn convolutions_match_a_direct_loop() {
                         ConvWeights::ohwi(&w)
                     };
                     let p = g.conv2d(groups * cig, groups * cog, groups);
-                    let conv = ConvNhwc::new(gemm, p, weights, Some(&b), act).unwrap();
+                    let conv = ConvNhwc::new(&pool, gemm, p, weights, Some(&b), act).unwrap();
                     let [oh, ow] = conv.output_size();
                     let mut y = vec![f32::NAN; batch * oh * ow * groups * cog];
                     let mut scratch = vec![0.0; conv.scratch_len(threads).unwrap()];
@@ -476,7 +476,8 @@ fn winograd_matches_a_direct_loop() {
                 (crate::Activation::Silu, true),
             ] {
                 let p = g.conv2d(cin, cout, 1);
-                let conv = ConvNhwc::new(gemm, p, ConvWeights::ohwi(&w), Some(&b), act).unwrap();
+                let conv = ConvNhwc::new(&pools[1], gemm, p, ConvWeights::ohwi(&w), Some(&b), act)
+                    .unwrap();
                 assert_eq!(conv.algorithm(), algorithm, "{g:?} {cin}->{cout}");
                 for pool in &pools {
                     let mut y = vec![f32::NAN; batch * oh * ow * cout];
@@ -559,7 +560,8 @@ fn scaled_weights_equal_weights_scaled_beforehand() {
         let x = data(input[0] * input[1] * groups * cig, 99);
         let bias = data(cout, 98);
         let run = |w: ConvWeights<'_>| {
-            let conv = ConvNhwc::new(gemm, p, w, Some(&bias), crate::Activation::Identity).unwrap();
+            let conv =
+                ConvNhwc::new(&pool, gemm, p, w, Some(&bias), crate::Activation::Identity).unwrap();
             let (_, y_len) = conv.io_len(1).unwrap();
             let mut y = vec![f32::NAN; y_len];
             let mut scratch = vec![0.0; conv.scratch_len(1).unwrap()];
@@ -579,6 +581,7 @@ fn scaled_weights_equal_weights_scaled_beforehand() {
         algorithms.push(algorithm);
         // One factor too few is refused.
         assert!(ConvNhwc::new(
+            &pool,
             gemm,
             p,
             weights(&w).scaled(&scale[1..]),

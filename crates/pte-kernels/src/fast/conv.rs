@@ -347,6 +347,7 @@ fn build(args: &Args<'_>, l: &Layout) -> KernelResult<Option<Layer>> {
         "packed weights",
     )?;
     let conv = Conv2d::new(
+        args.pool(),
         Gemm::new(),
         s.p,
         s.weights(),

@@ -185,7 +185,7 @@ fn build(
     };
     let gemm = Gemm::new();
     let mut held = charge(args, (k * n + n + 64) * 4 * 2, "packed weights")?;
-    let b = gemm.pack_b(w_view).map_err(compute)?;
+    let b = gemm.pack_b_on(args.pool(), w_view).map_err(compute)?;
     settle(
         args,
         &mut held,

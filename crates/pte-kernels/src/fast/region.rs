@@ -504,6 +504,7 @@ fn build_layer(args: &Args<'_>, layout: &Layout, held: &mut Charge) -> KernelRes
         before + (spec.weights.len() + spec.p.out_channels) * 8,
     )?;
     let conv = ConvNhwc::new(
+        args.pool(),
         Gemm::new(),
         spec.p,
         spec.weights(),

@@ -347,8 +347,15 @@ fn prepare_f32(args: &Args<'_>, g: &Geom, has_bias: bool) -> KernelResult<Prepar
             padding: [ph, pw, ph, pw],
             dilation: g.dilation,
         };
-        let layer =
-            Conv2d::new(gemm, p, ConvWeights::oihw(&w), b, Activation::default()).map_err(err)?;
+        let layer = Conv2d::new(
+            args.pool(),
+            gemm,
+            p,
+            ConvWeights::oihw(&w),
+            b,
+            Activation::default(),
+        )
+        .map_err(err)?;
         (Layer::Direct(layer), charge)
     };
     Ok(Prepared {

@@ -7,10 +7,11 @@
 //! the way XNNPACK's fp32 kernels do; depthwise ones accumulate per channel directly.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use pte_compute::nhwc::{ConvNhwc, ConvWeights, DeconvNhwc, Geometry};
 use pte_compute::qgemm::{qgemm, PackedI8, Rows};
-use pte_compute::{Activation, Gemm};
+use pte_compute::{Activation, Gemm, ThreadPool};
 use pte_runtime::Charge;
 
 use super::linear::{charge, quant_bias, requant_scales};
@@ -125,6 +126,8 @@ struct FloatConv {
     layer: Option<(ConvNhwc, [usize; 2])>,
     /// A SiLU fused into the output.
     silu: bool,
+    /// The method's threads, to pack the weights on.
+    pool: Arc<ThreadPool>,
     _charge: Charge,
 }
 
@@ -168,6 +171,7 @@ impl FloatConv {
             Kind::Regular => ConvWeights::ohwi(&weights),
         };
         ConvNhwc::new(
+            &self.pool,
             Gemm::new(),
             geo.conv2d(groups * cig, groups * cog, groups),
             weights,
@@ -273,6 +277,7 @@ pub(crate) fn convolution(cx: &NodeCx<'_>, g: &ConvGeometry, kind: Kind) -> PRes
                     cout,
                     layer: None,
                     silu: cx.node.fused_silu,
+                    pool: cx.pool.clone(),
                     _charge: charge,
                 },
                 &[1, 2],

@@ -195,7 +195,7 @@ fn float_fc(cx: &NodeCx<'_>, transpose: bool) -> PResult<Prepared> {
         };
         captured.push(1);
         FloatWeights::Packed(
-            gemm.pack_b(m.map_err(|e| e.to_string())?)
+            gemm.pack_b_on(cx.pool, m.map_err(|e| e.to_string())?)
                 .map_err(|e| e.to_string())?,
         )
     } else if w.dtype.is_float() {

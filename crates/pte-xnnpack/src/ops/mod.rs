@@ -16,6 +16,9 @@ pub(crate) mod quant;
 mod shape;
 mod weights;
 
+use std::sync::Arc;
+
+use pte_compute::ThreadPool;
 use pte_runtime::{MemoryBudget, MemoryError};
 
 use crate::exec::{Cx, In, Out};
@@ -97,6 +100,8 @@ pub(crate) struct NodeCx<'a> {
     pub node: &'a Node,
     pub graph: &'a Graph,
     pub budget: &'a MemoryBudget,
+    /// The method's threads, for packing large weights.
+    pub pool: &'a Arc<ThreadPool>,
 }
 
 impl<'a> NodeCx<'a> {
@@ -155,11 +160,17 @@ pub(crate) fn describe(v: &Value) -> String {
 }
 
 /// Prepares one node.
-pub(crate) fn prepare(node: &Node, graph: &Graph, budget: &MemoryBudget) -> PResult<Prepared> {
+pub(crate) fn prepare(
+    node: &Node,
+    graph: &Graph,
+    budget: &MemoryBudget,
+    pool: &Arc<ThreadPool>,
+) -> PResult<Prepared> {
     let cx = NodeCx {
         node,
         graph,
         budget,
+        pool,
     };
     match &node.op {
         Op::Binary(op) => elementwise::binary(&cx, *op),

@@ -96,9 +96,11 @@ pub(super) struct Winograd {
 
 impl Winograd {
     /// Transforms `weight(o, tap, i)` (output channel, tap of the 3×3 window in
-    /// row-major order, input channel) for `variant`, in f64.
+    /// row-major order, input channel) for `variant`, in f64, and packs them on the
+    /// threads of `pool`.
     pub(super) fn new(
         gemm: &Gemm,
+        pool: &ThreadPool,
         p: &Conv2dParams,
         variant: Variant,
         weight: impl Fn(usize, usize, usize) -> f32,
@@ -115,23 +117,38 @@ impl Winograd {
             cout,
             "winograd weights",
         )?;
-        // [position][input channel][output channel]
+        // [position][input channel][output channel], OB output channels at a time so
+        // that the f64 arithmetic runs on vectors and each store is a contiguous run.
+        const OB: usize = 8;
         let mut u = vec![0.0f32; len];
-        for o in 0..cout {
-            for i in 0..cin {
-                let w: [[f64; 3]; 3] = std::array::from_fn(|r| {
-                    std::array::from_fn(|c| f64::from(weight(o, r * 3 + c, i)))
-                });
+        for i in 0..cin {
+            for o0 in (0..cout).step_by(OB) {
+                let n = OB.min(cout - o0);
+                // w[r][c][lane]: tap (r, c) of output channel o0 + lane.
+                let mut w = [[[0.0f64; OB]; 3]; 3];
+                for (r, wr) in w.iter_mut().enumerate() {
+                    for (c, wc) in wr.iter_mut().enumerate() {
+                        for (lane, v) in wc.iter_mut().enumerate().take(n) {
+                            *v = f64::from(weight(o0 + lane, r * 3 + c, i));
+                        }
+                    }
+                }
                 // Row a of G w, then its product with row b of G.
                 for (a, ga) in g.iter().enumerate() {
-                    let mut row = [0.0f64; 3];
-                    for (k, wr) in ga.iter().zip(&w) {
-                        row.iter_mut().zip(wr).for_each(|(acc, x)| *acc += k * x);
+                    let mut row = [[0.0f64; OB]; 3];
+                    for (k, wk) in ga.iter().zip(&w) {
+                        for (acc, x) in row.iter_mut().zip(wk) {
+                            acc.iter_mut().zip(x).for_each(|(acc, x)| *acc += k * x);
+                        }
                     }
                     for (b, gb) in g.iter().enumerate() {
-                        let v: f64 = row.iter().zip(gb).map(|(x, k)| x * k).sum();
-                        if let Some(dst) = u.get_mut(((a * alpha + b) * cin + i) * cout + o) {
-                            *dst = v as f32;
+                        let mut v = [0.0f64; OB];
+                        for (x, k) in row.iter().zip(gb) {
+                            v.iter_mut().zip(x).for_each(|(v, x)| *v += x * k);
+                        }
+                        let at = ((a * alpha + b) * cin + i) * cout + o0;
+                        if let Some(dst) = u.get_mut(at..at + n) {
+                            dst.iter_mut().zip(&v).for_each(|(d, v)| *d = *v as f32);
                         }
                     }
                 }
@@ -139,7 +156,7 @@ impl Winograd {
         }
         let weights = u
             .chunks_exact(cin * cout)
-            .map(|m| gemm.pack_b(MatRef::row_major(m, cin, cout)?))
+            .map(|m| gemm.pack_b_on(pool, MatRef::row_major(m, cin, cout)?))
             .collect::<Result<Vec<_>>>()?;
         let (mr, _) = gemm.isa().gemm_tile();
         let per_tile = positions * (cin + cout);
