@@ -3,7 +3,9 @@
 //! runtime buffers charged to the budget, and the call is not executed again. This is how
 //! the transposes the exporter inserts before every `addmm` on a weight, or the causal
 //! masks of attention, stop costing time at each execution, and why kernels preparing a
-//! call (packing weights) see those results as constants.
+//! call (packing weights) see those results as constants. Calls the registry's fuser
+//! asks to defer ([`crate::Fuser::defer_folding`]: a weight's transpose that its product
+//! can read while packing) wait for the fusions, and fold after them if none took them.
 //!
 //! Which arguments of a call are its outputs follows the ExecuTorch calling convention:
 //! a trailing tensor list (several outputs) with the output tensors before it, or the out
