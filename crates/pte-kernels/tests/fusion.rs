@@ -6,7 +6,7 @@ use std::sync::Arc;
 use pte_format::schema::executorch_flatbuffer::ScalarType::Float;
 use pte_runtime::{
     Arg, Args, BackendRegistry, EValue, Fuser, Fusion, Graph, Kernel, KernelRegistry, KernelResult,
-    LoadOptions, Method, PreparedKernel, Program,
+    LoadOptions, PreparedKernel, Program,
 };
 use pte_testkit::program::{Memory, ProgramBuilder};
 
@@ -93,54 +93,54 @@ fn program(sum_is_output: bool, extra_use: bool, jump: bool) -> Vec<u8> {
     b.build()
 }
 
-fn load(bytes: &[u8]) -> Method {
-    Program::from_bytes(bytes)
+/// A run of a program's method on its example inputs.
+struct Ran {
+    input: Vec<u8>,
+    outputs: Vec<Vec<u8>>,
+    /// The operators that ran, sorted.
+    ops: Vec<String>,
+}
+
+fn run_with(bytes: &[u8], kernels: &KernelRegistry) -> Ran {
+    let mut m = Program::from_bytes(bytes)
         .unwrap()
         .load_method_with(
             "forward",
-            &kernels(),
+            kernels,
             &BackendRegistry::new(),
             &LoadOptions::default(),
         )
-        .unwrap()
-}
-
-/// The outputs and the names of the operators that ran.
-fn run(bytes: &[u8]) -> (Vec<Vec<u8>>, Vec<String>) {
-    let mut m = load(bytes);
+        .unwrap();
     m.set_profiling(true);
     let inputs = m.meta().example_inputs(1 << 20).unwrap();
     m.set_inputs(&inputs).unwrap();
     m.execute().unwrap();
-    let outputs = m
-        .outputs()
-        .unwrap()
-        .iter()
-        .map(|v| match v {
-            EValue::Tensor(t) => t.as_bytes().to_vec(),
-            other => panic!("{other:?}"),
-        })
-        .collect();
-    let mut ran: Vec<String> = m.profile().into_iter().map(|e| e.name).collect();
-    ran.sort();
-    (outputs, ran)
+    let bytes = |v: &EValue| match v {
+        EValue::Tensor(t) => t.as_bytes().to_vec(),
+        other => panic!("{other:?}"),
+    };
+    let outputs = m.outputs().unwrap().iter().map(bytes).collect();
+    let mut ops: Vec<String> = m.profile().into_iter().map(|e| e.name).collect();
+    ops.sort();
+    Ran {
+        input: bytes(&inputs[0]),
+        outputs,
+        ops,
+    }
+}
+
+/// The outputs with the add+relu fuser, and the names of the operators that ran.
+fn run(bytes: &[u8]) -> (Vec<Vec<u8>>, Vec<String>) {
+    let r = run_with(bytes, &kernels());
+    (r.outputs, r.ops)
 }
 
 /// The first output of the program run by the default kernels, which do not fuse `add`
 /// and `relu`.
 fn run_plain(bytes: &[u8]) -> Vec<u8> {
-    let mut plain = Program::from_bytes(bytes)
-        .unwrap()
-        .load_method("forward", &pte_kernels::registry())
-        .unwrap();
-    let inputs = plain.meta().example_inputs(1 << 20).unwrap();
-    plain.set_inputs(&inputs).unwrap();
-    plain.execute().unwrap();
-    plain.outputs().unwrap()[0]
-        .as_tensor()
-        .unwrap()
-        .as_bytes()
-        .to_vec()
+    run_with(bytes, &pte_kernels::registry())
+        .outputs
+        .swap_remove(0)
 }
 
 #[test]
@@ -357,47 +357,30 @@ fn with_fuser(fuser: impl Fuser + 'static) -> KernelRegistry {
     r
 }
 
-/// The example input, the outputs of `bytes` run by `kernels`, and the operators that
-/// ran.
-fn run_with(bytes: &[u8], kernels: &KernelRegistry) -> (Vec<f32>, Vec<Vec<f32>>, Vec<String>) {
-    let mut m = Program::from_bytes(bytes)
-        .unwrap()
-        .load_method_with(
-            "forward",
-            kernels,
-            &BackendRegistry::new(),
-            &LoadOptions::default(),
-        )
-        .unwrap();
-    m.set_profiling(true);
-    let inputs = m.meta().example_inputs(1 << 20).unwrap();
-    m.set_inputs(&inputs).unwrap();
-    m.execute().unwrap();
-    let floats = |v: &EValue| bytemuck::pod_collect_to_vec(v.as_tensor().unwrap().as_bytes());
-    let outputs = m.outputs().unwrap().iter().map(floats).collect();
-    let mut ran: Vec<String> = m.profile().into_iter().map(|e| e.name).collect();
-    ran.sort();
-    (floats(&inputs[0]), outputs, ran)
-}
-
 #[test]
 fn a_transposed_weight_is_packed_as_stored_and_the_transpose_never_runs() {
     let (k, n) = (19, 11);
     for (addmm, relu) in [(true, false), (true, true), (false, false), (false, true)] {
         let (bytes, w, bias) = transposed_product(addmm, relu, false);
-        let (x, fused, ran) = run_with(&bytes, &pte_kernels::registry());
+        let fused = run_with(&bytes, &pte_kernels::registry());
         let name = format!(
             "fused permute+{}{}",
             if addmm { "addmm" } else { "mm" },
             if relu { "+activation" } else { "" }
         );
-        assert_eq!(ran, [name], "addmm {addmm}, relu {relu}");
+        assert_eq!(fused.ops, [name], "addmm {addmm}, relu {relu}");
         // Each call on its own: the transpose folded, the product packing its result.
-        let (_, plain, ran) = run_with(&bytes, &with_fuser(NoFusion));
-        assert!(!ran.iter().any(|op| op.contains("permute")), "{ran:?}");
-        assert_eq!(fused, plain, "addmm {addmm}, relu {relu}");
+        let plain = run_with(&bytes, &with_fuser(NoFusion));
+        assert!(
+            !plain.ops.iter().any(|op| op.contains("permute")),
+            "{:?}",
+            plain.ops
+        );
+        assert_eq!(fused.outputs, plain.outputs, "addmm {addmm}, relu {relu}");
         // What the product is: y = x · Wᵀ + bias.
-        for (i, row) in fused[0].chunks(n).enumerate() {
+        let x: Vec<f32> = bytemuck::pod_collect_to_vec(&fused.input);
+        let y: Vec<f32> = bytemuck::pod_collect_to_vec(&fused.outputs[0]);
+        for (i, row) in y.chunks(n).enumerate() {
             for (j, &got) in row.iter().enumerate() {
                 let dot: f64 = (0..k)
                     .map(|p| f64::from(x[i * k + p]) * f64::from(w[j * k + p]))
@@ -416,15 +399,21 @@ fn a_transposed_weight_is_packed_as_stored_and_the_transpose_never_runs() {
 #[test]
 fn a_transpose_read_by_two_products_is_folded_once_and_not_fused() {
     let (bytes, _, _) = transposed_product(true, false, true);
-    let (_, fused, ran) = run_with(&bytes, &pte_kernels::registry());
-    assert_eq!(ran, ["aten::addmm.out"]);
-    assert_eq!(fused, run_with(&bytes, &with_fuser(NoFusion)).1);
+    let fused = run_with(&bytes, &pte_kernels::registry());
+    assert_eq!(fused.ops, ["aten::addmm.out"]);
+    assert_eq!(
+        fused.outputs,
+        run_with(&bytes, &with_fuser(NoFusion)).outputs
+    );
 }
 
 #[test]
 fn a_deferred_call_no_fusion_takes_is_folded_after_the_fusions() {
     let (bytes, _, _) = transposed_product(true, true, false);
-    let (_, deferred, ran) = run_with(&bytes, &with_fuser(DeferOnly));
-    assert_eq!(ran, ["aten::addmm.out", "aten::relu.out"]);
-    assert_eq!(deferred, run_with(&bytes, &with_fuser(NoFusion)).1);
+    let deferred = run_with(&bytes, &with_fuser(DeferOnly));
+    assert_eq!(deferred.ops, ["aten::addmm.out", "aten::relu.out"]);
+    assert_eq!(
+        deferred.outputs,
+        run_with(&bytes, &with_fuser(NoFusion)).outputs
+    );
 }

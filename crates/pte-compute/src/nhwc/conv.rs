@@ -91,11 +91,12 @@ impl ConvNhwc {
             let weight = |o, t, i| weights.at((o, t, i), taps, cig, cout);
             Algo::Winograd(Winograd::new(&gemm, pool, &p, variant, weight)?)
         } else if depthwise {
-            let weights = (0..taps)
-                .flat_map(|t| (0..cout).map(move |o| (o, t, 0)))
-                .map(|at| weights.at(at, taps, 1, cout))
-                .collect();
-            Algo::Depthwise { weights }
+            // [tap][channel], allocated once (a flattened iterator's collect grows).
+            let mut arranged = Vec::with_capacity(weights.data().len());
+            for t in 0..taps {
+                arranged.extend((0..cout).map(|o| weights.at((o, t, 0), taps, 1, cout)));
+            }
+            Algo::Depthwise { weights: arranged }
         } else {
             let mut packed = Vec::with_capacity(p.groups);
             let mut reordered = Vec::new();
