@@ -56,6 +56,7 @@ mod program;
 mod registry;
 mod tensor;
 mod value;
+mod workspace;
 
 pub use args::{normalize_dim, Arg, Args, Io, Scalar, TensorData, TensorDataMut, TensorInfo};
 pub use budget::{default_memory_limit, Buffer, Charge, MemoryBudget, MemoryError};
@@ -73,3 +74,4 @@ pub use registry::{
 };
 pub use tensor::{contiguous_dim_order, strides_for, AlignedBuf, Dims, Tensor, MAX_RANK};
 pub use value::{Dynamism, EValue};
+pub use workspace::{WorkBuffers, Workspace};

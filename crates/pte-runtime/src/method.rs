@@ -414,6 +414,7 @@ impl Method {
             }
         }
         let mut delegates = Vec::with_capacity(delegate_refs.len());
+        let workspace = crate::Workspace::new(&memory.budget);
         for (i, d) in delegate_refs.iter().enumerate() {
             let id = d.id()?.unwrap_or_default().to_owned();
             let processed = d
@@ -436,6 +437,7 @@ impl Method {
                 named_data: &names,
                 budget: &memory.budget,
                 pool: &compute_pool,
+                workspace: &workspace,
                 calls: calls.get(i).map_or(&[], Vec::as_slice),
             };
             let first = init.calls.first();

@@ -151,6 +151,9 @@ pub struct DelegateInit<'a> {
     pub budget: &'a crate::MemoryBudget,
     /// The method's thread pool; a backend may keep it for its executions.
     pub pool: &'a std::sync::Arc<pte_compute::ThreadPool>,
+    /// Working memory shared by every delegate call of the method (they run one at a
+    /// time); a backend sizes it at load and takes it for each execution.
+    pub workspace: &'a crate::Workspace,
     /// Every call of this delegate in the method, so that a backend can check the
     /// arguments against its payload once, at load.
     pub calls: &'a [DelegateCall],

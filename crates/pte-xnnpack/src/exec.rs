@@ -4,7 +4,10 @@
 //! tensor (when its bytes are laid out as ours), a constant materialized at load, or a
 //! range of one arena. The arena is planned from the values' lifetimes (first-fit over
 //! a list of free ranges, values placed in the order nodes produce them), so values
-//! that are never alive at the same time share memory, as XNNPACK's planner does.
+//! that are never alive at the same time share memory, as XNNPACK's planner does. The
+//! arena and the nodes' scratch memory belong to the method's [`Workspace`], shared by
+//! all its delegate calls (they run one at a time), so a program split into many
+//! delegates holds, and first touches, the memory of its largest call only.
 //! Shapes are inferred node by node from the input shapes, once at load and again
 //! whenever a call's input shapes change; the arena then grows if it must.
 //!
@@ -16,7 +19,7 @@ use std::sync::Arc;
 
 use half::{bf16, f16};
 use pte_compute::ThreadPool;
-use pte_runtime::{Arg, Args, Buffer, DType, KernelError, KernelResult, MemoryBudget};
+use pte_runtime::{Arg, Args, Buffer, DType, KernelError, KernelResult, MemoryBudget, Workspace};
 use smallvec::SmallVec;
 
 use crate::error::{Result, XnnError};
@@ -138,8 +141,8 @@ pub(crate) struct Exec {
     steps: Vec<Step>,
     inputs: Vec<External>,
     outputs: Vec<External>,
-    arena: Buffer,
-    scratch: Buffer,
+    /// The arena and scratch memory, shared with the method's other delegate calls.
+    workspace: Workspace,
     pool: Arc<ThreadPool>,
     /// Input shapes (physical) the current plan was made for.
     planned_for: Vec<Dims>,
@@ -157,6 +160,7 @@ impl Exec {
         call: &[Option<DType>],
         budget: &MemoryBudget,
         pool: Arc<ThreadPool>,
+        workspace: Workspace,
     ) -> Result<Exec> {
         let n = graph.values.len();
         let mut places = vec![Place::None; n];
@@ -298,8 +302,7 @@ impl Exec {
             steps,
             inputs,
             outputs,
-            arena: Buffer::new(budget),
-            scratch: Buffer::new(budget),
+            workspace,
             pool,
             planned_for: Vec::new(),
         };
@@ -482,7 +485,7 @@ impl Exec {
                 *p = Place::Arena { offset, len };
             }
         }
-        self.arena.resize(top.max(self.arena.len())).map_err(|e| {
+        self.workspace.reserve(top, scratch).map_err(|e| {
             // Name the largest value and the node producing it.
             let largest = needs.iter().copied().max_by_key(|&v| {
                 let d = self.dtypes.get(v).copied().unwrap_or(Datatype::F32);
@@ -502,11 +505,8 @@ impl Exec {
                 ),
                 None => "delegate arena".to_owned(),
             };
-            storage_err(&what, e)
+            storage_err(&format!("{what} or scratch memory ({scratch} bytes)"), e)
         })?;
-        self.scratch
-            .resize(scratch.max(self.scratch.len()))
-            .map_err(|e| storage_err("delegate scratch memory", e))?;
         self.planned_for = input_shapes.to_vec();
         Ok(())
     }
@@ -564,7 +564,9 @@ impl Exec {
         let ins: SmallVec<[&[u8]; 8]> = io.inputs.iter().map(|t| t.bytes()).collect();
         let mut outs: SmallVec<[&mut [u8]; 4]> =
             io.outputs.iter_mut().map(|t| t.bytes_mut()).collect();
-        let arena = self.arena.as_mut_bytes();
+        let mut work = self.workspace.lock();
+        let pte_runtime::WorkBuffers { arena, scratch } = &mut *work;
+        let arena = arena.as_mut_bytes();
         // Inputs that cross the boundary converted.
         for (k, e) in self.inputs.iter().enumerate() {
             if e.direct {
@@ -585,7 +587,7 @@ impl Exec {
         for step in &self.steps {
             let mut cx = Cx {
                 pool: &self.pool,
-                scratch: &mut self.scratch,
+                scratch,
             };
             let result = run_step(
                 step,

@@ -199,7 +199,13 @@ impl Backend for XnnpackBackend {
             d
         });
         fuse::fuse(&mut graph);
-        let exec = exec::Exec::new(&graph, &dtypes, init.budget, Arc::clone(init.pool))?;
+        let exec = exec::Exec::new(
+            &graph,
+            &dtypes,
+            init.budget,
+            Arc::clone(init.pool),
+            init.workspace.clone(),
+        )?;
         Ok(Box::new(Delegate { exec }))
     }
 }

@@ -123,3 +123,59 @@ fn general_fixtures_lowered_to_xnnpack_match_upstream() {
 fn xnnpack_fixtures_match_upstream() {
     run_all(&pte_testkit::manifest_in(&pte_testkit::xnnpack_dir()));
 }
+
+/// Passes every delegate to the XNNPACK backend and keeps the workspace it was given.
+struct Recording(std::sync::Mutex<Vec<pte_runtime::Workspace>>);
+
+impl pte_runtime::Backend for &'static Recording {
+    fn init(
+        &self,
+        init: &pte_runtime::DelegateInit<'_>,
+    ) -> pte_runtime::KernelResult<Box<dyn pte_runtime::PreparedKernel>> {
+        self.0.lock().unwrap().push(init.workspace.clone());
+        pte_xnnpack::XnnpackBackend.init(init)
+    }
+}
+
+/// The delegate calls of a method share one arena (they run one at a time): every
+/// delegate sees the memory the others reserved, and the program still matches upstream.
+#[test]
+fn delegates_of_a_method_share_their_working_memory() {
+    let manifest = pte_testkit::manifest_in(&pte_testkit::xnnpack_dir());
+    let f = manifest
+        .fixtures
+        .iter()
+        .find(|f| f.name == "xnn_transformer_block")
+        .expect("the transformer block fixture");
+    let recording: &'static Recording = Box::leak(Box::new(Recording(Default::default())));
+    let mut backends = BackendRegistry::new();
+    backends.register(pte_xnnpack::BACKEND_ID, recording);
+    let program = Program::open(f.program_path()).unwrap();
+    let case = &f.cases[0];
+    let mut method = program
+        .load_method_with(
+            &case.method,
+            &pte_kernels::registry(),
+            &backends,
+            &LoadOptions::default(),
+        )
+        .unwrap();
+    let workspaces = recording.0.lock().unwrap().clone();
+    assert!(workspaces.len() >= 3, "{} delegates", workspaces.len());
+    let largest = workspaces[0].lock().arena.len();
+    assert!(largest > 0);
+    for w in &workspaces {
+        assert_eq!(w.lock().arena.len(), largest);
+    }
+    workspaces[1].reserve(largest + 4096, 0).unwrap();
+    assert_eq!(workspaces[2].lock().arena.len(), largest + 4096);
+    let inputs: Vec<EValue> = (0..case.inputs.len())
+        .map(|k| npy::read_input(f.path(&case.inputs[k]), &method.meta().inputs[k]).unwrap())
+        .collect();
+    method.set_inputs(&inputs).unwrap();
+    method.execute().unwrap();
+    let outputs = method.outputs().unwrap();
+    for (k, (got, path)) in outputs.iter().zip(&case.outputs).enumerate() {
+        compare(f, k, got, path).unwrap();
+    }
+}
