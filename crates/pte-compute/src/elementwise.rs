@@ -422,17 +422,34 @@ fn row_sum(x: &[f32]) -> f32 {
     s.iter().sum::<f32>() + tail
 }
 
+/// Which normalization of a row [`softmax_all`] computes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RowSoftmax {
+    Plain,
+    /// A row of -inf only gives zeros instead of NaN.
+    Safe,
+    Log,
+}
+
 multiversion! {
-    /// Softmax (or log-softmax) of every row.
-    fn softmax_all<const FMA: bool>(out: &mut [f32], x: &[f32], row_len: usize, log: bool) {
+    /// Softmax (safe, or log-softmax) of every row.
+    fn softmax_all<const FMA: bool>(out: &mut [f32], x: &[f32], row_len: usize, kind: RowSoftmax) {
         for (o, r) in out.chunks_exact_mut(row_len).zip(x.chunks_exact(row_len)) {
             let m = row_max(r);
+            // The maximum ignores NaN: a row with it and -inf only is not all -inf.
+            if kind == RowSoftmax::Safe
+                && m == f32::NEG_INFINITY
+                && r.iter().all(|&v| v == f32::NEG_INFINITY)
+            {
+                o.fill(0.0);
+                continue;
+            }
             // v - m <= 0, or NaN (a row holding NaN or ±inf), which propagates.
             for (d, &v) in o.iter_mut().zip(r) {
                 *d = math::exp_nonpositive::<FMA>(v - m);
             }
             let sum = row_sum(o);
-            if log {
+            if kind == RowSoftmax::Log {
                 let shift = m + sum.ln();
                 for (d, &v) in o.iter_mut().zip(r) {
                     *d = v - shift;
@@ -452,7 +469,18 @@ multiversion! {
 pub fn softmax_rows(isa: Isa, out: &mut [f32], x: &[f32], row_len: usize) -> Result {
     check_rows(out.len(), x.len(), row_len)?;
     if row_len > 0 {
-        softmax_all(isa, out, x, row_len, false);
+        softmax_all(isa, out, x, row_len, RowSoftmax::Plain);
+    }
+    Ok(())
+}
+
+/// Softmax of each row as [`softmax_rows`], except that a row of -inf only gives zeros:
+/// PyTorch's `_safe_softmax`, with which attention makes a fully masked query attend
+/// to nothing instead of producing NaN.
+pub fn safe_softmax_rows(isa: Isa, out: &mut [f32], x: &[f32], row_len: usize) -> Result {
+    check_rows(out.len(), x.len(), row_len)?;
+    if row_len > 0 {
+        softmax_all(isa, out, x, row_len, RowSoftmax::Safe);
     }
     Ok(())
 }
@@ -461,7 +489,7 @@ pub fn softmax_rows(isa: Isa, out: &mut [f32], x: &[f32], row_len: usize) -> Res
 pub fn log_softmax_rows(isa: Isa, out: &mut [f32], x: &[f32], row_len: usize) -> Result {
     check_rows(out.len(), x.len(), row_len)?;
     if row_len > 0 {
-        softmax_all(isa, out, x, row_len, true);
+        softmax_all(isa, out, x, row_len, RowSoftmax::Log);
     }
     Ok(())
 }
@@ -705,6 +733,30 @@ mod tests {
             Activation::Identity
         )
         .is_err());
+    }
+
+    #[test]
+    fn safe_softmax_zeroes_rows_of_negative_infinity_only() {
+        let (inf, nan) = (f32::INFINITY, f32::NAN);
+        for isa in Isa::available() {
+            for row in [2, 3, 17] {
+                let mut x = data(row * 4);
+                x[..row].fill(-inf); // row 0: masked out entirely
+                x[row] = -inf; // row 1: partly masked
+                x[2 * row..3 * row].fill(-inf); // row 2: -inf and a NaN
+                x[3 * row - 1] = nan;
+                let (mut safe, mut plain) = (vec![1.0; x.len()], vec![0.0; x.len()]);
+                safe_softmax_rows(isa, &mut safe, &x, row).unwrap();
+                softmax_rows(isa, &mut plain, &x, row).unwrap();
+                assert!(safe[..row].iter().all(|&v| v == 0.0));
+                assert!(plain[..row].iter().all(|v| v.is_nan()));
+                // Every other row is the plain softmax, NaN included.
+                for (s, p) in safe[row..].iter().zip(&plain[row..]) {
+                    assert!(s.to_bits() == p.to_bits(), "{s} vs {p}");
+                }
+                assert!(safe[2 * row..3 * row].iter().all(|v| v.is_nan()));
+            }
+        }
     }
 
     #[test]

@@ -417,3 +417,101 @@ fn a_deferred_call_no_fusion_takes_is_folded_after_the_fusions() {
         run_with(&bytes, &with_fuser(NoFusion)).outputs
     );
 }
+
+/// `_softmax` over the last dim of x [3, 4, 5], then PyTorch's `_safe_softmax`
+/// decomposition as attention exports it; `masked_value` is the value `eq` compares
+/// with (-inf in the real pattern).
+fn safe_softmax_program(masked_value: f64) -> Vec<u8> {
+    use pte_format::schema::executorch_flatbuffer::ScalarType::Bool;
+    let mut b = ProgramBuilder::new();
+    let x = b.tensor(Float, &[3, 4, 5], Memory::Planned);
+    let (dim, no, yes) = (b.int(-1), b.bool(false), b.bool(true));
+    let s = b.tensor(Float, &[3, 4, 5], Memory::Planned);
+    b.call("aten::_softmax", "out", &[x, dim, no, s, s]);
+    let masked = b.tensor(Bool, &[3, 4, 5], Memory::Planned);
+    let value = b.double(masked_value);
+    b.call("aten::eq", "Scalar_out", &[x, value, masked, masked]);
+    let kept = b.tensor(Bool, &[3, 4, 5], Memory::Planned);
+    b.call("aten::logical_not", "out", &[masked, kept, kept]);
+    let any_kept = b.tensor(Bool, &[3, 4, 1], Memory::Planned);
+    let last = b.int(2);
+    b.call("aten::any", "out", &[kept, last, yes, any_kept, any_kept]);
+    let all_masked = b.tensor(Bool, &[3, 4, 1], Memory::Planned);
+    b.call(
+        "aten::logical_not",
+        "out",
+        &[any_kept, all_masked, all_masked],
+    );
+    let (zero, none) = (b.double(0.0), b.none());
+    let zeros = b.tensor(Float, &[3, 4, 5], Memory::Planned);
+    b.call("aten::full_like", "out", &[s, zero, none, zeros, zeros]);
+    let out = b.tensor(Float, &[3, 4, 5], Memory::Planned);
+    b.call("aten::where", "self_out", &[all_masked, zeros, s, out, out]);
+    b.input(x);
+    b.output(out);
+    b.build()
+}
+
+/// Runs the safe softmax program on rows of: -inf only (0, 5), -inf and finite values
+/// (1), -inf and a NaN (2), NaN and finite values (3), finite values (the rest).
+fn run_safe_softmax(bytes: &[u8], kernels: &KernelRegistry) -> (Vec<f32>, Vec<String>) {
+    let mut x: Vec<f32> = (0..60).map(|i| ((i * 7 % 11) as f32 - 5.0) / 2.0).collect();
+    let inf = f32::INFINITY;
+    x[..5].fill(-inf);
+    x[25..30].fill(-inf);
+    x[5..8].fill(-inf);
+    x[10..15].fill(-inf);
+    x[12] = f32::NAN;
+    x[17] = f32::NAN;
+    let mut m = Program::from_bytes(bytes)
+        .unwrap()
+        .load_method_with(
+            "forward",
+            kernels,
+            &BackendRegistry::new(),
+            &LoadOptions::default(),
+        )
+        .unwrap();
+    m.set_profiling(true);
+    let t = pte_runtime::Tensor::from_slice(&[3, 4, 5], &x).unwrap();
+    m.set_inputs(&[EValue::Tensor(t)]).unwrap();
+    m.execute().unwrap();
+    let EValue::Tensor(y) = &m.outputs().unwrap()[0] else {
+        panic!("not a tensor")
+    };
+    let mut ops: Vec<String> = m.profile().into_iter().map(|e| e.name).collect();
+    ops.sort();
+    ops.dedup();
+    (bytemuck::pod_collect_to_vec(y.as_bytes()), ops)
+}
+
+#[test]
+fn the_safe_softmax_decomposition_runs_as_one_call() {
+    let bytes = safe_softmax_program(f64::NEG_INFINITY);
+    let (fused, ops) = run_safe_softmax(&bytes, &pte_kernels::registry());
+    assert_eq!(ops, ["fused safe softmax"]);
+    let (plain, ops) = run_safe_softmax(&bytes, &with_fuser(NoFusion));
+    assert_eq!(ops.len(), 6, "{ops:?}");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&fused), bits(&plain));
+    for (r, row) in fused.chunks(5).enumerate() {
+        match r {
+            0 | 5 => assert!(row.iter().all(|&v| v == 0.0), "row {r}: {row:?}"),
+            2 | 3 => assert!(row.iter().all(|v| v.is_nan()), "row {r}: {row:?}"),
+            _ => assert!((row.iter().map(|&v| f64::from(v)).sum::<f64>() - 1.0).abs() < 1e-6),
+        }
+    }
+    assert!(fused[5..8].iter().all(|&v| v == 0.0) && fused[8] > 0.0);
+}
+
+#[test]
+fn a_softmax_masked_on_another_value_is_not_fused() {
+    let bytes = safe_softmax_program(0.0);
+    let (fused, ops) = run_safe_softmax(&bytes, &pte_kernels::registry());
+    assert!(ops.contains(&"aten::where.self_out".to_owned()), "{ops:?}");
+    let (plain, _) = run_safe_softmax(&bytes, &with_fuser(NoFusion));
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&fused), bits(&plain));
+    // Rows of -inf only are NaN: nothing here tests for -inf.
+    assert!(fused[..5].iter().all(|v| v.is_nan()));
+}

@@ -7,7 +7,10 @@
 //! - `permute_copy` transposing a constant 2-d weight → `addmm` / `mm` reading it [→
 //!   activation]: the weight is packed from its stored layout, the transpose never
 //!   runs (folding defers it, see [`Fuser::defer_folding`]);
-//! - `max_pool2d_with_indices` whose indices nothing reads → max pooling alone.
+//! - `max_pool2d_with_indices` whose indices nothing reads → max pooling alone;
+//! - `_softmax` over the last dimension → PyTorch's decomposition of `_safe_softmax`
+//!   (`eq(x, -inf)`, `logical_not`, `any`, `logical_not`, `full_like(0)`, `where`: rows
+//!   of -inf only become zeros), as attention exports it: one safe softmax.
 //!
 //! Activations: `relu`, `hardtanh`, `clamp` with both bounds, `sigmoid`, `gelu`, and
 //! `x · sigmoid(x)` written as `sigmoid` then `mul` (SiLU as exported).
@@ -60,6 +63,7 @@ impl Fuser for Patterns {
                 "aten::linear.out" => product_chain(g, rest, Op::Linear),
                 "aten::mm.out" => product_chain(g, rest, Op::Mm),
                 "aten::max_pool2d_with_indices.out" => max_pool(g, c),
+                "aten::_softmax.out" => safe_softmax(g, rest),
                 _ => None,
             };
             match found {
@@ -441,6 +445,52 @@ fn max_pool(g: &Graph<'_>, c: &Call<'_>) -> Option<Fusion> {
 }
 
 struct MaxPoolValues;
+
+/// A `_softmax` over the last dimension of `x` followed by the calls of PyTorch's
+/// `_safe_softmax` decomposition: `m = eq(x, -inf)`, `all(m, dim, keepdim)` written as
+/// `logical_not(any(logical_not(m)))`, `z = full_like(softmax, 0)`,
+/// `where(all, z, softmax)`.
+fn safe_softmax(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
+    let [softmax, eq, not_masked, any, all, zeros, pick, ..] = calls else {
+        return None;
+    };
+    let (x, dim, s) = (arg(softmax, 0)?, arg(softmax, 1)?, single_output(softmax)?);
+    let rank = g.tensor(x)?.sizes.len() as i64;
+    let last = |d: u32| {
+        g.int(d)
+            .is_some_and(|d| rank > 0 && (d == -1 || d == rank - 1))
+    };
+    let reads = |c: &Call<'_>, op: &str, i: usize, v: Option<u32>| {
+        c.op == op && v.is_some() && arg(c, i) == v
+    };
+    let out = single_output(pick)?;
+    let matched = softmax.op == "aten::_softmax.out"
+        && g.bool(arg(softmax, 2)?) == Some(false)
+        && last(dim)
+        && is_f32(g, x)
+        && is_f32(g, s)
+        && is_f32(g, out)
+        && reads(eq, "aten::eq.Scalar_out", 0, Some(x))
+        && g.double(arg(eq, 1)?) == Some(f64::NEG_INFINITY)
+        && reads(not_masked, "aten::logical_not.out", 0, single_output(eq))
+        && reads(any, "aten::any.out", 0, single_output(not_masked))
+        && last(arg(any, 1)?)
+        && g.bool(arg(any, 2)?) == Some(true)
+        && reads(all, "aten::logical_not.out", 0, single_output(any))
+        && reads(zeros, "aten::full_like.out", 0, Some(s))
+        && g.double(arg(zeros, 1)?) == Some(0.0)
+        && reads(pick, "aten::where.self_out", 0, single_output(all))
+        && arg(pick, 1) == single_output(zeros)
+        && arg(pick, 2) == Some(s);
+    matched.then(|| Fusion {
+        calls: [softmax, eq, not_masked, any, all, zeros, pick]
+            .map(|c| c.id)
+            .to_vec(),
+        name: "fused safe softmax".into(),
+        kernel: Arc::new(super::rows::SafeSoftmax),
+        args: vec![x, dim, out, out],
+    })
+}
 
 impl Kernel for MaxPoolValues {
     fn prepare(&self, args: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {

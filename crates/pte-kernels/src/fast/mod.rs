@@ -13,7 +13,8 @@
 //! [`install`] also sets a [`pte_runtime::Fuser`] (`fuse.rs`) that merges, when the
 //! runtime finds it safe, a convolution with the batch normalization, residual
 //! addition and activation after it (batch normalization folded into the weights), a
-//! matrix product with its activation, and a max pooling whose indices nothing reads.
+//! matrix product with its activation, a max pooling whose indices nothing reads, and
+//! a softmax with the calls of PyTorch's `_safe_softmax` decomposition after it.
 //!
 //! A prepared fast kernel re-reads its arguments' shapes and scalars at every call and
 //! prepares itself again if they changed (dynamic shapes), so it never runs on stale

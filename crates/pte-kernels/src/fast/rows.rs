@@ -308,20 +308,56 @@ pub(super) fn softmax(args: &Args<'_>, generic: &dyn Kernel) -> super::Prepared 
 impl PreparedKernel for Softmax {
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
         let x = args.tensor(0)?;
-        let dim = x.dim(args.int(1)?)?;
-        if dim + 1 < x.rank() {
+        if x.dim(args.int(1)?)? + 1 < x.rank() {
             return self.fallback.run(args);
         }
-        let row = x.sizes.last().copied().unwrap_or(1);
-        args.resize(3, &x.sizes)?;
-        let pool = args.pool();
-        let mut io = args.io(&[at(0)], &[at(3)])?;
-        let (x, y) = views(&mut io)?;
-        let isa = Isa::best();
-        split(pool, y, row, |o, c| {
-            let x = x.get(o..o + c.len()).unwrap_or_default();
-            elementwise::softmax_rows(isa, c, x, row)
-        })
+        last_dim_rows(args, 3, elementwise::softmax_rows)
+    }
+}
+
+/// A softmax of each row (the last dimension) of float32 input 0 into output `out`.
+fn last_dim_rows(
+    args: &mut Args<'_>,
+    out: usize,
+    rows: fn(Isa, &mut [f32], &[f32], usize) -> pte_compute::Result,
+) -> KernelResult {
+    let x = args.tensor(0)?;
+    let row = x.sizes.last().copied().unwrap_or(1);
+    args.resize(out, &x.sizes)?;
+    let pool = args.pool();
+    let mut io = args.io(&[at(0)], &[at(out)])?;
+    let (x, y) = views(&mut io)?;
+    let isa = Isa::best();
+    split(pool, y, row, |o, c| {
+        let x = x.get(o..o + c.len()).unwrap_or_default();
+        rows(isa, c, x, row)
+    })
+}
+
+/// PyTorch's `_safe_softmax` over the last dimension (a row of -inf only gives zeros),
+/// fused from its exported decomposition (see `fuse.rs`): `(x, dim, out, out)`.
+pub(super) struct SafeSoftmax;
+
+impl Kernel for SafeSoftmax {
+    fn prepare(&self, args: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
+        match (f32_tensor(args, 0)?, f32_tensor(args, 2)?) {
+            (Some(_), Some(_)) => Ok(Box::new(SafeSoftmax)),
+            _ => Err(KernelError::invalid(
+                "safe softmax: float32 tensors in the default dim order expected",
+            )),
+        }
+    }
+}
+
+impl PreparedKernel for SafeSoftmax {
+    fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
+        let x = args.tensor(0)?;
+        if x.dim(args.int(1)?)? + 1 != x.rank() {
+            return Err(KernelError::invalid(
+                "safe softmax: only over the last dimension",
+            ));
+        }
+        last_dim_rows(args, 2, elementwise::safe_softmax_rows)
     }
 }
 
