@@ -93,19 +93,31 @@ pub(crate) fn exp<const FMA: bool>(x: f32) -> f32 {
     }
 }
 
-/// e^x for x in `EXP_MIN..=127 · ln 2`, with no checks.
-#[inline(always)]
-fn exp_in_range<const FMA: bool>(x: f32) -> f32 {
-    let (y, n) = exp_reduced::<FMA>(x);
-    y * pow2(n)
-}
+/// Coefficients of e^r ≈ 1 + r + r²·(c2 + c3·r + c4·r² + c5·r³) on |r| <= ln 2 / 2,
+/// relative error 1.1e-7: one degree less than [`exp`]'s polynomial, for the
+/// exponentials of sigmoid, SiLU and softmax, which are bound by their instruction
+/// count (fitted by `tools/fit_exp_poly.py`, weighted least squares towards minimax).
+const EXP5: [f32; 4] = [0.499_992_31, 0.166_671_14, 0.041_890_122, 0.008_312_531];
 
-/// e^x for x <= 0 (and NaN), with fewer instructions than [`exp`]: no overflow to
-/// handle, NaN propagates through the arithmetic, and below `EXP_MIN` the result
-/// flushes to 0 as `exp`'s does.
+/// e^x for x <= 0 (and NaN) in fewer instructions than [`exp`]: no overflow to handle,
+/// a degree-5 polynomial, 2^n made from the bits of the rounding (no integer
+/// subtraction) and applied in the polynomial's last step (s + s·p). NaN propagates
+/// through the arithmetic; below `EXP_MIN` the result flushes to 0 as `exp`'s does.
 #[inline(always)]
 pub(crate) fn exp_nonpositive<const FMA: bool>(x: f32) -> f32 {
-    let y = exp_in_range::<FMA>(x);
+    let t = madd::<FMA>(x, LOG2E, ROUND);
+    let n = t - ROUND;
+    // n sits in the low mantissa bits of t: shifted into the exponent field (wrapping
+    // modulo 2^9) and biased, that is 2^n for n in -126..=0.
+    let s = f32::from_bits((t.to_bits() << 23).wrapping_add(127 << 23));
+    let r = madd::<FMA>(n, -LN2_LO, madd::<FMA>(n, -LN2_HI, x));
+    let r2 = r * r;
+    let q = madd::<FMA>(
+        madd::<FMA>(EXP5[3], r, EXP5[2]),
+        r2,
+        madd::<FMA>(EXP5[1], r, EXP5[0]),
+    );
+    let y = madd::<FMA>(s, madd::<FMA>(q, r2, r), s);
     if x < EXP_MIN {
         0.0
     } else {
