@@ -798,7 +798,7 @@ impl Gemm {
                             };
                             let (i, j) = (ic + ir, jc + jr);
                             // The last depth block stores through the fused bias and
-                            // clamp; other activations follow on the tile.
+                            // clamp; other activations follow on the block.
                             let mut padded = [0f32; MAX_NR];
                             let post = last.then(|| Post {
                                 bias: match epi.bias {
@@ -826,19 +826,13 @@ impl Gemm {
                                     tile(t, (0, 0), nr, accumulate, post.as_ref())
                                 })?;
                             }
-                            if last && extra != Activation::Identity {
-                                self.epilogue_rows(
-                                    &mut c,
-                                    i,
-                                    j,
-                                    rows,
-                                    cols,
-                                    Bias::None,
-                                    extra,
-                                    false,
-                                );
-                            }
                         }
+                    }
+                    // Other activations run over the rows of the finished block (in
+                    // cache), not tile by tile: a row of a tile is only nr long, and the
+                    // call per run cost a sixth of a SiLU.
+                    if last && extra != Activation::Identity {
+                        self.epilogue_rows(&mut c, ic, jc, mb, nb, Bias::None, extra, false);
                     }
                 }
             }
