@@ -7,12 +7,15 @@
 //! - `exp`: at most 2 ulp for results above `f32::MIN_POSITIVE`; results that would be
 //!   subnormal flush to 0, overflow gives +inf, NaN stays NaN.
 //! - `sigmoid`, `silu`, `tanh`: at most 4 ulp (relative 5e-7) where the result is
-//!   normal; below x = -87.3 sigmoid and silu flush to (signed) 0, as e^x does.
+//!   normal (measured: 2.9, 3.1 and 1.4); below x = -88.4 sigmoid and silu are
+//!   (signed) 0, e^-x having overflowed. Sigmoid, SiLU and softmax take a degree-5
+//!   exponential with fewer instructions than `exp`'s: they are bound by their
+//!   instruction count.
 //! - `gelu` (erf form): relative error below 1e-6 down to x = -13 (below that the
 //!   result is subnormal or 0); `gelu_tanh`: relative 5e-6 for x >= -5 (the f32
 //!   rounding of its inner polynomial, amplified by the slope of the sigmoid).
 
-// The constants are the published coefficients, kept digit for digit.
+// The constants are the published coefficients (or our fit's), kept digit for digit.
 #![allow(clippy::excessive_precision)]
 
 use crate::arch::madd;
@@ -99,16 +102,17 @@ pub(crate) fn exp<const FMA: bool>(x: f32) -> f32 {
 /// count (fitted by `tools/fit_exp_poly.py`, weighted least squares towards minimax).
 const EXP5: [f32; 4] = [0.499_992_31, 0.166_671_14, 0.041_890_122, 0.008_312_531];
 
-/// e^x for x <= 0 (and NaN) in fewer instructions than [`exp`]: no overflow to handle,
-/// a degree-5 polynomial, 2^n made from the bits of the rounding (no integer
-/// subtraction) and applied in the polynomial's last step (s + s·p). NaN propagates
-/// through the arithmetic; below `EXP_MIN` the result flushes to 0 as `exp`'s does.
+/// e^x by the degree-5 polynomial for x in -88..=89 (and NaN, which propagates
+/// through the arithmetic), with 2^n made from the bits of the rounding (no integer
+/// subtraction) and applied in the polynomial's last step (s + s·p). Where n = -127
+/// (x below -87.98) the result is 0; where n = 128 (x above 88.38) it is +inf.
 #[inline(always)]
-pub(crate) fn exp_nonpositive<const FMA: bool>(x: f32) -> f32 {
+fn exp5<const FMA: bool>(x: f32) -> f32 {
     let t = madd::<FMA>(x, LOG2E, ROUND);
     let n = t - ROUND;
     // n sits in the low mantissa bits of t: shifted into the exponent field (wrapping
-    // modulo 2^9) and biased, that is 2^n for n in -126..=0.
+    // modulo 2^9) and biased, that is 2^n for n in -126..=128 (2^128 giving +inf), and
+    // 0 for n = -127.
     let s = f32::from_bits((t.to_bits() << 23).wrapping_add(127 << 23));
     let r = madd::<FMA>(n, -LN2_LO, madd::<FMA>(n, -LN2_HI, x));
     let r2 = r * r;
@@ -117,7 +121,14 @@ pub(crate) fn exp_nonpositive<const FMA: bool>(x: f32) -> f32 {
         r2,
         madd::<FMA>(EXP5[1], r, EXP5[0]),
     );
-    let y = madd::<FMA>(s, madd::<FMA>(q, r2, r), s);
+    madd::<FMA>(s, madd::<FMA>(q, r2, r), s)
+}
+
+/// e^x for x <= 0 (and NaN) in fewer instructions than [`exp`] ([`exp5`]); below
+/// `EXP_MIN` the result flushes to 0 as `exp`'s does.
+#[inline(always)]
+pub(crate) fn exp_nonpositive<const FMA: bool>(x: f32) -> f32 {
+    let y = exp5::<FMA>(x);
     if x < EXP_MIN {
         0.0
     } else {
@@ -125,22 +136,27 @@ pub(crate) fn exp_nonpositive<const FMA: bool>(x: f32) -> f32 {
     }
 }
 
-/// 1 / (1 + e^-x), from e = e^-|x| (which cannot overflow): 1 / (1 + e) for x >= 0,
-/// e / (1 + e) below.
+/// e^-x for sigmoid and SiLU: -x clamped into the range of [`exp5`] (NaN passes), so
+/// that it is 0 for x above 88 and +inf for x below -88.4.
 #[inline(always)]
-pub(crate) fn sigmoid<const FMA: bool>(x: f32) -> f32 {
-    let e = exp_nonpositive::<FMA>(-x.abs());
-    let num = if x < 0.0 { e } else { 1.0 };
-    num / (1.0 + e)
+fn exp_neg_clamped<const FMA: bool>(x: f32) -> f32 {
+    let z = -x;
+    let z = if z < -88.0 { -88.0 } else { z };
+    exp5::<FMA>(if z > 89.0 { 89.0 } else { z })
 }
 
-/// x · sigmoid(x), with x folded into the numerator (one multiplication less on
-/// the chain).
+/// 1 / (1 + e^-x). e^-x overflows to +inf below x = -88.4, where the result is 0
+/// (the true one is below the normal range there).
+#[inline(always)]
+pub(crate) fn sigmoid<const FMA: bool>(x: f32) -> f32 {
+    1.0 / (1.0 + exp_neg_clamped::<FMA>(x))
+}
+
+/// x / (1 + e^-x): x · sigmoid(x) with x as the numerator. Below x = -88.4 the result
+/// is -0, and -inf gives NaN (-inf / inf) as PyTorch's -inf · 0.
 #[inline(always)]
 pub(crate) fn silu<const FMA: bool>(x: f32) -> f32 {
-    let e = exp_nonpositive::<FMA>(-x.abs());
-    let num = if x < 0.0 { x * e } else { x };
-    num / (1.0 + e)
+    x / (1.0 + exp_neg_clamped::<FMA>(x))
 }
 
 /// Taylor coefficients of tanh(x)/x - 1 in powers of x², x² .. x^18.
