@@ -21,9 +21,33 @@ pub enum PoolKind {
     Average,
 }
 
+/// Combines the window pixels `taps` (their channels `c0..c0 + N`) into `acc`.
+#[inline(always)]
+fn combine<const N: usize>(acc: &mut [f32; N], taps: &[&[f32]], c0: usize, max_pool: bool) {
+    for x in taps {
+        // A whole block as an array: the loop compiles to a few vector instructions.
+        let Some(x) = x
+            .get(c0..c0 + N)
+            .and_then(|x| <&[f32; N]>::try_from(x).ok())
+        else {
+            continue;
+        };
+        if max_pool {
+            for (a, &v) in acc.iter_mut().zip(x) {
+                *a = if v > *a || v.is_nan() { v } else { *a };
+            }
+        } else {
+            for (a, &v) in acc.iter_mut().zip(x) {
+                *a += v;
+            }
+        }
+    }
+}
+
 multiversion! {
     /// Combines a pass of window pixels into `out` (initialized on the `first` pass),
-    /// 16 channels at a time; the `last` pass scales by `scale` (averages) and clamps.
+    /// 16 channels at a time (then one at a time); the `last` pass scales by `scale`
+    /// (averages) and clamps.
     fn pool_pixel<const FMA: bool>(
         out: &mut [f32],
         taps: &[&[f32]],
@@ -34,37 +58,23 @@ multiversion! {
         min: f32,
         max: f32,
     ) {
-        let c = out.len();
-        let mut c0 = 0;
-        while c0 < c {
-            let len = CB.min(c - c0);
-            let neutral = if max_pool { f32::NEG_INFINITY } else { 0.0 };
+        let neutral = if max_pool { f32::NEG_INFINITY } else { 0.0 };
+        let blocks = out.len() / CB;
+        for (b, o) in out.chunks_exact_mut(CB).enumerate() {
             let mut acc = [neutral; CB];
             if !first {
-                if let Some(o) = out.get(c0..c0 + len) {
-                    for (a, &v) in acc.iter_mut().zip(o) {
-                        *a = v;
-                    }
-                }
+                acc.copy_from_slice(o);
             }
-            for x in taps {
-                let Some(x) = x.get(c0..c0 + len) else { continue };
-                if max_pool {
-                    for (a, &v) in acc.iter_mut().zip(x) {
-                        *a = if v > *a || v.is_nan() { v } else { *a };
-                    }
-                } else {
-                    for (a, &v) in acc.iter_mut().zip(x) {
-                        *a += v;
-                    }
-                }
+            combine(&mut acc, taps, b * CB, max_pool);
+            for (o, &a) in o.iter_mut().zip(&acc) {
+                *o = if last { clamp(a * scale, min, max) } else { a };
             }
-            if let Some(o) = out.get_mut(c0..c0 + len) {
-                for (o, &a) in o.iter_mut().zip(&acc) {
-                    *o = if last { clamp(a * scale, min, max) } else { a };
-                }
-            }
-            c0 += len;
+        }
+        let c0 = blocks * CB;
+        for (i, o) in out.iter_mut().enumerate().skip(c0) {
+            let mut acc = [if first { neutral } else { *o }];
+            combine(&mut acc, taps, i, max_pool);
+            *o = if last { clamp(acc[0] * scale, min, max) } else { acc[0] };
         }
     }
 }

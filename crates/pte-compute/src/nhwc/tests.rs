@@ -307,6 +307,25 @@ fn pooling_matches_a_direct_loop() {
             }
         }
     }
+    // A NaN in a window makes its maximum NaN (as PyTorch), in a whole block of 16
+    // channels and in the tail.
+    let g = Geometry {
+        input: [4, 4],
+        kernel: [2, 2],
+        stride: [2, 2],
+        dilation: [1, 1],
+        padding: [0; 4],
+    };
+    for isa in Isa::available() {
+        let mut x = data(16 * c, 6);
+        x[5 * c + 2] = f32::NAN; // pixel (1, 1), channel 2: window (0, 0)
+        x[10 * c + 17] = f32::NAN; // pixel (2, 2), channel 17: window (1, 1)
+        let mut y = vec![0.0; 4 * c];
+        let (lo, hi) = (f32::NEG_INFINITY, f32::INFINITY);
+        pool2d(isa, &pool, PoolKind::Max, &g, c, 1, &x, &mut y, lo, hi).unwrap();
+        let nans: Vec<usize> = (0..y.len()).filter(|&i| y[i].is_nan()).collect();
+        assert_eq!(nans, [2, 3 * c + 17], "{isa:?}");
+    }
     let x = data(2 * 12 * 5, 5);
     let mut y = vec![0.0; 10];
     global_avg_pool(
