@@ -102,6 +102,11 @@ struct Ran {
 }
 
 fn run_with(bytes: &[u8], kernels: &KernelRegistry) -> Ran {
+    run_on(bytes, kernels, None)
+}
+
+/// A run on `inputs`, or on the method's example inputs.
+fn run_on(bytes: &[u8], kernels: &KernelRegistry, inputs: Option<Vec<EValue>>) -> Ran {
     let mut m = Program::from_bytes(bytes)
         .unwrap()
         .load_method_with(
@@ -112,7 +117,7 @@ fn run_with(bytes: &[u8], kernels: &KernelRegistry) -> Ran {
         )
         .unwrap();
     m.set_profiling(true);
-    let inputs = m.meta().example_inputs(1 << 20).unwrap();
+    let inputs = inputs.unwrap_or_else(|| m.meta().example_inputs(1 << 20).unwrap());
     m.set_inputs(&inputs).unwrap();
     m.execute().unwrap();
     let bytes = |v: &EValue| match v {
@@ -463,26 +468,10 @@ fn run_safe_softmax(bytes: &[u8], kernels: &KernelRegistry) -> (Vec<f32>, Vec<St
     x[10..15].fill(-inf);
     x[12] = f32::NAN;
     x[17] = f32::NAN;
-    let mut m = Program::from_bytes(bytes)
-        .unwrap()
-        .load_method_with(
-            "forward",
-            kernels,
-            &BackendRegistry::new(),
-            &LoadOptions::default(),
-        )
-        .unwrap();
-    m.set_profiling(true);
     let t = pte_runtime::Tensor::from_slice(&[3, 4, 5], &x).unwrap();
-    m.set_inputs(&[EValue::Tensor(t)]).unwrap();
-    m.execute().unwrap();
-    let EValue::Tensor(y) = &m.outputs().unwrap()[0] else {
-        panic!("not a tensor")
-    };
-    let mut ops: Vec<String> = m.profile().into_iter().map(|e| e.name).collect();
-    ops.sort();
-    ops.dedup();
-    (bytemuck::pod_collect_to_vec(y.as_bytes()), ops)
+    let mut ran = run_on(bytes, kernels, Some(vec![EValue::Tensor(t)]));
+    ran.ops.dedup();
+    (bytemuck::pod_collect_to_vec(&ran.outputs[0]), ran.ops)
 }
 
 #[test]
