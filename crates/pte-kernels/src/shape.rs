@@ -98,6 +98,80 @@ fn permute_copy(args: &mut Args<'_>) -> KernelResult {
     gather(args, 0, 2, &sizes, &sizes, &layout)
 }
 
+/// One call of a chain of copies that only rearrange their input's elements (see
+/// [`rearranged`]), with its arguments as the program gives them.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Rearrange {
+    /// `permute_copy(dims)`.
+    Permute(SmallVec<[i64; 8]>),
+    /// `unsqueeze_copy(dim)`.
+    Unsqueeze(i64),
+    /// `squeeze_copy`: the listed dims of size 1 (all with `None`).
+    Squeeze(Option<SmallVec<[i64; 8]>>),
+    /// `clone`, `alias_copy`, `_clone_dim_order` to the default order: no change.
+    Keep,
+}
+
+impl Rearrange {
+    /// Applies the step to a view of the chain's input: `sizes` and `strides` (in
+    /// elements of the input) become those of the step's output.
+    pub(crate) fn apply(&self, sizes: &mut Dims, strides: &mut Strides) -> KernelResult {
+        match self {
+            Rearrange::Permute(dims) => {
+                if dims.len() != sizes.len() {
+                    return Err(KernelError::invalid(format!(
+                        "permutation {dims:?} for rank {}",
+                        sizes.len()
+                    )));
+                }
+                dim_set(dims, sizes.len())?;
+                let perm: Dims = dims
+                    .iter()
+                    .map(|&d| normalize_dim(d, sizes.len()))
+                    .collect::<KernelResult<_>>()?;
+                let (old_sizes, old_strides) = (sizes.clone(), strides.clone());
+                for (k, &d) in perm.iter().enumerate() {
+                    *sizes.at_mut(k)? = *old_sizes.at(d)?;
+                    *strides.at_mut(k)? = *old_strides.at(d)?;
+                }
+            }
+            Rearrange::Unsqueeze(d) => {
+                let d = normalize_dim(*d, sizes.len() + 1)?;
+                sizes.insert(d, 1);
+                strides.insert(d, 0);
+            }
+            Rearrange::Squeeze(dims) => {
+                let set = match dims {
+                    Some(dims) => dim_set(dims, sizes.len())?,
+                    None => smallvec::smallvec![true; sizes.len()],
+                };
+                let keep: SmallVec<[bool; 8]> = sizes
+                    .iter()
+                    .zip(&set)
+                    .map(|(&n, &s)| !(s && n == 1))
+                    .collect();
+                let mut k = keep.iter();
+                sizes.retain(|_| k.next().copied().unwrap_or(true));
+                let mut k = keep.iter();
+                strides.retain(|_| k.next().copied().unwrap_or(true));
+            }
+            Rearrange::Keep => {}
+        }
+        Ok(())
+    }
+}
+
+/// Output 1 as input 0 after a chain of rearranging copies, in one pass: the steps
+/// compose into one strided view of the input, gathered once.
+pub(crate) fn rearranged(args: &mut Args<'_>, steps: &[Rearrange]) -> KernelResult {
+    let x = args.tensor(0)?;
+    let (mut sizes, mut strides) = (x.sizes.clone(), row_major(&x.sizes));
+    for step in steps {
+        step.apply(&mut sizes, &mut strides)?;
+    }
+    gather(args, 0, 1, &sizes, &sizes, &Layout::new(0, strides))
+}
+
 /// Swaps two dims of input 0 into output `out`.
 fn transpose(args: &mut Args<'_>, d0: i64, d1: i64, out: usize) -> KernelResult {
     let x = args.tensor(0)?;

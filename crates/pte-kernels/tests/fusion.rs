@@ -504,3 +504,78 @@ fn a_softmax_masked_on_another_value_is_not_fused() {
     // Rows of -inf only are NaN: nothing here tests for -inf.
     assert!(fused[..5].iter().all(|v| v.is_nan()));
 }
+
+/// x [2, 3, 4] → unsqueeze(1) → permute [3, 1, 0, 2] → squeeze(1) → clone: y [4, 2, 3]
+/// with y[a][b][c] = x[b][c][a]; with `permute` false the permute is left out (the
+/// chain keeps the elements in order); with `shared` the permute's output is a method
+/// output too.
+fn copy_chain_program(permute: bool, shared: bool) -> Vec<u8> {
+    let mut b = ProgramBuilder::new();
+    let x = b.tensor(Float, &[2, 3, 4], Memory::Planned);
+    let one = b.int(1);
+    let u = b.tensor(Float, &[2, 1, 3, 4], Memory::Planned);
+    b.call("aten::unsqueeze_copy", "out", &[x, one, u, u]);
+    let mut last = u;
+    if permute {
+        let perm = b.int_list(&[3, 1, 0, 2]);
+        let p = b.tensor(Float, &[4, 1, 2, 3], Memory::Planned);
+        b.call("aten::permute_copy", "out", &[u, perm, p, p]);
+        last = p;
+        if shared {
+            b.output(p);
+        }
+    }
+    let dims = b.int_list(&[1]);
+    let squeezed = if permute { [4, 2, 3] } else { [2, 3, 4] };
+    let s = b.tensor(Float, &squeezed, Memory::Planned);
+    b.call("aten::squeeze_copy", "dims_out", &[last, dims, s, s]);
+    let none = b.none();
+    let y = b.tensor(Float, &squeezed, Memory::Planned);
+    b.call("aten::clone", "out", &[s, none, y, y]);
+    b.input(x);
+    b.output(y);
+    b.build()
+}
+
+#[test]
+fn a_chain_of_rearranging_copies_runs_as_one_gather() {
+    let bytes = copy_chain_program(true, false);
+    let fused = run_with(&bytes, &pte_kernels::registry());
+    assert_eq!(fused.ops, ["fused copies"]);
+    let plain = run_with(&bytes, &with_fuser(NoFusion));
+    assert!(plain.ops.len() >= 2, "{:?}", plain.ops);
+    assert_eq!(fused.outputs, plain.outputs);
+    let x: Vec<f32> = bytemuck::pod_collect_to_vec(&fused.input);
+    let y: Vec<f32> = bytemuck::pod_collect_to_vec(&fused.outputs[0]);
+    for a in 0..4 {
+        for b in 0..2 {
+            for c in 0..3 {
+                assert_eq!(y[(a * 2 + b) * 3 + c], x[(b * 3 + c) * 4 + a]);
+            }
+        }
+    }
+}
+
+#[test]
+fn copies_that_keep_the_order_or_share_a_value_are_not_fused_whole() {
+    // In order: left to alias elision.
+    let in_order = run_with(&copy_chain_program(false, false), &pte_kernels::registry());
+    assert!(
+        !in_order.ops.iter().any(|o| o == "fused copies"),
+        "{:?}",
+        in_order.ops
+    );
+    // The permute's output is read by the method too: the chain ends there, and what
+    // follows runs on its own.
+    let bytes = copy_chain_program(true, true);
+    let shared = run_with(&bytes, &pte_kernels::registry());
+    assert!(
+        shared.ops.contains(&"fused copies".to_owned()),
+        "{:?}",
+        shared.ops
+    );
+    assert_eq!(
+        shared.outputs,
+        run_with(&bytes, &with_fuser(NoFusion)).outputs
+    );
+}

@@ -8,6 +8,9 @@
 //!   activation]: the weight is packed from its stored layout, the transpose never
 //!   runs (folding defers it, see [`Fuser::defer_folding`]);
 //! - `max_pool2d_with_indices` whose indices nothing reads → max pooling alone;
+//! - consecutive `permute_copy` / `unsqueeze_copy` / `squeeze_copy` / `clone` calls,
+//!   each reading the one before, that move data: one strided copy (attention exports
+//!   chains of four);
 //! - `_softmax` over the last dimension → PyTorch's decomposition of `_safe_softmax`
 //!   (`eq(x, -inf)`, `logical_not`, `any`, `logical_not`, `full_like(0)`, `where`: rows
 //!   of -inf only become zeros), as attention exports it: one safe softmax.
@@ -28,6 +31,7 @@ use pte_runtime::{
 use super::conv::{self, Act, Layout};
 use super::linear::{self, Op};
 use super::pool;
+use crate::shape::Rearrange;
 
 pub(super) struct Patterns;
 
@@ -58,7 +62,16 @@ impl Fuser for Patterns {
                 "aten::convolution.out" => {
                     super::region::propose(g, rest).or_else(|| conv_chain(g, rest))
                 }
-                "aten::permute_copy.out" => transposed_product(g, rest),
+                "aten::permute_copy.out" => {
+                    transposed_product(g, rest).or_else(|| copy_chain(g, rest))
+                }
+                "aten::unsqueeze_copy.out"
+                | "aten::squeeze_copy.out"
+                | "aten::squeeze_copy.dim_out"
+                | "aten::squeeze_copy.dims_out"
+                | "aten::clone.out"
+                | "aten::alias_copy.out"
+                | "dim_order_ops::_clone_dim_order.out" => copy_chain(g, rest),
                 "aten::addmm.out" => product_chain(g, rest, Op::Addmm),
                 "aten::linear.out" => product_chain(g, rest, Op::Linear),
                 "aten::mm.out" => product_chain(g, rest, Op::Mm),
@@ -445,6 +458,103 @@ fn max_pool(g: &Graph<'_>, c: &Call<'_>) -> Option<Fusion> {
 }
 
 struct MaxPoolValues;
+
+/// The rearrangement a call makes of its input, if it only rearranges it.
+fn rearrangement(g: &Graph<'_>, c: &Call<'_>) -> Option<Rearrange> {
+    let ints = |i: usize| arg(c, i).and_then(|v| g.int_list(v));
+    Some(match c.op {
+        "aten::permute_copy.out" => Rearrange::Permute(ints(1)?),
+        "aten::unsqueeze_copy.out" => Rearrange::Unsqueeze(g.int(arg(c, 1)?)?),
+        "aten::squeeze_copy.out" => Rearrange::Squeeze(None),
+        "aten::squeeze_copy.dim_out" => {
+            Rearrange::Squeeze(Some(smallvec::smallvec![g.int(arg(c, 1)?)?]))
+        }
+        "aten::squeeze_copy.dims_out" => Rearrange::Squeeze(Some(ints(1)?)),
+        "aten::clone.out" | "aten::alias_copy.out" => Rearrange::Keep,
+        "dim_order_ops::_clone_dim_order.out" => {
+            // Only to the default dim order (the output is checked contiguous below).
+            let order = arg(c, 2)?;
+            let default = g.is_none(order)
+                || g.int_list(order)?
+                    .iter()
+                    .enumerate()
+                    .all(|(i, &d)| usize::try_from(d) == Ok(i));
+            default.then_some(Rearrange::Keep)?
+        }
+        _ => return None,
+    })
+}
+
+/// Consecutive calls that only rearrange elements, each reading the previous one's
+/// output and nothing else reading it: one gather from the first input. Proposed
+/// only when the chain moves data (a chain that keeps the elements in order is left
+/// to alias elision, which makes it free).
+fn copy_chain(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
+    let x = arg(calls.first()?, 0)?;
+    let t = g.tensor(x)?;
+    if !t.is_contiguous() {
+        return None;
+    }
+    let (mut sizes, mut strides) = (t.sizes.clone(), crate::layout::row_major(&t.sizes));
+    let (mut steps, mut ids, mut out) = (Vec::new(), Vec::new(), x);
+    for c in calls {
+        let Some(step) = (arg(c, 0) == Some(out))
+            .then(|| rearrangement(g, c))
+            .flatten()
+        else {
+            break;
+        };
+        let Some((y, yt)) = single_output(c).and_then(|y| Some((y, g.tensor(y)?))) else {
+            break;
+        };
+        let (mut s, mut st) = (sizes.clone(), strides.clone());
+        if step.apply(&mut s, &mut st).is_err()
+            || yt.sizes != s
+            || yt.dtype != t.dtype
+            || !yt.is_contiguous()
+        {
+            break;
+        }
+        (sizes, strides, out) = (s, st, y);
+        steps.push(step);
+        ids.push(c.id);
+        // A value read elsewhere ends the chain (the group's own two references: its
+        // producer and the next call).
+        if g.uses(y) != 2 {
+            break;
+        }
+    }
+    // In order: the dims longer than 1 keep row-major strides of the input.
+    let mut expected = 1isize;
+    let mut in_order = true;
+    for (&n, &st) in sizes.iter().zip(&strides).rev().filter(|(&n, _)| n > 1) {
+        in_order &= st == expected;
+        expected = expected.saturating_mul(n as isize);
+    }
+    (steps.len() >= 2 && !in_order).then(|| Fusion {
+        calls: ids,
+        name: "fused copies".into(),
+        kernel: Arc::new(CopyChain(steps)),
+        args: vec![x, out, out],
+    })
+}
+
+/// A chain of rearranging copies run as one (`(x, out, out)`).
+struct CopyChain(Vec<Rearrange>);
+
+impl Kernel for CopyChain {
+    fn prepare(&self, _: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
+        Ok(Box::new(CopyChainRun(self.0.clone())))
+    }
+}
+
+struct CopyChainRun(Vec<Rearrange>);
+
+impl PreparedKernel for CopyChainRun {
+    fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
+        crate::shape::rearranged(args, &self.0)
+    }
+}
 
 /// A `_softmax` over the last dimension of `x` followed by the calls of PyTorch's
 /// `_safe_softmax` decomposition: `m = eq(x, -inf)`, `all(m, dim, keepdim)` written as

@@ -14,7 +14,8 @@
 //! runtime finds it safe, a convolution with the batch normalization, residual
 //! addition and activation after it (batch normalization folded into the weights), a
 //! matrix product with its activation, a max pooling whose indices nothing reads, and
-//! a softmax with the calls of PyTorch's `_safe_softmax` decomposition after it.
+//! a softmax with the calls of PyTorch's `_safe_softmax` decomposition after it, and a
+//! chain of copies that only rearrange elements.
 //!
 //! A prepared fast kernel re-reads its arguments' shapes and scalars at every call and
 //! prepares itself again if they changed (dynamic shapes), so it never runs on stale
