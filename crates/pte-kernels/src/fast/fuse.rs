@@ -473,13 +473,7 @@ fn rearrangement(g: &Graph<'_>, c: &Call<'_>) -> Option<Rearrange> {
         "aten::clone.out" | "aten::alias_copy.out" => Rearrange::Keep,
         "dim_order_ops::_clone_dim_order.out" => {
             // Only to the default dim order (the output is checked contiguous below).
-            let order = arg(c, 2)?;
-            let default = g.is_none(order)
-                || g.int_list(order)?
-                    .iter()
-                    .enumerate()
-                    .all(|(i, &d)| usize::try_from(d) == Ok(i));
-            default.then_some(Rearrange::Keep)?
+            crate::shape::alias::default_dim_order(g, arg(c, 2)?)?.then_some(Rearrange::Keep)?
         }
         _ => return None,
     })

@@ -16,6 +16,18 @@ use pte_runtime::{normalize_dim, Alias, Call, Dims, Graph, TensorInfo};
 
 use crate::util::{dim_set, infer_sizes, slice_bounds, wrap_index};
 
+/// Whether a `_clone_dim_order` call's `dim_order` argument asks for the default order
+/// (None, or `0, 1, ..`); None when it is neither None nor a list of ints.
+pub(crate) fn default_dim_order(g: &Graph<'_>, order: u32) -> Option<bool> {
+    Some(
+        g.is_none(order)
+            || g.int_list(order)?
+                .iter()
+                .enumerate()
+                .all(|(i, &d)| usize::try_from(d) == Ok(i)),
+    )
+}
+
 /// The aliases among a method's calls.
 pub(crate) fn propose(g: &Graph<'_>) -> Vec<Alias> {
     g.calls().iter().filter_map(|c| alias(g, c)).collect()
@@ -55,13 +67,7 @@ fn alias(g: &Graph<'_>, c: &Call<'_>) -> Option<Alias> {
         }
         "dim_order_ops::_clone_dim_order.out" => {
             // The requested dim order, if any, must be the output's (the default).
-            let order = arg(2)?;
-            let default = g.is_none(order)
-                || g.int_list(order)?
-                    .iter()
-                    .enumerate()
-                    .all(|(i, &d)| usize::try_from(d) == Ok(i));
-            (default.then(|| x.sizes.clone())?, 0)
+            (default_dim_order(g, arg(2)?)?.then(|| x.sizes.clone())?, 0)
         }
         "aten::expand_copy.out" => {
             let want = ints(1)?;
