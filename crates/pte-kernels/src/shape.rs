@@ -161,6 +161,18 @@ impl Rearrange {
     }
 }
 
+/// Whether a view of a contiguous input (`sizes`, `strides` in its elements) reads the
+/// input's elements in order: the dims longer than 1 keep the input's row-major strides.
+pub(crate) fn in_order(sizes: &[usize], strides: &[isize]) -> bool {
+    let mut expected = 1isize;
+    let mut in_order = true;
+    for (&n, &st) in sizes.iter().zip(strides).rev().filter(|(&n, _)| n > 1) {
+        in_order &= st == expected;
+        expected = expected.saturating_mul(n as isize);
+    }
+    in_order
+}
+
 /// Output 1 as input 0 after a chain of rearranging copies, in one pass: the steps
 /// compose into one strided view of the input, gathered once.
 pub(crate) fn rearranged(args: &mut Args<'_>, steps: &[Rearrange]) -> KernelResult {

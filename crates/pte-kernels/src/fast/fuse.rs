@@ -518,14 +518,7 @@ fn copy_chain(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
             break;
         }
     }
-    // In order: the dims longer than 1 keep row-major strides of the input.
-    let mut expected = 1isize;
-    let mut in_order = true;
-    for (&n, &st) in sizes.iter().zip(&strides).rev().filter(|(&n, _)| n > 1) {
-        in_order &= st == expected;
-        expected = expected.saturating_mul(n as isize);
-    }
-    (steps.len() >= 2 && !in_order).then(|| Fusion {
+    (steps.len() >= 2 && !crate::shape::in_order(&sizes, &strides)).then(|| Fusion {
         calls: ids,
         name: "fused copies".into(),
         kernel: Arc::new(CopyChain(steps)),
@@ -533,18 +526,18 @@ fn copy_chain(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
     })
 }
 
-/// A chain of rearranging copies run as one (`(x, out, out)`).
+/// A chain of rearranging copies run as one (`(x, out, out)`); it keeps nothing per
+/// call site, so each site runs a copy of it.
+#[derive(Clone)]
 struct CopyChain(Vec<Rearrange>);
 
 impl Kernel for CopyChain {
     fn prepare(&self, _: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
-        Ok(Box::new(CopyChainRun(self.0.clone())))
+        Ok(Box::new(self.clone()))
     }
 }
 
-struct CopyChainRun(Vec<Rearrange>);
-
-impl PreparedKernel for CopyChainRun {
+impl PreparedKernel for CopyChain {
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
         crate::shape::rearranged(args, &self.0)
     }

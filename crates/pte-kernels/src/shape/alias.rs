@@ -14,6 +14,8 @@
 
 use pte_runtime::{normalize_dim, Alias, Call, Dims, Graph, TensorInfo};
 
+use super::{in_order, Rearrange};
+use crate::layout::row_major;
 use crate::util::{dim_set, infer_sizes, slice_bounds, wrap_index};
 
 /// Whether a `_clone_dim_order` call's `dim_order` argument asks for the default order
@@ -83,31 +85,11 @@ fn alias(g: &Graph<'_>, c: &Call<'_>) -> Option<Alias> {
             (s, 0)
         }
         "aten::permute_copy.out" => {
-            let dims = ints(1)?;
-            let set = dim_set(&dims, x.rank()).ok()?;
-            if dims.len() != x.rank() || !set.iter().all(|&b| b) {
-                return None;
-            }
-            let order: Dims = dims
-                .iter()
-                .map(|&d| normalize_dim(d, x.rank()))
-                .collect::<Result<_, _>>()
+            let (mut s, mut strides) = (x.sizes.clone(), row_major(&x.sizes));
+            Rearrange::Permute(ints(1)?)
+                .apply(&mut s, &mut strides)
                 .ok()?;
-            let moved: Dims = order
-                .iter()
-                .copied()
-                .filter(|&d| x.sizes.get(d) != Some(&1))
-                .collect();
-            if !moved.windows(2).all(|w| w.first() < w.get(1)) {
-                return None;
-            }
-            (
-                order
-                    .iter()
-                    .filter_map(|&d| x.sizes.get(d).copied())
-                    .collect(),
-                0,
-            )
+            (in_order(&s, &strides).then_some(s)?, 0)
         }
         "aten::select_copy.int_out" => {
             let d = normalize_dim(int(1)?, x.rank()).ok()?;
