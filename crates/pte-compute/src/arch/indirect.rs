@@ -247,16 +247,6 @@ pub(crate) struct PanelRun<'a> {
 }
 
 impl<'a> PanelRun<'a> {
-    /// One whole panel.
-    pub(crate) fn one(data: &'a [f32], nr: usize) -> Self {
-        Self {
-            data,
-            stride: 0,
-            count: 1,
-            cols: nr,
-        }
-    }
-
     /// Columns the run stores.
     fn width(&self, nr: usize) -> Option<usize> {
         self.count
@@ -448,7 +438,12 @@ mod tests {
             assert!(IndirectRows::new(&[&src[..4]], 2, 1, 1).is_err());
             let one = [&src[..4]];
             let r = IndirectRows::new(&one, 1, 1, 4).unwrap();
-            let short = PanelRun::one(&b[..3], nr);
+            let short = PanelRun {
+                data: &b[..3],
+                stride: 0,
+                count: 1,
+                cols: nr,
+            };
             assert!(indirect_microkernel(isa, &r, &short, &mut v, (0, 0), false, None).is_err());
             // A run wider than the output, or than its bias, or a second panel past `b`.
             let wide = PanelRun {

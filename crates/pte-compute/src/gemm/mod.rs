@@ -5,11 +5,14 @@
 //! packed (or read pre-packed) in panels of `mr` rows, or, when its rows are contiguous
 //! along the depth, read in place through row pointers by the indirect micro-kernel of
 //! the NHWC convolutions (no packing pass); a micro-kernel then computes each `mr × nr`
-//! tile in registers. The B panel of `kc × nr` stays in L1 while the A
-//! block streams from L2. After the last depth block the micro-kernel stores the tile
-//! through the bias and clamp of the epilogue; any other activation then runs on the
-//! tile while it is still in L1. Edge tiles run a micro-kernel of exactly the
-//! remaining rows; edge columns go through a small tile buffer.
+//! tile in registers. With packed A, the B panel of `kc × nr` stays in L1 while the A
+//! block streams from L2; with A in place, one call computes a row tile across a run
+//! of B panels (up to [`L2_PANEL_BYTES`], held in L2), the row tile staying in L1.
+//! After the last depth block the micro-kernel stores the tile through the bias and
+//! clamp of the epilogue; any other activation then runs over the rows of the block
+//! while they are still in cache. Edge tiles run a micro-kernel of exactly the
+//! remaining rows; edge columns go through a small tile buffer (packed A) or are
+//! stored by the indirect kernel itself.
 //!
 //! Operands packed once ([`PackedA`], [`PackedB`]: constant weights, at load time)
 //! keep their panels over the whole depth, so any depth block is a contiguous run of
@@ -758,73 +761,69 @@ impl Gemm {
                 let accumulate = pc > 0 || epi.accumulate;
                 for ic in (0..m).step_by(self.mc) {
                     let mb = self.mc.min(m - ic);
-                    let in_place = match a {
-                        Side::Lines(l) if in_place_rows && mb <= MAX_MC => {
-                            rows_buf.iter_mut().take(mb).enumerate().all(|(r, slot)| {
-                                l.run_in_place(i0 + ic + r, pc, kb)
-                                    .map(|run| *slot = run)
-                                    .is_some()
-                            })
-                        }
-                        _ => false,
-                    };
-                    let (ap, a_stride) = if in_place {
-                        (&[][..], 0)
+                    let in_place = c.col_stride() == 1
+                        && match a {
+                            Side::Lines(l) if in_place_rows && mb <= MAX_MC => {
+                                rows_buf.iter_mut().take(mb).enumerate().all(|(r, slot)| {
+                                    l.run_in_place(i0 + ic + r, pc, kb)
+                                        .map(|run| *slot = run)
+                                        .is_some()
+                                })
+                            }
+                            _ => false,
+                        };
+                    if in_place {
+                        let rows = rows_buf.get(..mb).unwrap_or_default();
+                        let post = last.then_some((epi.bias, min, max));
+                        let block = ((ic, jc), (nb, kb), accumulate, post);
+                        self.in_place_block(&mut c, rows, (bp, b_stride), block)?;
                     } else {
-                        a.block(self.isa, i0 + ic, mb, pc, kb, mr, a_buf)
-                    };
-                    for jr in (0..nb).step_by(nr) {
-                        let bpanel = bp.get(jr / nr * b_stride..).unwrap_or(&[]);
-                        let cols = nr.min(nb - jr);
-                        for ir in (0..mb).step_by(mr) {
-                            let apanel = ap.get(ir / mr * a_stride..).unwrap_or(&[]);
-                            let rows = mr.min(mb - ir);
-                            let a_rows = rows_buf.get(ir..ir + rows).unwrap_or_default();
-                            let tile = |c: &mut MatMut<'_>, at, cols, accumulate, post| {
-                                if in_place {
-                                    let rows_in = arch::IndirectRows::new(a_rows, rows, 1, kb)?;
-                                    let run = arch::PanelRun {
-                                        cols,
-                                        ..arch::PanelRun::one(bpanel, nr)
-                                    };
-                                    arch::indirect_microkernel(
-                                        self.isa, &rows_in, &run, c, at, accumulate, post,
-                                    )
-                                } else {
+                        let (ap, a_stride) = a.block(self.isa, i0 + ic, mb, pc, kb, mr, a_buf);
+                        for jr in (0..nb).step_by(nr) {
+                            let bpanel = bp.get(jr / nr * b_stride..).unwrap_or(&[]);
+                            let cols = nr.min(nb - jr);
+                            for ir in (0..mb).step_by(mr) {
+                                let apanel = ap.get(ir / mr * a_stride..).unwrap_or(&[]);
+                                let rows = mr.min(mb - ir);
+                                let tile = |c: &mut MatMut<'_>, at, accumulate, post| {
                                     arch::microkernel(
                                         self.isa, rows, kb, apanel, bpanel, c, at, accumulate, post,
                                     )
-                                }
-                            };
-                            let (i, j) = (ic + ir, jc + jr);
-                            // The last depth block stores through the fused bias and
-                            // clamp; other activations follow on the block.
-                            let mut padded = [0f32; MAX_NR];
-                            let post = last.then(|| Post {
-                                bias: match epi.bias {
-                                    Bias::None => TileBias::None,
-                                    Bias::Row(v) => TileBias::Rows(v.get(i..).unwrap_or_default()),
-                                    Bias::Col(v) => {
-                                        let v = v.get(j..).unwrap_or_default();
-                                        if v.len() >= nr {
-                                            TileBias::Cols(v)
-                                        } else {
-                                            padded.iter_mut().zip(v).for_each(|(p, &b)| *p = b);
-                                            TileBias::Cols(&padded)
+                                };
+                                let (i, j) = (ic + ir, jc + jr);
+                                // The last depth block stores through the fused bias and
+                                // clamp; other activations follow on the block.
+                                let mut padded = [0f32; MAX_NR];
+                                let post = last.then(|| Post {
+                                    bias: match epi.bias {
+                                        Bias::None => TileBias::None,
+                                        Bias::Row(v) => {
+                                            TileBias::Rows(v.get(i..).unwrap_or_default())
                                         }
-                                    }
-                                },
-                                min,
-                                max,
-                            });
-                            // The indirect kernel stores a partial panel itself.
-                            let whole = cols == nr || in_place;
-                            if whole && (c.col_stride() == 1 || nr == 1) {
-                                tile(&mut c, (i, j), cols, accumulate, post.as_ref())?;
-                            } else {
-                                self.edge_tile(&mut c, (i, j), (rows, cols), accumulate, |t| {
-                                    tile(t, (0, 0), nr, accumulate, post.as_ref())
-                                })?;
+                                        Bias::Col(v) => {
+                                            let v = v.get(j..).unwrap_or_default();
+                                            if v.len() >= nr {
+                                                TileBias::Cols(v)
+                                            } else {
+                                                padded.iter_mut().zip(v).for_each(|(p, &b)| *p = b);
+                                                TileBias::Cols(&padded)
+                                            }
+                                        }
+                                    },
+                                    min,
+                                    max,
+                                });
+                                if cols == nr && (c.col_stride() == 1 || nr == 1) {
+                                    tile(&mut c, (i, j), accumulate, post.as_ref())?;
+                                } else {
+                                    self.edge_tile(
+                                        &mut c,
+                                        (i, j),
+                                        (rows, cols),
+                                        accumulate,
+                                        |t| tile(t, (0, 0), accumulate, post.as_ref()),
+                                    )?;
+                                }
                             }
                         }
                     }
@@ -835,6 +834,63 @@ impl Gemm {
                         self.epilogue_rows(&mut c, ic, jc, mb, nb, Bias::None, extra, false);
                     }
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// One block of C at `at` (`nb` columns, depth `kb`) from rows of A read in place
+    /// (`rows`, one slice per row of the block) and the packed B block `(panels, stride)`:
+    /// each call of the indirect micro-kernel computes one row tile across a run of
+    /// panels, so the call overhead is paid once per run rather than once per tile (it
+    /// was a fifth of a vit_tiny product at depth 192). A run of panels stays in L2
+    /// while the row tiles stream past. `post`, on the last depth block: the column
+    /// bias (relative to C) and the clamp.
+    #[allow(clippy::type_complexity)]
+    fn in_place_block(
+        &self,
+        c: &mut MatMut<'_>,
+        rows: &[&[f32]],
+        (panels, stride): (&[f32], usize),
+        ((ic, jc), (nb, kb), accumulate, post): (
+            (usize, usize),
+            (usize, usize),
+            bool,
+            Option<(Bias<'_>, f32, f32)>,
+        ),
+    ) -> Result {
+        let (mr, nr) = (self.mr, self.nr);
+        let count = nb.div_ceil(nr);
+        let per_run = (L2_PANEL_BYTES / (kb * nr * 4).max(1)).max(1);
+        for q0 in (0..count).step_by(per_run) {
+            let run_count = per_run.min(count - q0);
+            let j = jc + q0 * nr;
+            let run = arch::PanelRun {
+                data: panels.get(q0 * stride..).unwrap_or_default(),
+                stride,
+                count: run_count,
+                cols: nr.min(nb - (q0 + run_count - 1) * nr),
+            };
+            let post = post.map(|(bias, min, max)| Post {
+                bias: match bias {
+                    Bias::Col(v) => TileBias::Cols(v.get(j..).unwrap_or_default()),
+                    Bias::Row(_) | Bias::None => TileBias::None,
+                },
+                min,
+                max,
+            });
+            for (t, tile_rows) in rows.chunks(mr).enumerate() {
+                let list = arch::IndirectRows::new(tile_rows, tile_rows.len(), 1, kb)?;
+                let at = (ic + t * mr, j);
+                arch::indirect_microkernel(
+                    self.isa,
+                    &list,
+                    &run,
+                    c,
+                    at,
+                    accumulate,
+                    post.as_ref(),
+                )?;
             }
         }
         Ok(())
@@ -933,6 +989,9 @@ impl Gemm {
     }
 }
 
+/// Bytes of packed B panels one run of the indirect micro-kernel covers (half a typical
+/// L2), in products and in convolutions alike.
+pub(crate) const L2_PANEL_BYTES: usize = 256 * 1024;
 /// Most threads a product is split over.
 const MAX_SPLIT: usize = 64;
 /// Rows of A in a block (`mc`, rounded down to a multiple of mr): the in-place rows of

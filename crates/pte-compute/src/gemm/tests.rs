@@ -195,6 +195,13 @@ fn shapes(gemm: &Gemm) -> Vec<Case> {
         n: gemm.nc + nr + 3,
         k: 20,
     });
+    // Several runs of panels per row tile of the in-place path (the last one short).
+    let per_run = L2_PANEL_BYTES / (KC * nr * 4);
+    v.push(Case {
+        m: 2 * mr + 1,
+        n: 2 * per_run * nr + 5,
+        k: KC + 7,
+    });
     v.push(Case {
         m: 2 * gemm.mc + mr + 1,
         n: 5,

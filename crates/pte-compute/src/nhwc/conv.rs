@@ -9,7 +9,7 @@ use crate::arch::{
 use crate::conv::{bias_or_zeros, Conv2dParams, ConvWeights, WeightLayout};
 use crate::elementwise::{self, Activation};
 use crate::error::{self, Error, Result};
-use crate::gemm::{Gemm, PackedB};
+use crate::gemm::{Gemm, PackedB, L2_PANEL_BYTES};
 use crate::mat::{MatMut, MatRef};
 use crate::pool::FirstError;
 use crate::pool::ThreadPool;
@@ -562,7 +562,7 @@ impl ConvNhwc {
         let rows_per_task = tiles.div_ceil(tasks) * mr;
         // Panels of weights per block: a block stays in L2 while tiles stream past.
         let panel_bytes = (taps * cig * nr * 4).max(1);
-        let block = (L2_WEIGHTS / panel_bytes).max(1);
+        let block = (L2_PANEL_BYTES / panel_bytes).max(1);
         let failed = FirstError::default();
         pool.parallel_chunks(y, rows_per_task * cout, &mut [0u8; 0], 0, |task, yc, _| {
             let r0 = task * rows_per_task;
@@ -696,9 +696,6 @@ impl ConvNhwc {
 /// of a padded copy ([`Algo::Rows`]): runs of a few channels per tap leave the
 /// micro-kernel fetching rows more than multiplying.
 const MIN_SEGMENT: usize = 8;
-
-/// Bytes of packed weights a block of output channels may take (half a typical L2).
-const L2_WEIGHTS: usize = 256 * 1024;
 
 /// Largest mr of any micro-kernel.
 const MAX_MR: usize = 12;
