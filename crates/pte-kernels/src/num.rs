@@ -171,9 +171,6 @@ pub trait Real:
     + AddAssign
 {
     const NEG_INFINITY: Self;
-    const NAN: Self;
-    /// True for `f32` (PyTorch's vectorized float32 math differs at some edges).
-    const SINGLE: bool;
     /// Rounds an `f64` to this type.
     fn of(v: f64) -> Self;
     fn abs(self) -> Self;
@@ -236,8 +233,6 @@ macro_rules! real_impl {
         }
         impl Real for $t {
             const NEG_INFINITY: Self = $t::NEG_INFINITY;
-            const NAN: Self = $t::NAN;
-            const SINGLE: bool = std::mem::size_of::<$t>() == 4;
             fn of(v: f64) -> Self { v as $t }
             real_impl!(@fwd $t: abs exp exp_m1 ln ln_1p log2 log10 sqrt sin cos tan asin acos atan
                         sinh cosh tanh floor ceil round_ties_even trunc);
