@@ -774,7 +774,7 @@ impl Gemm {
                         };
                     if in_place {
                         let rows = rows_buf.get(..mb).unwrap_or_default();
-                        let post = last.then_some((epi.bias, min, max));
+                        let post = last.then_some((epi.bias, (min, max), extra));
                         let block = ((ic, jc), (nb, kb), accumulate, post);
                         self.in_place_block(&mut c, rows, (bp, b_stride), block)?;
                     } else {
@@ -826,12 +826,12 @@ impl Gemm {
                                 }
                             }
                         }
-                    }
-                    // Other activations run over the rows of the finished block (in
-                    // cache), not tile by tile: a row of a tile is only nr long, and the
-                    // call per run cost a sixth of a SiLU.
-                    if last && extra != Activation::Identity {
-                        self.epilogue_rows(&mut c, ic, jc, mb, nb, Bias::None, extra, false);
+                        // Other activations run over the rows of the finished block,
+                        // not tile by tile: a row of a tile is only nr long, and the
+                        // call per run cost a sixth of a SiLU.
+                        if last && extra != Activation::Identity {
+                            self.epilogue_rows(&mut c, ic, jc, mb, nb, Bias::None, extra, false);
+                        }
                     }
                 }
             }
@@ -845,7 +845,8 @@ impl Gemm {
     /// panels, so the call overhead is paid once per run rather than once per tile (it
     /// was a fifth of a vit_tiny product at depth 192). A run of panels stays in L2
     /// while the row tiles stream past. `post`, on the last depth block: the column
-    /// bias (relative to C) and the clamp.
+    /// bias (relative to C), the clamp, and an activation applied to each row tile's
+    /// run right after it is stored, while it is in L1.
     #[allow(clippy::type_complexity)]
     fn in_place_block(
         &self,
@@ -856,7 +857,7 @@ impl Gemm {
             (usize, usize),
             (usize, usize),
             bool,
-            Option<(Bias<'_>, f32, f32)>,
+            Option<(Bias<'_>, (f32, f32), Activation)>,
         ),
     ) -> Result {
         let (mr, nr) = (self.mr, self.nr);
@@ -871,7 +872,9 @@ impl Gemm {
                 count: run_count,
                 cols: nr.min(nb - (q0 + run_count - 1) * nr),
             };
-            let post = post.map(|(bias, min, max)| Post {
+            let width = (run_count - 1) * nr + run.cols;
+            let act = post.map_or(Activation::Identity, |p| p.2);
+            let post = post.map(|(bias, (min, max), _)| Post {
                 bias: match bias {
                     Bias::Col(v) => TileBias::Cols(v.get(j..).unwrap_or_default()),
                     Bias::Row(_) | Bias::None => TileBias::None,
@@ -881,16 +884,19 @@ impl Gemm {
             });
             for (t, tile_rows) in rows.chunks(mr).enumerate() {
                 let list = arch::IndirectRows::new(tile_rows, tile_rows.len(), 1, kb)?;
-                let at = (ic + t * mr, j);
+                let (i, n) = (ic + t * mr, tile_rows.len());
                 arch::indirect_microkernel(
                     self.isa,
                     &list,
                     &run,
                     c,
-                    at,
+                    (i, j),
                     accumulate,
                     post.as_ref(),
                 )?;
+                if act != Activation::Identity {
+                    self.epilogue_rows(c, i, j, n, width, Bias::None, act, false);
+                }
             }
         }
         Ok(())
