@@ -313,6 +313,36 @@ pub(crate) fn depthwise_row<const K: usize>(
     }
 }
 
+/// `dst[j·ds + i] = src[i·ss + j]` for `i, j < 8` (32-bit values, bits unchanged) on a
+/// register transpose. False when this CPU has no such kernel or a length is off
+/// (nothing is written then).
+pub(crate) fn transpose8x8(isa: Isa, src: &[u32], ss: usize, dst: &mut [u32], ds: usize) -> bool {
+    let fits = |len: usize, stride: usize| {
+        stride
+            .checked_mul(7)
+            .and_then(|v| v.checked_add(8))
+            .is_some_and(|n| len >= n)
+    };
+    let ok = matches!(isa, Isa::Avx2 | Isa::Avx512)
+        && isa.is_available()
+        && fits(src.len(), ss)
+        && fits(dst.len(), ds);
+    if !ok {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: AVX2 is available and both blocks lie inside their slices (checked).
+        unsafe { x86::transpose8x8(src.as_ptr().cast(), ss, dst.as_mut_ptr().cast(), ds) };
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (src, ss, dst, ds);
+        false
+    }
+}
+
 /// Defines `pub(crate) fn $name(isa: Isa, args...) -> $ret` that runs the body compiled
 /// for `isa`'s instruction set. Inside the body, `$fma` is a `const bool` telling
 /// whether fused multiply-add is fast (use [`crate::arch::madd`]).

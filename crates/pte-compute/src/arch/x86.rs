@@ -406,3 +406,43 @@ unsafe fn dw_group_any<const K: usize, T: DwTaps>(
     }
     acc
 }
+
+/// `dst[j·ds + i] = src[i·ss + j]` for `i, j < 8`: an 8 × 8 block of 32-bit values
+/// transposed in registers (unpacks, shuffles, lane permutes; bits moved unchanged).
+///
+/// # Safety
+/// AVX is available; `src` holds 8 rows of 8 values `ss` apart, `dst` 8 rows `ds` apart.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn transpose8x8(src: *const f32, ss: usize, dst: *mut f32, ds: usize) {
+    // SAFETY: row i < 8 of src is inside (the caller's contract).
+    let [r0, r1, r2, r3, r4, r5, r6, r7]: [__m256; 8] =
+        std::array::from_fn(|i| unsafe { _mm256_loadu_ps(src.add(i * ss)) });
+    // Pairs of rows interleaved, per 128-bit lane: (a0 b0 a1 b1), (a2 b2 a3 b3).
+    let (t0, t1) = (_mm256_unpacklo_ps(r0, r1), _mm256_unpackhi_ps(r0, r1));
+    let (t2, t3) = (_mm256_unpacklo_ps(r2, r3), _mm256_unpackhi_ps(r2, r3));
+    let (t4, t5) = (_mm256_unpacklo_ps(r4, r5), _mm256_unpackhi_ps(r4, r5));
+    let (t6, t7) = (_mm256_unpacklo_ps(r6, r7), _mm256_unpackhi_ps(r6, r7));
+    // Column j of four rows per lane: u_j for rows 0..4, w_j for rows 4..8.
+    let u = [
+        _mm256_shuffle_ps::<0x44>(t0, t2),
+        _mm256_shuffle_ps::<0xEE>(t0, t2),
+        _mm256_shuffle_ps::<0x44>(t1, t3),
+        _mm256_shuffle_ps::<0xEE>(t1, t3),
+    ];
+    let w = [
+        _mm256_shuffle_ps::<0x44>(t4, t6),
+        _mm256_shuffle_ps::<0xEE>(t4, t6),
+        _mm256_shuffle_ps::<0x44>(t5, t7),
+        _mm256_shuffle_ps::<0xEE>(t5, t7),
+    ];
+    // Low lanes give columns 0..4, high lanes columns 4..8.
+    for (j, (&a, &b)) in u.iter().zip(&w).enumerate() {
+        let lo = _mm256_permute2f128_ps::<0x20>(a, b);
+        let hi = _mm256_permute2f128_ps::<0x31>(a, b);
+        // SAFETY: rows j and j + 4 < 8 of dst are inside (the caller's contract).
+        unsafe {
+            _mm256_storeu_ps(dst.add(j * ds), lo);
+            _mm256_storeu_ps(dst.add((j + 4) * ds), hi);
+        }
+    }
+}
