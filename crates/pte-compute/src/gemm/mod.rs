@@ -19,9 +19,10 @@
 //! them. Packing scratch comes from the caller ([`Gemm::scratch_len`]); nothing is
 //! allocated per call.
 //!
-//! Threads split the larger of m and n (counted in tiles) into one range per thread;
-//! each thread runs the loop nest on its range with its own packing scratch. A product
-//! with one row and a strided B skips packing (a vector-matrix product).
+//! Threads split the larger of m and n (counted in tiles) into one range per thread
+//! (finer ranges were measured slower: each streams all of B again); each thread runs
+//! the loop nest on its range with its own packing scratch. A product with one row and
+//! a strided B skips packing (a vector-matrix product).
 
 mod batched;
 mod pack;
@@ -386,7 +387,11 @@ impl Gemm {
     ) -> Result<usize> {
         let plan = self.plan(m, n, k, threads, (a_packed, b_packed));
         let per_thread = self.per_thread_scratch(&plan, a_packed, b_packed)?;
-        error::mul(per_thread, plan.threads, "matrix product scratch")
+        error::mul(
+            per_thread,
+            plan.scratch_parts(threads),
+            "matrix product scratch",
+        )
     }
 
     /// `C = act(A·B + bias)` (or `C = act(C + A·B + bias)`, see [`Epilogue`]) on the
@@ -503,12 +508,13 @@ impl Gemm {
         let packed = (matches!(a, Side::Packed(_)), matches!(b, Side::Packed(_)));
         let plan = self.plan(m, n, k, pool.threads(), packed);
         let per_thread = self.per_thread_scratch(&plan, packed.0, packed.1)?;
-        let needed = error::mul(per_thread, plan.threads, "matrix product scratch")?;
+        let parts = plan.scratch_parts(pool.threads());
+        let needed = error::mul(per_thread, parts, "matrix product scratch")?;
         let len = scratch.len();
         let scratch = scratch
             .get_mut(..needed)
             .ok_or(Error::ScratchTooSmall { len, needed })?;
-        if plan.threads == 1 {
+        if plan.tasks == 1 {
             return self.block_loop(c, 0, 0, &a, &b, epilogue, scratch);
         }
         self.split(pool, &plan, per_thread, c, &a, &b, epilogue, scratch)
@@ -577,7 +583,7 @@ impl Gemm {
             std::array::from_fn(|_| None);
         let mut rest = Some(c);
         let step = plan.step;
-        for (t, slot) in parts.iter_mut().enumerate().take(plan.threads) {
+        for (t, slot) in parts.iter_mut().enumerate().take(plan.tasks) {
             let Some(v) = rest.take() else { break };
             let (head, tail) = if plan.split_n {
                 v.split_at_col(step)
@@ -594,7 +600,7 @@ impl Gemm {
         }
         let parts = parts.map(std::sync::Mutex::new);
         let failed = crate::pool::FirstError::default();
-        pool.parallel_for_scratch(plan.threads, scratch, per_thread, |t, s| {
+        pool.parallel_for_scratch(plan.tasks, scratch, per_thread, |t, s| {
             let part = parts
                 .get(t)
                 .and_then(|p| p.lock().ok().and_then(|mut g| g.take()));
@@ -681,14 +687,14 @@ impl Gemm {
             .max(1);
         let w = if split_n { self.nr } else { self.mr };
         let step = tiles.div_ceil(threads) * w;
-        let threads = if split_n { n } else { m }.div_ceil(step.max(1)).max(1);
+        let tasks = if split_n { n } else { m }.div_ceil(step.max(1)).max(1);
         let (rows, cols) = if split_n {
             (m, step.min(n))
         } else {
             (step.min(m), n)
         };
         Plan {
-            threads,
+            tasks,
             split_n,
             step,
             rows,
@@ -1008,13 +1014,27 @@ const MAX_TILE: usize = 12 * 32;
 /// Largest nr of any micro-kernel.
 const MAX_NR: usize = 32;
 
+/// Ranges of a product split over the pool's threads.
 struct Plan {
-    threads: usize,
+    /// Output ranges (tasks), `step` rows or columns each.
+    tasks: usize,
     split_n: bool,
     step: usize,
     rows: usize,
     cols: usize,
     k: usize,
+}
+
+impl Plan {
+    /// Scratch parts a run takes: one when it stays on the calling thread, else one per
+    /// thread of the pool (the pool hands each thread its own part).
+    fn scratch_parts(&self, threads: usize) -> usize {
+        if self.tasks == 1 {
+            1
+        } else {
+            threads.max(1)
+        }
+    }
 }
 
 /// The part of `s` from its first 64-byte-aligned element.

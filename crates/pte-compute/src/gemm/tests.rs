@@ -314,3 +314,32 @@ fn errors_are_reported() {
         assert!(matches!(e, Err(Error::PackingMismatch { .. })));
     }
 }
+
+/// A pool with more threads than a product splits into: the product still gets the
+/// scratch the pool hands out per thread.
+#[test]
+fn products_split_over_fewer_tasks_than_threads() {
+    let pool = ThreadPool::new(4).unwrap();
+    let gemm = Gemm::new();
+    for case in [
+        Case {
+            m: 18,
+            n: 16,
+            k: 1400,
+        },
+        Case {
+            m: 12,
+            n: 40,
+            k: 700,
+        },
+        Case {
+            m: 200,
+            n: 48,
+            k: 64,
+        },
+    ] {
+        for variant in 0..8 {
+            check(&gemm, &pool, &case, variant);
+        }
+    }
+}
