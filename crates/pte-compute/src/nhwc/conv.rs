@@ -557,7 +557,7 @@ impl ConvNhwc {
         let tasks = if work < (1 << 17) {
             1
         } else {
-            (pool.threads() * 3).min(tiles).max(1)
+            (pool.threads() * 8).min(tiles).max(1)
         };
         let rows_per_task = tiles.div_ceil(tasks) * mr;
         // Panels of weights per block: a block stays in L2 while tiles stream past.
