@@ -778,66 +778,18 @@ impl Gemm {
                             }
                             _ => false,
                         };
+                    let block = Block {
+                        at: (ic, jc),
+                        size: (mb, nb, kb),
+                        accumulate,
+                        post: last.then_some((epi.bias, (min, max), extra)),
+                    };
                     if in_place {
                         let rows = rows_buf.get(..mb).unwrap_or_default();
-                        let post = last.then_some((epi.bias, (min, max), extra));
-                        let block = ((ic, jc), (nb, kb), accumulate, post);
-                        self.in_place_block(&mut c, rows, (bp, b_stride), block)?;
+                        self.in_place_block(&mut c, rows, (bp, b_stride), &block)?;
                     } else {
-                        let (ap, a_stride) = a.block(self.isa, i0 + ic, mb, pc, kb, mr, a_buf);
-                        for jr in (0..nb).step_by(nr) {
-                            let bpanel = bp.get(jr / nr * b_stride..).unwrap_or(&[]);
-                            let cols = nr.min(nb - jr);
-                            for ir in (0..mb).step_by(mr) {
-                                let apanel = ap.get(ir / mr * a_stride..).unwrap_or(&[]);
-                                let rows = mr.min(mb - ir);
-                                let tile = |c: &mut MatMut<'_>, at, accumulate, post| {
-                                    arch::microkernel(
-                                        self.isa, rows, kb, apanel, bpanel, c, at, accumulate, post,
-                                    )
-                                };
-                                let (i, j) = (ic + ir, jc + jr);
-                                // The last depth block stores through the fused bias and
-                                // clamp; other activations follow on the block.
-                                let mut padded = [0f32; MAX_NR];
-                                let post = last.then(|| Post {
-                                    bias: match epi.bias {
-                                        Bias::None => TileBias::None,
-                                        Bias::Row(v) => {
-                                            TileBias::Rows(v.get(i..).unwrap_or_default())
-                                        }
-                                        Bias::Col(v) => {
-                                            let v = v.get(j..).unwrap_or_default();
-                                            if v.len() >= nr {
-                                                TileBias::Cols(v)
-                                            } else {
-                                                padded.iter_mut().zip(v).for_each(|(p, &b)| *p = b);
-                                                TileBias::Cols(&padded)
-                                            }
-                                        }
-                                    },
-                                    min,
-                                    max,
-                                });
-                                if cols == nr && (c.col_stride() == 1 || nr == 1) {
-                                    tile(&mut c, (i, j), accumulate, post.as_ref())?;
-                                } else {
-                                    self.edge_tile(
-                                        &mut c,
-                                        (i, j),
-                                        (rows, cols),
-                                        accumulate,
-                                        |t| tile(t, (0, 0), accumulate, post.as_ref()),
-                                    )?;
-                                }
-                            }
-                        }
-                        // Other activations run over the rows of the finished block,
-                        // not tile by tile: a row of a tile is only nr long, and the
-                        // call per run cost a sixth of a SiLU.
-                        if last && extra != Activation::Identity {
-                            self.epilogue_rows(&mut c, ic, jc, mb, nb, Bias::None, extra, false);
-                        }
+                        let ap = a.block(self.isa, i0 + ic, mb, pc, kb, mr, a_buf);
+                        self.packed_block(&mut c, ap, (bp, b_stride), &block)?;
                     }
                 }
             }
@@ -845,27 +797,27 @@ impl Gemm {
         Ok(())
     }
 
-    /// One block of C at `at` (`nb` columns, depth `kb`) from rows of A read in place
-    /// (`rows`, one slice per row of the block) and the packed B block `(panels, stride)`:
+    /// One [`Block`] of C from rows of A read in place (`rows`, one slice per row of the
+    /// block) and the packed B block `(panels, stride)`:
     /// each call of the indirect micro-kernel computes one row tile across a run of
     /// panels, so the call overhead is paid once per run rather than once per tile (it
     /// was a fifth of a vit_tiny product at depth 192). A run of panels stays in L2
-    /// while the row tiles stream past. `post`, on the last depth block: the column
-    /// bias (relative to C), the clamp, and an activation applied to each row tile's
-    /// run right after it is stored, while it is in L1.
-    #[allow(clippy::type_complexity)]
+    /// while the row tiles stream past. The block's `post`: the column bias (relative
+    /// to C), the clamp, and an activation applied to each row tile's run right after
+    /// it is stored, while it is in L1.
     fn in_place_block(
         &self,
         c: &mut MatMut<'_>,
         rows: &[&[f32]],
         (panels, stride): (&[f32], usize),
-        ((ic, jc), (nb, kb), accumulate, post): (
-            (usize, usize),
-            (usize, usize),
-            bool,
-            Option<(Bias<'_>, (f32, f32), Activation)>,
-        ),
+        block: &Block<'_>,
     ) -> Result {
+        let Block {
+            at: (ic, jc),
+            size: (_, nb, kb),
+            accumulate,
+            post,
+        } = *block;
         let (mr, nr) = (self.mr, self.nr);
         let count = nb.div_ceil(nr);
         let per_run = (L2_PANEL_BYTES / (kb * nr * 4).max(1)).max(1);
@@ -904,6 +856,68 @@ impl Gemm {
                     self.epilogue_rows(c, i, j, n, width, Bias::None, act, false);
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// One [`Block`] of C from packed A and B blocks (`(data, stride)` each), tile by tile:
+    /// a B panel stays in L1 while the A panels stream from L2. `post` as for
+    /// [`Self::in_place_block`], a row bias included; an activation other than a clamp
+    /// runs over the rows of the finished block (a row of a tile is only nr long, and a
+    /// call per tile cost a sixth of a SiLU).
+    fn packed_block(
+        &self,
+        c: &mut MatMut<'_>,
+        (ap, a_stride): (&[f32], usize),
+        (bp, b_stride): (&[f32], usize),
+        block: &Block<'_>,
+    ) -> Result {
+        let Block {
+            at: (ic, jc),
+            size: (mb, nb, kb),
+            accumulate,
+            post,
+        } = *block;
+        let (mr, nr) = (self.mr, self.nr);
+        for jr in (0..nb).step_by(nr) {
+            let bpanel = bp.get(jr / nr * b_stride..).unwrap_or(&[]);
+            let cols = nr.min(nb - jr);
+            for ir in (0..mb).step_by(mr) {
+                let apanel = ap.get(ir / mr * a_stride..).unwrap_or(&[]);
+                let rows = mr.min(mb - ir);
+                let tile = |c: &mut MatMut<'_>, at, post| {
+                    arch::microkernel(self.isa, rows, kb, apanel, bpanel, c, at, accumulate, post)
+                };
+                let (i, j) = (ic + ir, jc + jr);
+                let mut padded = [0f32; MAX_NR];
+                let post = post.map(|(bias, (min, max), _)| Post {
+                    bias: match bias {
+                        Bias::None => TileBias::None,
+                        Bias::Row(v) => TileBias::Rows(v.get(i..).unwrap_or_default()),
+                        Bias::Col(v) => {
+                            let v = v.get(j..).unwrap_or_default();
+                            if v.len() >= nr {
+                                TileBias::Cols(v)
+                            } else {
+                                padded.iter_mut().zip(v).for_each(|(p, &b)| *p = b);
+                                TileBias::Cols(&padded)
+                            }
+                        }
+                    },
+                    min,
+                    max,
+                });
+                if cols == nr && (c.col_stride() == 1 || nr == 1) {
+                    tile(c, (i, j), post.as_ref())?;
+                } else {
+                    self.edge_tile(c, (i, j), (rows, cols), accumulate, |t| {
+                        tile(t, (0, 0), post.as_ref())
+                    })?;
+                }
+            }
+        }
+        if let Some((_, _, act)) = post.filter(|p| p.2 != Activation::Identity) {
+            self.epilogue_rows(c, ic, jc, mb, nb, Bias::None, act, false);
         }
         Ok(())
     }
@@ -1013,6 +1027,17 @@ const MAX_MC: usize = 120;
 const MAX_TILE: usize = 12 * 32;
 /// Largest nr of any micro-kernel.
 const MAX_NR: usize = 32;
+
+/// One block of C for [`Gemm::in_place_block`] and [`Gemm::packed_block`]: its
+/// position, `(rows, columns, depth)`, whether it adds to C, and on the last depth
+/// block the bias, the clamp and any other activation.
+#[derive(Clone, Copy)]
+struct Block<'a> {
+    at: (usize, usize),
+    size: (usize, usize, usize),
+    accumulate: bool,
+    post: Option<(Bias<'a>, (f32, f32), Activation)>,
+}
 
 /// Ranges of a product split over the pool's threads.
 struct Plan {
