@@ -411,7 +411,7 @@ unsafe fn dw_group_any<const K: usize, T: DwTaps>(
 /// transposed in registers (unpacks, shuffles, lane permutes; bits moved unchanged).
 ///
 /// # Safety
-/// AVX is available; `src` holds 8 rows of 8 values `ss` apart, `dst` 8 rows `ds` apart.
+/// AVX2 is available; `src` holds 8 rows of 8 values `ss` apart, `dst` 8 rows `ds` apart.
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn transpose8x8(src: *const f32, ss: usize, dst: *mut f32, ds: usize) {
     // SAFETY: row i < 8 of src is inside (the caller's contract).
