@@ -5,7 +5,7 @@
 //! chosen at run time from the [`Isa`] argument; the math functions are those of
 //! `math` (accuracy stated there).
 
-use crate::arch::{madd, multiversion, Isa};
+use crate::arch::{madd, multiversion, Isa, Lanes, Scalar};
 use crate::error::{need, Error, Result};
 use crate::math;
 
@@ -53,11 +53,11 @@ pub(crate) fn act<const FMA: bool>(a: Activation, x: f32) -> f32 {
     match a {
         Activation::Identity => x,
         Activation::Clamp { min, max } => clamp(x, min, max),
-        Activation::Sigmoid => math::sigmoid::<FMA>(x),
+        Activation::Sigmoid => math::sigmoid(Scalar::<FMA>, x),
         Activation::Tanh => math::tanh::<FMA>(x),
         Activation::Gelu => math::gelu::<FMA>(x),
         Activation::GeluTanh => math::gelu_tanh::<FMA>(x),
-        Activation::Silu => math::silu::<FMA>(x),
+        Activation::Silu => math::silu(Scalar::<FMA>, x),
         Activation::HardSwish => x * clamp(x + 3.0, 0.0, 6.0) * (1.0 / 6.0),
     }
 }
@@ -94,7 +94,7 @@ macro_rules! per_activation {
             Activation::Sigmoid => {
                 for $pat in $items {
                     let $v = $body;
-                    *$out = math::sigmoid::<$fma>($v);
+                    *$out = math::sigmoid(Scalar::<$fma>, $v);
                 }
             }
             Activation::Tanh => {
@@ -118,7 +118,7 @@ macro_rules! per_activation {
             Activation::Silu => {
                 for $pat in $items {
                     let $v = $body;
-                    *$out = math::silu::<$fma>($v);
+                    *$out = math::silu(Scalar::<$fma>, $v);
                 }
             }
             Activation::HardSwish => {
@@ -159,9 +159,39 @@ multiversion! {
 
 /// `x = act(x + bias)` for every element, the same `bias` for all (0 for none).
 pub fn add_scalar_activate(isa: Isa, x: &mut [f32], bias: f32, a: Activation) {
-    if bias != 0.0 || a != Activation::Identity {
+    if (bias != 0.0 || a != Activation::Identity) && !bias_act_wide(isa, x, bias, a) {
         bias_act_scalar(isa, x, bias, a);
     }
+}
+
+/// `x = act(x + bias)` for sigmoid and SiLU on AVX2, four vectors at a time
+/// ([`crate::arch::Wide`]: their chains of dependent steps are long), with the same
+/// operations as the plain loop, so the same bits; false (nothing done) for other
+/// activations and instruction sets.
+fn bias_act_wide(isa: Isa, x: &mut [f32], bias: f32, a: Activation) -> bool {
+    /// `f` over the whole chunks of `x`; returns the rest.
+    #[inline(always)]
+    fn chunks<L: Lanes>(l: L, x: &mut [f32], bias: f32, f: impl Fn(L, L::V) -> L::V) -> &mut [f32] {
+        let mut chunks = x.chunks_exact_mut(L::LANES);
+        for c in &mut chunks {
+            let v = l.add(l.load(c), l.splat(bias));
+            l.store(f(l, v), c);
+        }
+        chunks.into_remainder()
+    }
+    #[cfg(target_arch = "x86_64")]
+    if let Some(avx2) = crate::arch::Avx2::new().filter(|_| isa == Isa::Avx2) {
+        let l = crate::arch::Wide::<_, 4>(avx2);
+        let rest = match a {
+            Activation::Sigmoid => avx2.vectorize(|| chunks(l, x, bias, math::sigmoid)),
+            Activation::Silu => avx2.vectorize(|| chunks(l, x, bias, math::silu)),
+            _ => return false,
+        };
+        bias_act_scalar(isa, rest, bias, a);
+        return true;
+    }
+    let _ = (isa, x, bias, a);
+    false
 }
 
 /// `x[i] = act(x[i] + bias[i])`; `bias` must be as long as `x`.
@@ -646,6 +676,36 @@ mod tests {
         activate(Isa::best(), &mut nan, Activation::RELU);
         assert!(nan[0].is_nan());
         assert_eq!(Activation::HardSwish.apply_scalar(1.0), 1.0 * 4.0 / 6.0);
+    }
+
+    #[test]
+    fn wide_sigmoid_and_silu_give_the_bits_of_the_plain_loop() {
+        let specials = [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            1e-40,
+            -88.5,
+            88.5,
+            -200.0,
+            200.0,
+        ];
+        let mut x = data(1000);
+        x.extend(specials.iter().cycle().take(75));
+        for isa in Isa::available() {
+            for a in [Activation::Sigmoid, Activation::Silu] {
+                for bias in [0.0, 0.25] {
+                    let (mut wide, mut plain) = (x.clone(), x.clone());
+                    add_scalar_activate(isa, &mut wide, bias, a);
+                    bias_act_scalar(isa, &mut plain, bias, a);
+                    for (i, (w, p)) in wide.iter().zip(&plain).enumerate() {
+                        assert_eq!(w.to_bits(), p.to_bits(), "{isa:?} {a:?} x[{i}] = {}", x[i]);
+                    }
+                }
+            }
+        }
     }
 
     #[test]

@@ -19,7 +19,7 @@
 // The constants are the published coefficients (or our fit's), kept digit for digit.
 #![allow(clippy::excessive_precision)]
 
-use crate::arch::madd;
+use crate::arch::{madd, Lanes, Scalar};
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 /// ln 2 split in a part exact in few bits and the rest (Cody and Waite).
@@ -91,29 +91,27 @@ const EXP5: [f32; 4] = [0.499_992_31, 0.166_671_14, 0.041_890_122, 0.008_312_531
 /// through the arithmetic), with 2^n made from the bits of the rounding (no integer
 /// subtraction) and applied in the polynomial's last step (s + s·p). Where n = -127
 /// (x below -87.98) the result is 0; where n = 128 (x above 88.38) it is +inf.
+/// Written once for any [`Lanes`]: the plain loops vectorize the [`Scalar`] one.
 #[inline(always)]
-fn exp5<const FMA: bool>(x: f32) -> f32 {
-    let t = madd::<FMA>(x, LOG2E, ROUND);
-    let n = t - ROUND;
-    // n sits in the low mantissa bits of t: shifted into the exponent field (wrapping
-    // modulo 2^9) and biased, that is 2^n for n in -126..=128 (2^128 giving +inf), and
-    // 0 for n = -127.
-    let s = f32::from_bits((t.to_bits() << 23).wrapping_add(127 << 23));
-    let r = madd::<FMA>(n, -LN2_LO, madd::<FMA>(n, -LN2_HI, x));
-    let r2 = r * r;
-    let q = madd::<FMA>(
-        madd::<FMA>(EXP5[3], r, EXP5[2]),
+fn exp5<L: Lanes>(l: L, x: L::V) -> L::V {
+    let t = l.mul_add(x, LOG2E, l.splat(ROUND));
+    let n = l.sub(t, l.splat(ROUND));
+    let s = l.pow2_of_rounded(t);
+    let r = l.mul_add(n, -LN2_LO, l.mul_add(n, -LN2_HI, x));
+    let r2 = l.mul(r, r);
+    let q = l.fma(
+        l.mul_add(r, EXP5[3], l.splat(EXP5[2])),
         r2,
-        madd::<FMA>(EXP5[1], r, EXP5[0]),
+        l.mul_add(r, EXP5[1], l.splat(EXP5[0])),
     );
-    madd::<FMA>(s, madd::<FMA>(q, r2, r), s)
+    l.fma(s, l.fma(q, r2, r), s)
 }
 
 /// e^x for x <= 0 (and NaN) in fewer instructions than [`exp`] ([`exp5`]); below
 /// `EXP_MIN` the result flushes to 0 as `exp`'s does.
 #[inline(always)]
 pub(crate) fn exp_nonpositive<const FMA: bool>(x: f32) -> f32 {
-    let y = exp5::<FMA>(x);
+    let y = exp5(Scalar::<FMA>, x);
     if x < EXP_MIN {
         0.0
     } else {
@@ -124,24 +122,23 @@ pub(crate) fn exp_nonpositive<const FMA: bool>(x: f32) -> f32 {
 /// e^-x for sigmoid and SiLU: -x clamped into the range of [`exp5`] (NaN passes), so
 /// that it is 0 for x above 88 and +inf for x below -88.4.
 #[inline(always)]
-fn exp_neg_clamped<const FMA: bool>(x: f32) -> f32 {
-    let z = -x;
-    let z = if z < -88.0 { -88.0 } else { z };
-    exp5::<FMA>(if z > 89.0 { 89.0 } else { z })
+fn exp_neg_clamped<L: Lanes>(l: L, x: L::V) -> L::V {
+    exp5(l, l.clamp(l.neg(x), -88.0, 89.0))
 }
 
 /// 1 / (1 + e^-x). e^-x overflows to +inf below x = -88.4, where the result is 0
 /// (the true one is below the normal range there).
 #[inline(always)]
-pub(crate) fn sigmoid<const FMA: bool>(x: f32) -> f32 {
-    1.0 / (1.0 + exp_neg_clamped::<FMA>(x))
+pub(crate) fn sigmoid<L: Lanes>(l: L, x: L::V) -> L::V {
+    let one = l.splat(1.0);
+    l.div(one, l.add(one, exp_neg_clamped(l, x)))
 }
 
 /// x / (1 + e^-x): x · sigmoid(x) with x as the numerator. Below x = -88.4 the result
 /// is -0, and -inf gives NaN (-inf / inf) as PyTorch's -inf · 0.
 #[inline(always)]
-pub(crate) fn silu<const FMA: bool>(x: f32) -> f32 {
-    x / (1.0 + exp_neg_clamped::<FMA>(x))
+pub(crate) fn silu<L: Lanes>(l: L, x: L::V) -> L::V {
+    l.div(x, l.add(l.splat(1.0), exp_neg_clamped(l, x)))
 }
 
 /// Taylor coefficients of tanh(x)/x - 1 in powers of x², x² .. x^18.
@@ -233,7 +230,7 @@ pub(crate) fn gelu<const FMA: bool>(x: f32) -> f32 {
 pub(crate) fn gelu_tanh<const FMA: bool>(x: f32) -> f32 {
     const K: f32 = 0.797_884_6;
     let u = K * madd::<FMA>(0.044_715 * x * x, x, x);
-    x * sigmoid::<FMA>(2.0 * u)
+    x * sigmoid(Scalar::<FMA>, 2.0 * u)
 }
 
 #[cfg(test)]
@@ -307,15 +304,35 @@ mod tests {
             let (e, s, si, t) = if fma {
                 (
                     run(exp::<true>, f64::exp, -87.0, 88.7),
-                    run(sigmoid::<true>, |x| 1.0 / (1.0 + (-x).exp()), -80.0, 80.0),
-                    run(silu::<true>, |x| x / (1.0 + (-x).exp()), -80.0, 80.0),
+                    run(
+                        |x| sigmoid(Scalar::<true>, x),
+                        |x| 1.0 / (1.0 + (-x).exp()),
+                        -80.0,
+                        80.0,
+                    ),
+                    run(
+                        |x| silu(Scalar::<true>, x),
+                        |x| x / (1.0 + (-x).exp()),
+                        -80.0,
+                        80.0,
+                    ),
                     run(tanh::<true>, f64::tanh, -10.0, 10.0),
                 )
             } else {
                 (
                     run(exp::<false>, f64::exp, -87.0, 88.7),
-                    run(sigmoid::<false>, |x| 1.0 / (1.0 + (-x).exp()), -80.0, 80.0),
-                    run(silu::<false>, |x| x / (1.0 + (-x).exp()), -80.0, 80.0),
+                    run(
+                        |x| sigmoid(Scalar::<false>, x),
+                        |x| 1.0 / (1.0 + (-x).exp()),
+                        -80.0,
+                        80.0,
+                    ),
+                    run(
+                        |x| silu(Scalar::<false>, x),
+                        |x| x / (1.0 + (-x).exp()),
+                        -80.0,
+                        80.0,
+                    ),
                     run(tanh::<false>, f64::tanh, -10.0, 10.0),
                 )
             };
@@ -363,14 +380,16 @@ mod tests {
         assert!(tanh::<true>(f32::NAN).is_nan());
         assert_eq!(tanh::<true>(50.0), 1.0);
         assert_eq!(tanh::<true>(-50.0), -1.0);
-        assert_eq!(sigmoid::<true>(-200.0), 0.0);
-        assert_eq!(sigmoid::<true>(200.0), 1.0);
-        assert!(sigmoid::<true>(f32::NAN).is_nan() && silu::<true>(f32::NAN).is_nan());
-        assert_eq!(sigmoid::<true>(f32::NEG_INFINITY), 0.0);
-        assert_eq!(sigmoid::<true>(f32::INFINITY), 1.0);
-        assert_eq!(silu::<true>(f32::INFINITY), f32::INFINITY);
+        assert_eq!(sigmoid(Scalar::<true>, -200.0), 0.0);
+        assert_eq!(sigmoid(Scalar::<true>, 200.0), 1.0);
+        assert!(
+            sigmoid(Scalar::<true>, f32::NAN).is_nan() && silu(Scalar::<true>, f32::NAN).is_nan()
+        );
+        assert_eq!(sigmoid(Scalar::<true>, f32::NEG_INFINITY), 0.0);
+        assert_eq!(sigmoid(Scalar::<true>, f32::INFINITY), 1.0);
+        assert_eq!(silu(Scalar::<true>, f32::INFINITY), f32::INFINITY);
         // PyTorch: silu(-inf) = -inf · 0 is NaN.
-        assert!(silu::<true>(f32::NEG_INFINITY).is_nan());
+        assert!(silu(Scalar::<true>, f32::NEG_INFINITY).is_nan());
         // As eager PyTorch: gelu(inf) = inf, gelu(-inf) = -inf · 0 = NaN, and x/2 is
         // formed first, so the largest floats do not overflow.
         for f in [gelu::<true> as fn(f32) -> f32, gelu::<false>] {

@@ -6,7 +6,7 @@
 //! and `cos` call the standard library per element (correctly rounded or within 1 ulp,
 //! not vectorized: they are rare in the graphs this serves).
 
-use crate::arch::{multiversion, Isa};
+use crate::arch::{multiversion, Isa, Scalar};
 use crate::elementwise::{act, clamp, Activation};
 use crate::error::{Error, Result};
 use crate::math;
@@ -89,7 +89,9 @@ macro_rules! per_fn {
     ($f:expr, $fma:ident, $out:ident, $x:ident, $min:ident, $max:ident) => {
         match $f {
             UnaryFn::Act(a) => match a {
-                Activation::Sigmoid => each!($out, $x, $min, $max, |v| math::sigmoid::<$fma>(v)),
+                Activation::Sigmoid => {
+                    each!($out, $x, $min, $max, |v| math::sigmoid(Scalar::<$fma>, v))
+                }
                 Activation::Tanh => each!($out, $x, $min, $max, |v| math::tanh::<$fma>(v)),
                 Activation::Gelu => each!($out, $x, $min, $max, |v| math::gelu::<$fma>(v)),
                 other => each!($out, $x, $min, $max, |v| act::<$fma>(other, v)),

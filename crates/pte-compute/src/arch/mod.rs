@@ -25,7 +25,7 @@ mod x86;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use lanes::Avx2;
-pub(crate) use lanes::{Lanes, Scalar};
+pub(crate) use lanes::{Lanes, Scalar, Wide};
 
 pub(crate) use indirect::{
     depthwise_pixels, indirect_microkernel, IndirectRows, PanelRun, PixelTaps,

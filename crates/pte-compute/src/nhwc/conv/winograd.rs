@@ -532,8 +532,8 @@ fn input(
     }
     let _ = isa; // only read on x86-64
     match variant {
-        Variant::F2 => input_tile::<_, F2, 4, 2>(Scalar, taps, channels, out, stride),
-        Variant::F4 => input_tile::<_, F4, 6, 4>(Scalar, taps, channels, out, stride),
+        Variant::F2 => input_tile::<_, F2, 4, 2>(Scalar::<false>, taps, channels, out, stride),
+        Variant::F4 => input_tile::<_, F4, 6, 4>(Scalar::<false>, taps, channels, out, stride),
     }
 }
 
@@ -556,7 +556,11 @@ fn output(
     }
     let _ = isa; // only read on x86-64
     match variant {
-        Variant::F2 => output_tile::<_, F2, 4, 2>(Scalar, src, stride, channels, tile, band),
-        Variant::F4 => output_tile::<_, F4, 6, 4>(Scalar, src, stride, channels, tile, band),
+        Variant::F2 => {
+            output_tile::<_, F2, 4, 2>(Scalar::<false>, src, stride, channels, tile, band)
+        }
+        Variant::F4 => {
+            output_tile::<_, F4, 6, 4>(Scalar::<false>, src, stride, channels, tile, band)
+        }
     }
 }
