@@ -28,8 +28,10 @@ pub enum Activation {
     GeluTanh,
     /// `x · sigmoid(x)` (SiLU, swish).
     Silu,
-    /// `x · relu6(x + 3) / 6`.
+    /// `x · relu6(x + 3) / 6`, divided last as eager PyTorch does.
     HardSwish,
+    /// `relu6(x + 3) / 6`.
+    HardSigmoid,
 }
 
 impl Activation {
@@ -58,7 +60,8 @@ pub(crate) fn act<const FMA: bool>(a: Activation, x: f32) -> f32 {
         Activation::Gelu => math::gelu::<FMA>(x),
         Activation::GeluTanh => math::gelu_tanh::<FMA>(x),
         Activation::Silu => math::silu(Scalar::<FMA>, x),
-        Activation::HardSwish => x * clamp(x + 3.0, 0.0, 6.0) * (1.0 / 6.0),
+        Activation::HardSwish => x * clamp(x + 3.0, 0.0, 6.0) / 6.0,
+        Activation::HardSigmoid => clamp(x + 3.0, 0.0, 6.0) / 6.0,
     }
 }
 
@@ -124,7 +127,13 @@ macro_rules! per_activation {
             Activation::HardSwish => {
                 for $pat in $items {
                     let $v = $body;
-                    *$out = $v * clamp($v + 3.0, 0.0, 6.0) * (1.0 / 6.0);
+                    *$out = $v * clamp($v + 3.0, 0.0, 6.0) / 6.0;
+                }
+            }
+            Activation::HardSigmoid => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = clamp($v + 3.0, 0.0, 6.0) / 6.0;
                 }
             }
         }
@@ -658,6 +667,7 @@ mod tests {
             Activation::GeluTanh,
             Activation::Silu,
             Activation::HardSwish,
+            Activation::HardSigmoid,
         ];
         for isa in Isa::available() {
             for a in acts {
@@ -675,7 +685,8 @@ mod tests {
         let mut nan = [f32::NAN];
         activate(Isa::best(), &mut nan, Activation::RELU);
         assert!(nan[0].is_nan());
-        assert_eq!(Activation::HardSwish.apply_scalar(1.0), 1.0 * 4.0 / 6.0);
+        assert_eq!(Activation::HardSwish.apply_scalar(1.0), 4.0 / 6.0);
+        assert_eq!(Activation::HardSigmoid.apply_scalar(-1.0), 2.0 / 6.0);
     }
 
     #[test]

@@ -164,6 +164,13 @@ enum After {
     Silu,
     Sigmoid,
     Gelu,
+    /// `clamp(x, 0, None)` then `clamp(·, None, 6)`.
+    Relu6Pair,
+    /// `x · relu6(x + 3) / 6` in the calls exporters decompose it into, the 3 and 6
+    /// one-element constants copied by `_to_dim_order_copy`.
+    HardSwish,
+    /// The same without the product by `x`.
+    HardSigmoid,
 }
 
 impl Conv {
@@ -296,7 +303,46 @@ fn activation(b: &mut ProgramBuilder, y: i32, ys: &[i32], after: After) -> i32 {
             let approx = b.string("none");
             b.call("aten::gelu", "out", &[y, approx, out, out]);
         }
+        After::Relu6Pair => return relu6_pair(b, y, ys),
+        After::HardSwish | After::HardSigmoid => {
+            let three = scalar_tensor(b, 3.0);
+            let shifted = b.tensor(Float, ys, Memory::Planned);
+            let alpha = b.int(1);
+            b.call("aten::add", "out", &[y, three, alpha, shifted, shifted]);
+            let mut c = relu6_pair(b, shifted, ys);
+            if after == After::HardSwish {
+                let p = b.tensor(Float, ys, Memory::Planned);
+                b.call("aten::mul", "out", &[y, c, p, p]);
+                c = p;
+            }
+            let six = scalar_tensor(b, 6.0);
+            b.call("aten::div", "out", &[c, six, out, out]);
+        }
     }
+    out
+}
+
+/// `clamp(clamp(y, 0, None), None, 6)`'s output.
+fn relu6_pair(b: &mut ProgramBuilder, y: i32, ys: &[i32]) -> i32 {
+    let (zero, six, none) = (b.double(0.0), b.double(6.0), b.none());
+    let lo = b.tensor(Float, ys, Memory::Planned);
+    b.call("aten::clamp", "out", &[y, zero, none, lo, lo]);
+    let hi = b.tensor(Float, ys, Memory::Planned);
+    b.call("aten::clamp", "out", &[lo, none, six, hi, hi]);
+    hi
+}
+
+/// A planned 0-d tensor holding `v`, copied from a constant at each execution (as
+/// exporters write scalar operands).
+fn scalar_tensor(b: &mut ProgramBuilder, v: f32) -> i32 {
+    let k = b.constant(Float, &[], bytemuck::bytes_of(&v));
+    let out = b.tensor(Float, &[], Memory::Planned);
+    let (non_blocking, order) = (b.bool(false), b.int_list(&[]));
+    b.call(
+        "dim_order_ops::_to_dim_order_copy",
+        "out",
+        &[k, non_blocking, order, out, out],
+    );
     out
 }
 
@@ -436,6 +482,9 @@ fn fused_convolution_chains_match_the_calls_one_by_one() {
         After::Silu,
         After::Sigmoid,
         After::Gelu,
+        After::Relu6Pair,
+        After::HardSwish,
+        After::HardSigmoid,
     ];
     for c in shapes {
         for after in afters {
@@ -534,7 +583,14 @@ fn products_with_constant_weights_match_the_generic_kernel() {
 
 #[test]
 fn fused_products_match_the_calls_one_by_one() {
-    for after in [After::Relu, After::Gelu, After::Hardtanh, After::Silu] {
+    let afters = [
+        After::Relu,
+        After::Gelu,
+        After::Hardtanh,
+        After::Silu,
+        After::HardSwish,
+    ];
+    for after in afters {
         for (op, m, k, n) in [
             ("addmm", 64, 256, 1024),
             ("linear", 7, 33, 20),
@@ -1136,6 +1192,18 @@ fn network(batch: usize, size: usize, leak: bool, external: bool) -> (Vec<u8>, V
     let (s, ss) = n.conv(s, &ss, 32, 1, 1, 1, false);
     let s = n.act(s, &ss, After::Sigmoid);
     let y = n.binary("mul", e, s, &es);
+    // mobilenet_v3's block, its activations as exporters decompose them: hardswish,
+    // relu6 as two clamps, squeeze-and-excitation with hardsigmoid
+    let (e, es) = n.conv(y, &es, 24, 1, 1, 1, true);
+    let e = n.act(e, &es, After::HardSwish);
+    let (e, es) = n.conv(e, &es, 24, 24, 3, 1, true);
+    let e = n.act(e, &es, After::Relu6Pair);
+    let (s, ss) = n.mean(e, &es, true);
+    let (s, ss) = n.conv(s, &ss, 8, 1, 1, 1, false);
+    let s = n.act(s, &ss, After::Relu);
+    let (s, ss) = n.conv(s, &ss, 24, 1, 1, 1, false);
+    let s = n.act(s, &ss, After::HardSigmoid);
+    let y = n.binary("mul", e, s, &es);
     let (y, _) = n.mean(y, &es, false);
     n.b.output(y);
     (n.b.build(), inputs)
@@ -1162,6 +1230,13 @@ fn convolution_chains_run_channels_last_with_the_same_results() {
             assert_close(&got, &want, 400, &format!("{what}, {threads} threads"));
             let regions = ran.iter().filter(|r| r.contains("NHWC region")).count();
             assert!(regions >= 1, "{what}: no NHWC region: {ran:?}");
+            if !leak {
+                assert_eq!(
+                    ran.len(),
+                    1,
+                    "{what}: the network is not one region: {ran:?}"
+                );
+            }
             if leak {
                 // The leaked value ends the first run; the rest is a second one.
                 assert!(regions == 2, "{what}: {ran:?}");

@@ -14,8 +14,9 @@ use smallvec::SmallVec;
 
 pub use crate::alias::Alias;
 use crate::args::TensorInfo;
+use crate::dtype::DType;
 use crate::fold::{call_outputs, Views};
-use crate::memory::Storage;
+use crate::memory::{Access, Memory, Storage};
 use crate::method::Instr;
 use crate::registry::{Kernel, KernelRegistry};
 use crate::value::Slot;
@@ -46,6 +47,8 @@ pub struct Graph<'a> {
     io: &'a [u32],
     /// The views the exporter elided and the values they alias.
     viewed: &'a Views,
+    /// The method's memory, where constants can be read (see [`Graph::scalar_constant`]).
+    memory: Option<&'a Memory>,
 }
 
 impl<'a> Graph<'a> {
@@ -92,7 +95,42 @@ impl<'a> Graph<'a> {
             uses,
             io,
             viewed,
+            memory: None,
         }
+    }
+
+    /// The graph reading constants from `memory`.
+    pub(crate) fn with_memory(self, memory: &'a Memory) -> Self {
+        Graph {
+            memory: Some(memory),
+            ..self
+        }
+    }
+
+    /// The number held by a constant tensor of one element (a real dtype), such as
+    /// the 3 and 6 of a decomposed hardswish; `None` for any other value.
+    pub fn scalar_constant(&self, v: u32) -> Option<f64> {
+        let Some(Slot::Tensor(t)) = self.values.get(v as usize) else {
+            return None;
+        };
+        if !self.is_constant(v) || t.numel() != 1 {
+            return None;
+        }
+        let nbytes = t.dtype.size();
+        let bytes = self
+            .memory?
+            .read(Access {
+                storage: t.storage,
+                nbytes,
+            })
+            .ok()?;
+        Some(match (t.dtype, bytes) {
+            (DType::F32, &[a, b, c, d]) => f64::from(f32::from_le_bytes([a, b, c, d])),
+            (DType::I32, &[a, b, c, d]) => f64::from(i32::from_le_bytes([a, b, c, d])),
+            (DType::F64, b) => f64::from_le_bytes(b.try_into().ok()?),
+            (DType::I64, b) => i64::from_le_bytes(b.try_into().ok()?) as f64,
+            _ => return None,
+        })
     }
 
     /// The kernel calls, in program order (calls folded at load are left out).
@@ -281,6 +319,7 @@ pub(crate) struct Accepted {
 }
 
 /// Asks the registry's fuser for proposals and keeps the safe ones (see the module docs).
+#[allow(clippy::too_many_arguments)] // the method's parts, as loading holds them
 pub(crate) fn plan(
     kernels: &KernelRegistry,
     chains: &[Vec<Instr>],
@@ -289,11 +328,12 @@ pub(crate) fn plan(
     values: &[Slot],
     io: &[u32],
     viewed: &Views,
+    memory: &Memory,
 ) -> Vec<Accepted> {
     let Some(fuser) = kernels.fuser() else {
         return Vec::new();
     };
-    let graph = Graph::new(chains, call_args, op_names, values, io, viewed);
+    let graph = Graph::new(chains, call_args, op_names, values, io, viewed).with_memory(memory);
     let jump_targets: Vec<(usize, usize)> = chains
         .iter()
         .enumerate()

@@ -476,7 +476,7 @@ impl Method {
         // Groups of calls the registry's fuser proposes, and the runtime finds safe, run
         // as one call.
         let fusions = crate::fuse::plan(
-            kernels, &chains, &call_args, &op_names, &values, &io, &viewed,
+            kernels, &chains, &call_args, &op_names, &values, &io, &viewed, &memory,
         );
         let mut fused_kernels: Vec<Option<Arc<dyn crate::Kernel>>> = vec![None; kernel_calls.len()];
         let fused_from = op_names.len();

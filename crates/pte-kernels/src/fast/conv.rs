@@ -56,6 +56,7 @@ pub(super) enum Act {
     /// `x · sigmoid(x)`.
     Silu,
     HardSwish,
+    HardSigmoid,
     /// `gelu`: position of its `approximate` string.
     Gelu {
         approximate: usize,
@@ -89,6 +90,7 @@ impl Act {
             Act::Tanh => Activation::Tanh,
             Act::Silu => Activation::Silu,
             Act::HardSwish => Activation::HardSwish,
+            Act::HardSigmoid => Activation::HardSigmoid,
             Act::Gelu { approximate } => match args.string(approximate)? {
                 "none" => Activation::Gelu,
                 "tanh" => Activation::GeluTanh,

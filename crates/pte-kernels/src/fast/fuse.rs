@@ -143,16 +143,43 @@ pub(super) fn activation(
     if !is_f32(g, out) {
         return None;
     }
-    let scalar = |i: usize| arg(c, i).filter(|&s| g.double(s).is_some());
     match c.op {
         "aten::relu.out" => Some((Act::Relu, vec![], out, 1)),
         "aten::hardtanh.out" | "aten::clamp.out" => {
-            let (min, max) = (scalar(1)?, scalar(2)?);
-            let act = Act::Clamp {
-                min: next,
-                max: next + 1,
+            let bound = |c: &Call<'_>, i: usize| {
+                arg(c, i).filter(|&s| g.double(s).is_some() || g.is_none(s))
             };
-            Some((act, vec![min, max], out, 1))
+            let (min, max) = (bound(c, 1)?, bound(c, 2)?);
+            // clamp(x, min, None) then clamp(·, None, max), as relu6 is sometimes
+            // written, is clamp(x, min, max) (NaN passing both).
+            let upper = calls.get(1).filter(|m| {
+                m.op == "aten::clamp.out"
+                    && arg(m, 0) == Some(out)
+                    && only_here(g, out)
+                    && g.is_none(max)
+                    && arg(m, 1).is_some_and(|s| g.is_none(s))
+            });
+            let (max, out, n) = match upper.and_then(|m| Some((bound(m, 2)?, single_output(m)?))) {
+                Some((max, o)) if is_f32(g, o) && same_shape(g, o, v) => (max, o, 2),
+                _ => (max, out, 1),
+            };
+            let (min_pos, max_pos) = (next, next + 1);
+            let act = if g.is_none(min) || g.is_none(max) {
+                Act::ClampOptional {
+                    min: min_pos,
+                    max: max_pos,
+                }
+            } else {
+                Act::Clamp {
+                    min: min_pos,
+                    max: max_pos,
+                }
+            };
+            Some((act, vec![min, max], out, n))
+        }
+        "aten::add.out" => {
+            let (act, out, n) = hard_activation(g, calls, v)?;
+            Some((act, vec![], out, n))
         }
         "aten::gelu.out" => {
             let approximate = arg(c, 1).filter(|&s| g.string(s).is_some())?;
@@ -175,6 +202,74 @@ pub(super) fn activation(
         }
         _ => None,
     }
+}
+
+/// `x + 3 → relu6 → (· x) → / 6`, hardswish as exporters decompose it (hardsigmoid
+/// without the product), the 3 and 6 as scalars or one-element constant tensors: the
+/// activation, its output and the calls it spans.
+fn hard_activation(g: &Graph<'_>, calls: &[Call<'_>], x: u32) -> Option<(Act, u32, usize)> {
+    let constant = |v: Option<u32>| v.and_then(|v| g.double(v).or_else(|| g.scalar_constant(v)));
+    let add = calls.first()?;
+    let alpha = arg(add, 2).and_then(|a| g.double(a));
+    if arg(add, 0) != Some(x) || constant(arg(add, 1)) != Some(3.0) || alpha != Some(1.0) {
+        return None;
+    }
+    let shifted = single_output(add)?;
+    let (clamped, n) = relu6(g, calls.get(1..)?, shifted)?;
+    let mut taken = 1 + n;
+    let (act, numerator) = match calls.get(taken) {
+        Some(m)
+            if m.op == "aten::mul.out"
+                && ((arg(m, 0) == Some(x) && arg(m, 1) == Some(clamped))
+                    || (arg(m, 0) == Some(clamped) && arg(m, 1) == Some(x))) =>
+        {
+            taken += 1;
+            (Act::HardSwish, single_output(m)?)
+        }
+        _ => (Act::HardSigmoid, clamped),
+    };
+    let div = calls.get(taken)?;
+    if div.op != "aten::div.out"
+        || arg(div, 0) != Some(numerator)
+        || constant(arg(div, 1)) != Some(6.0)
+    {
+        return None;
+    }
+    let out = single_output(div)?;
+    let inner = [shifted, clamped, numerator];
+    let fits = |o: u32| is_f32(g, o) && same_shape(g, o, x);
+    (inner.iter().all(|&o| fits(o) && only_here(g, o)) && fits(out)).then_some((
+        act,
+        out,
+        taken + 1,
+    ))
+}
+
+/// True for a value read once, by the next call of a matched chain, and by no view:
+/// the chain may drop it (else the runtime would refuse the whole fusion).
+fn only_here(g: &Graph<'_>, v: u32) -> bool {
+    g.uses(v) == 2 && !g.is_aliased(v)
+}
+
+/// `clamp(x, 0, 6)` (or hardtanh) at the start of `calls`, in one call or as
+/// `clamp(x, 0, None)` then `clamp(·, None, 6)`: the output and the calls taken.
+fn relu6(g: &Graph<'_>, calls: &[Call<'_>], x: u32) -> Option<(u32, usize)> {
+    let is = |v: Option<u32>, want: f64| v.and_then(|v| g.double(v)) == Some(want);
+    let none = |v: Option<u32>| v.is_some_and(|v| g.is_none(v));
+    let clamp = |c: &Call<'_>| matches!(c.op, "aten::clamp.out" | "aten::hardtanh.out");
+    let first = calls.first().filter(|c| clamp(c) && arg(c, 0) == Some(x))?;
+    let out = single_output(first)?;
+    if is(arg(first, 1), 0.0) && is(arg(first, 2), 6.0) {
+        return Some((out, 1));
+    }
+    let second = calls
+        .get(1)
+        .filter(|c| c.op == "aten::clamp.out" && arg(c, 0) == Some(out) && only_here(g, out))?;
+    let both = is(arg(first, 1), 0.0)
+        && none(arg(first, 2))
+        && none(arg(second, 1))
+        && is(arg(second, 2), 6.0);
+    both.then_some((single_output(second)?, 2))
 }
 
 fn same_shape(g: &Graph<'_>, a: u32, b: u32) -> bool {
