@@ -602,82 +602,69 @@ impl ConvNhwc {
         let rows_here = yc.len() / cout.max(1);
         let mut c = MatMut::row_major(yc, rows_here, cout)?;
         let panels = cog.div_ceil(nr);
-        let ohw = self.out[0] * self.out[1];
-        let image = p.input[0] * p.input[1] * p.in_channels;
         let zero = self.zero.get(..k).unwrap_or_default();
+        // Small groups (regnet's are 8 channels wide) take every group per row tile, so
+        // that the tile's gathering is done once for all of them, when all groups'
+        // weights stay in L2 together; else one group at a time.
+        let groups = weights.len();
+        let weight_bytes: usize = weights.iter().map(PackedB::bytes).sum();
+        let groups_inside = groups > 1 && weight_bytes <= L2_PANEL_BYTES;
+        let (outer, inner) = if groups_inside {
+            (1, groups)
+        } else {
+            (groups, 1)
+        };
+        let mut at = [None; INDIRECT_TAPS * MAX_MR];
         let mut a: [&[f32]; INDIRECT_TAPS * MAX_MR] = [&[]; INDIRECT_TAPS * MAX_MR];
-        for (g, b) in weights.iter().enumerate() {
+        for go in 0..outer {
             for q0 in (0..panels).step_by(block) {
                 for r in (0..rows_here).step_by(mr) {
                     let rows = mr.min(rows_here - r);
                     for t0 in (0..taps).step_by(INDIRECT_TAPS) {
                         let seg = INDIRECT_TAPS.min(taps - t0);
-                        // This tile's rows for taps t0..t0 + seg.
-                        if let Gather::Pixel = gather {
-                            for (i, slot) in a.iter_mut().take(rows).enumerate() {
-                                let at = (r0 + r + i) * p.in_channels + g * cig;
-                                *slot = x.get(at..at + k).unwrap_or(zero);
+                        self.gather_offsets(gather, r0 + r, rows, (t0, seg), &mut at);
+                        for g in go..go + inner {
+                            let Some(b) = weights.get(g) else { continue };
+                            // This tile's rows for taps t0..t0 + seg, in group g.
+                            for (slot, &o) in a.iter_mut().zip(&at).take(seg * rows) {
+                                let o = o.map(|o: usize| o + g * cig);
+                                *slot = o.and_then(|o| x.get(o..o + k)).unwrap_or(zero);
                             }
+                            let last = t0 + seg == taps;
+                            let list = IndirectRows::new(
+                                a.get(..seg * rows).unwrap_or_default(),
+                                rows,
+                                seg,
+                                k,
+                            )?;
+                            // Panels q0.. of this block, side by side in one call.
+                            let count = block.min(panels - q0);
+                            let j = g * cog + q0 * nr;
+                            let (data, stride) = b.panels().block(q0 * nr, t0 * k);
+                            let run = PanelRun {
+                                data,
+                                stride,
+                                count,
+                                cols: nr.min(cog - (q0 + count - 1) * nr),
+                            };
+                            let post = last.then(|| Post {
+                                bias: TileBias::Cols(self.bias.get(j..).unwrap_or_default()),
+                                min,
+                                max,
+                            });
+                            let acc = accumulate || t0 > 0;
+                            indirect_microkernel(
+                                isa,
+                                &list,
+                                &run,
+                                &mut c,
+                                (r, j),
+                                acc,
+                                post.as_ref(),
+                            )?;
                         }
-                        for i in (0..rows).filter(|_| !matches!(gather, Gather::Pixel)) {
-                            let pixel = r0 + r + i;
-                            let (n, pix) = (pixel / ohw, pixel % ohw);
-                            let (oy, ox) = (pix / self.out[1], pix % self.out[1]);
-                            for t in 0..seg {
-                                let at = match gather {
-                                    Gather::Pixel => None,
-                                    Gather::Taps => {
-                                        let (ky, kx) =
-                                            ((t0 + t) / p.kernel[1], (t0 + t) % p.kernel[1]);
-                                        let iy = (oy * p.stride[0] + ky * p.dilation[0])
-                                            .checked_sub(p.padding[0])
-                                            .filter(|&v| v < p.input[0]);
-                                        let ix = (ox * p.stride[1] + kx * p.dilation[1])
-                                            .checked_sub(p.padding[1])
-                                            .filter(|&v| v < p.input[1]);
-                                        iy.zip(ix).map(|(iy, ix)| {
-                                            n * image
-                                                + (iy * p.input[1] + ix) * p.in_channels
-                                                + g * cig
-                                        })
-                                    }
-                                    // The padded copy of one image: every run is inside.
-                                    Gather::Rows { width } => {
-                                        let iy = oy * p.stride[0] + (t0 + t) * p.dilation[0];
-                                        Some((iy * width + ox * p.stride[1]) * p.in_channels)
-                                    }
-                                };
-                                if let Some(slot) = a.get_mut(t * rows + i) {
-                                    *slot = at.and_then(|o| x.get(o..o + k)).unwrap_or(zero);
-                                }
-                            }
-                        }
-                        let last = t0 + seg == taps;
-                        let list = IndirectRows::new(
-                            a.get(..seg * rows).unwrap_or_default(),
-                            rows,
-                            seg,
-                            k,
-                        )?;
-                        // Panels q0.. of this block, side by side in one call.
-                        let count = block.min(panels - q0);
-                        let j = g * cog + q0 * nr;
-                        let (data, stride) = b.panels().block(q0 * nr, t0 * k);
-                        let run = PanelRun {
-                            data,
-                            stride,
-                            count,
-                            cols: nr.min(cog - (q0 + count - 1) * nr),
-                        };
-                        let post = last.then(|| Post {
-                            bias: TileBias::Cols(self.bias.get(j..).unwrap_or_default()),
-                            min,
-                            max,
-                        });
-                        let acc = accumulate || t0 > 0;
-                        indirect_microkernel(isa, &list, &run, &mut c, (r, j), acc, post.as_ref())?;
                     }
-                    let complete = g + 1 == weights.len() && q0 + block >= panels;
+                    let complete = go + 1 == outer && q0 + block >= panels;
                     if complete && rest != Activation::Identity {
                         for i in r..r + rows {
                             if let Some(row) = c.row_run(i, 0, cout) {
@@ -689,6 +676,64 @@ impl ConvNhwc {
             }
         }
         Ok(())
+    }
+
+    /// Where each of `rows` output pixels from `first` reads its taps `t0..t0 + seg`
+    /// (`at[t * rows + i]`): the offset in the input of the first channel (of group
+    /// 0), `None` for padding. The pixels are counted through, not divided out: the
+    /// divisions cost more than the gathering.
+    fn gather_offsets(
+        &self,
+        gather: Gather,
+        first: usize,
+        rows: usize,
+        (t0, seg): (usize, usize),
+        at: &mut [Option<usize>],
+    ) {
+        let p = &self.p;
+        let [oh, ow] = self.out;
+        let image = p.input[0] * p.input[1] * p.in_channels;
+        let (mut n, pix) = (first / (oh * ow).max(1), first % (oh * ow).max(1));
+        let (mut oy, mut ox) = (pix / ow.max(1), pix % ow.max(1));
+        let kw = p.kernel[1].max(1);
+        for i in 0..rows {
+            let (mut ky, mut kx) = (t0 / kw, t0 % kw);
+            for t in 0..seg {
+                let o = match gather {
+                    Gather::Pixel => Some((first + i) * p.in_channels),
+                    Gather::Taps => {
+                        let iy = (oy * p.stride[0] + ky * p.dilation[0])
+                            .checked_sub(p.padding[0])
+                            .filter(|&v| v < p.input[0]);
+                        let ix = (ox * p.stride[1] + kx * p.dilation[1])
+                            .checked_sub(p.padding[1])
+                            .filter(|&v| v < p.input[1]);
+                        iy.zip(ix)
+                            .map(|(iy, ix)| n * image + (iy * p.input[1] + ix) * p.in_channels)
+                    }
+                    // The padded copy of one image: every run is inside.
+                    Gather::Rows { width } => {
+                        let iy = oy * p.stride[0] + (t0 + t) * p.dilation[0];
+                        Some((iy * width + ox * p.stride[1]) * p.in_channels)
+                    }
+                };
+                if let Some(slot) = at.get_mut(t * rows + i) {
+                    *slot = o;
+                }
+                kx += 1;
+                if kx == kw {
+                    (kx, ky) = (0, ky + 1);
+                }
+            }
+            ox += 1;
+            if ox == ow {
+                ox = 0;
+                oy += 1;
+                if oy == oh {
+                    (oy, n) = (0, n + 1);
+                }
+            }
+        }
     }
 }
 
