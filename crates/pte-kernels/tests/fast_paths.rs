@@ -1143,9 +1143,9 @@ impl Net {
     }
 }
 
-/// A network with the blocks of resnet, mobilenet_v2 and efficientnet: stem, max pool,
-/// a residual block, an inverted residual with depthwise convolution, a squeeze-and-
-/// excitation block, global average pooling. With `leak`, an inner value is also a
+/// A network with the blocks of resnet, mobilenet_v2, efficientnet, mobilenet_v3 and
+/// squeezenet: stem, max pool, a residual block, an inverted residual with depthwise
+/// convolution, squeeze-and-excitation blocks, a concatenation, global average pooling. With `leak`, an inner value is also a
 /// method output (the run must end there); with `external`, the residual of the first
 /// block is a second method input (converted at the run's start).
 fn network(batch: usize, size: usize, leak: bool, external: bool) -> (Vec<u8>, Vec<Vec<usize>>) {
@@ -1204,6 +1204,17 @@ fn network(batch: usize, size: usize, leak: bool, external: bool) -> (Vec<u8>, V
     let (s, ss) = n.conv(s, &ss, 24, 1, 1, 1, false);
     let s = n.act(s, &ss, After::HardSigmoid);
     let y = n.binary("mul", e, s, &es);
+    // squeezenet's fire module: two expansions of one squeeze, concatenated
+    let (q, qs) = n.conv(y, &es, 8, 1, 1, 1, false);
+    let q = n.act(q, &qs, After::Relu);
+    let (a, as_) = n.conv(q, &qs, 12, 1, 1, 1, false);
+    let a = n.act(a, &as_, After::Relu);
+    let (b, bs) = n.conv(q, &qs, 20, 1, 3, 1, false);
+    let b = n.act(b, &bs, After::Relu);
+    let es = vec![bs[0], 32, bs[2], bs[3]];
+    let y = n.tensor(&es);
+    let (list, dim) = (n.b.tensor_list(&[a, b]), n.b.int(-3));
+    n.b.call("aten::cat", "out", &[list, dim, y, y]);
     let (y, _) = n.mean(y, &es, false);
     n.b.output(y);
     (n.b.build(), inputs)

@@ -203,6 +203,14 @@ impl<'a> Graph<'a> {
         }
     }
 
+    /// The values of a `TensorList`.
+    pub fn tensor_list(&self, v: u32) -> Option<&[u32]> {
+        match self.values.get(v as usize)? {
+            Slot::TensorList(items) => Some(items),
+            _ => None,
+        }
+    }
+
     /// True for a `None` value.
     pub fn is_none(&self, v: u32) -> bool {
         matches!(self.values.get(v as usize), Some(Slot::None))

@@ -5,9 +5,10 @@
 //! channels, pooling and activations stream over whole pixels. The fuser (`propose`)
 //! looks for a run of consecutive calls it can take over — convolutions with their
 //! batch normalization, residual addition and activation, max pooling whose indices
-//! nothing reads, the mean over height and width, activations, and `add` / `mul` of
-//! equal shapes or by a per-channel vector (squeeze-and-excitation) — with at least
-//! two convolutions. Inside the run every 4-d value is kept NHWC *in its own planned
+//! nothing reads, the mean over height and width, activations, `add` / `mul` of
+//! equal shapes or by a per-channel vector (squeeze-and-excitation), and the
+//! concatenation of up to four values along channels (squeezenet, inception) — with at
+//! least two convolutions. Inside the run every 4-d value is kept NHWC *in its own planned
 //! memory* (the program's memory plan already gives each value room for its
 //! lifetime, and the steps run in program order), so the run costs no memory beyond
 //! the conversions at its ends: inputs from before the run are converted into scratch
@@ -92,6 +93,11 @@ enum Step {
         act: Act,
         out: Dst,
     },
+    /// Concatenation along channels of up to `MAX_PARTS` values.
+    Cat {
+        parts: [Option<Src>; MAX_PARTS],
+        out: Dst,
+    },
     /// `op(a, b)`; with `channel`, `b` holds one value per channel of each image.
     Binary {
         op: BinaryOp,
@@ -101,6 +107,9 @@ enum Step {
         out: Dst,
     },
 }
+
+/// Most values one step reads: a concatenation's parts (inception's four branches).
+const MAX_PARTS: usize = 4;
 
 /// What the fuser proposes: the steps, the positions of the inputs to convert, and
 /// the values each step's calls computed on the way that nothing else reads.
@@ -145,7 +154,7 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
     // then leaves it in NCHW), until no earlier one is.
     let calls_of = |k: usize| b.step_calls.iter().take(k).sum::<usize>();
     let escapes = |v: u32, n: usize| {
-        let inside = calls.iter().take(n).filter(|c| c.args.contains(&v)).count() as u32;
+        let inside = calls.iter().take(n).filter(|c| refers(g, c, v)).count() as u32;
         g.tensor(v).is_some_and(|t| spatial(&t.sizes)) && (g.uses(v) != inside || g.is_aliased(v))
     };
     let mut cut = b.steps.len();
@@ -185,7 +194,7 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
         let out = b.output_value(step);
         for c in own {
             for &v in outputs(c) {
-                let inside = own.iter().filter(|c| c.args.contains(&v)).count() as u32;
+                let inside = own.iter().filter(|c| refers(g, c, v)).count() as u32;
                 let dropped = Some(v) != out
                     && is_f32(g, v)
                     && g.tensor(v).is_some_and(|t| spatial(&t.sizes))
@@ -215,11 +224,19 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
     })
 }
 
+/// True when call `c` reads or writes `v`, directly or in a list of tensors.
+fn refers(g: &Graph<'_>, c: &Call<'_>, v: u32) -> bool {
+    c.args
+        .iter()
+        .any(|&a| a == v || g.tensor_list(a).is_some_and(|l| l.contains(&v)))
+}
+
 fn set_exit(step: &mut Step) {
     let out = match step {
         Step::Conv { out, .. }
         | Step::MaxPool { out, .. }
         | Step::Unary { out, .. }
+        | Step::Cat { out, .. }
         | Step::Binary { out, .. } => out,
         Step::Mean { .. } => return,
     };
@@ -245,6 +262,7 @@ impl Builder<'_, '_> {
             Step::Conv { out, .. }
             | Step::MaxPool { out, .. }
             | Step::Unary { out, .. }
+            | Step::Cat { out, .. }
             | Step::Binary { out, .. } => out.pos(),
             Step::Mean { out, .. } => *out,
         };
@@ -378,6 +396,37 @@ impl Builder<'_, '_> {
                     return None;
                 };
                 self.steps.push(Step::Mean { x, out });
+                self.ids.push(c.id);
+            }
+            "aten::cat.out" => {
+                let (list, dim, out) = (arg(c, 0)?, arg(c, 1)?, single_output(c)?);
+                let values = g.tensor_list(list)?;
+                let [n, channels, h, w] = g.tensor(out)?.sizes[..] else {
+                    return None;
+                };
+                let mut sum = 0;
+                for &v in values {
+                    let [pn, pc, ph, pw] = g.tensor(v)?.sizes[..] else {
+                        return None;
+                    };
+                    sum += pc;
+                    if (pn, ph, pw) != (n, h, w) {
+                        return None;
+                    }
+                }
+                let fits = (1..=MAX_PARTS).contains(&values.len()) && sum == channels;
+                if !fits
+                    || g.int(dim)?.rem_euclid(4) != 1
+                    || !values.iter().any(|v| self.produced.contains(v))
+                {
+                    return None;
+                }
+                let mut parts = [None; MAX_PARTS];
+                for (part, &v) in parts.iter_mut().zip(values) {
+                    *part = Some(self.src(v)?);
+                }
+                let out = self.output(out)?;
+                self.steps.push(Step::Cat { parts, out });
                 self.ids.push(c.id);
             }
             "aten::add.out" | "aten::mul.out" => {
@@ -579,6 +628,7 @@ fn dst_of(s: &Step) -> Dst {
         Step::Conv { out, .. }
         | Step::MaxPool { out, .. }
         | Step::Unary { out, .. }
+        | Step::Cat { out, .. }
         | Step::Binary { out, .. } => *out,
         Step::Mean { out, .. } => Dst::Arg(*out),
     }
@@ -592,7 +642,7 @@ fn src_pos(plan: &Plan, s: Src) -> usize {
     }
 }
 
-fn srcs_of(step: &Step) -> SmallVec<[Src; 2]> {
+fn srcs_of(step: &Step) -> SmallVec<[Src; MAX_PARTS]> {
     match *step {
         Step::Conv { x, residual, .. } => {
             let mut v = SmallVec::from_slice(&[x]);
@@ -603,6 +653,7 @@ fn srcs_of(step: &Step) -> SmallVec<[Src; 2]> {
             SmallVec::from_slice(&[x])
         }
         Step::Binary { a, b, .. } => SmallVec::from_slice(&[a, b]),
+        Step::Cat { parts, .. } => parts.into_iter().flatten().collect(),
     }
 }
 
@@ -674,6 +725,13 @@ impl Region {
                     s
                 }
                 Step::Unary { .. } | Step::Binary { .. } => SmallVec::from_slice(&x),
+                Step::Cat { parts, .. } => {
+                    let mut channels = 0;
+                    for &part in parts.iter().flatten() {
+                        channels += nchw(args, src_pos(&self.plan, part))?[1];
+                    }
+                    SmallVec::from_slice(&[x[0], channels, x[2], x[3]])
+                }
             };
             let out = dst_of(step);
             args.resize(out.pos(), &sizes)?;
@@ -786,7 +844,7 @@ impl Region {
 }
 
 /// The argument positions a step reads (converted entries are in scratch).
-fn arg_reads(step: &Step) -> SmallVec<[usize; 2]> {
+fn arg_reads(step: &Step) -> SmallVec<[usize; MAX_PARTS]> {
     srcs_of(step)
         .into_iter()
         .filter_map(|s| match s {
@@ -830,12 +888,16 @@ fn move_value(step: &mut Step, from: impl Fn(usize) -> bool, to: usize) {
             src(b);
             dst(out);
         }
+        Step::Cat { parts, out } => {
+            parts.iter_mut().flatten().for_each(src);
+            dst(out);
+        }
     }
 }
 
 /// The views one step works on.
 struct Views<'a> {
-    inputs: SmallVec<[&'a [f32]; 2]>,
+    inputs: SmallVec<[&'a [f32]; MAX_PARTS]>,
     out: &'a mut [f32],
     work: &'a mut [f32],
 }
@@ -872,14 +934,14 @@ impl PreparedKernel for Region {
                 _ => None,
             };
             let srcs = srcs_of(step);
-            let reads: SmallVec<[Arg; 2]> = srcs
+            let reads: SmallVec<[Arg; MAX_PARTS]> = srcs
                 .iter()
                 .filter_map(|s| match s {
                     Src::Arg(p) | Src::Nchw(p) => Some(at(*p)),
                     Src::Entry(_) => None,
                 })
                 .collect();
-            let shapes: SmallVec<[[usize; 4]; 2]> = srcs
+            let shapes: SmallVec<[[usize; 4]; MAX_PARTS]> = srcs
                 .iter()
                 .map(|&s| nchw(args, src_pos(&self.plan, s)))
                 .collect::<KernelResult<_>>()?;
@@ -899,13 +961,13 @@ impl PreparedKernel for Region {
             let (entries, rest) = s.split_at_mut(sp.exit.0.min(s.len()));
             let (exit, work) = rest.split_at_mut(sp.exit.1.min(rest.len()));
             let work = work.get_mut(..sp.work.1).unwrap_or_default();
-            let arg_views: SmallVec<[&[f32]; 2]> = io
+            let arg_views: SmallVec<[&[f32]; MAX_PARTS]> = io
                 .inputs
                 .iter()
                 .map(|t| t.as_slice::<f32>())
                 .collect::<KernelResult<_>>()?;
             let mut next_arg = arg_views.iter();
-            let mut inputs: SmallVec<[&[f32]; 2]> = SmallVec::new();
+            let mut inputs: SmallVec<[&[f32]; MAX_PARTS]> = SmallVec::new();
             for s in &srcs {
                 inputs.push(match s {
                     Src::Arg(_) | Src::Nchw(_) => next_arg.next().copied().ok_or_else(missing)?,
@@ -986,6 +1048,26 @@ fn run_step(
             let x = x.get(o..o + chunk.len()).unwrap_or_default();
             elementwise::map(isa, chunk, x, activation)
         }),
+        Step::Cat { .. } => {
+            // Each pixel's channels, part after part.
+            let channels: usize = shapes.iter().map(|s| s[1]).sum();
+            super::rows::split(pool, v.out, channels, |o, chunk| {
+                let first = o / channels.max(1);
+                for (i, pixel) in chunk.chunks_mut(channels.max(1)).enumerate() {
+                    let mut at = 0;
+                    for (x, s) in v.inputs.iter().zip(shapes) {
+                        let c = s[1];
+                        let from = x.get((first + i) * c..(first + i + 1) * c);
+                        let to = pixel.get_mut(at..at + c);
+                        if let (Some(to), Some(from)) = (to, from) {
+                            to.copy_from_slice(from);
+                        }
+                        at += c;
+                    }
+                }
+                Ok(())
+            })
+        }
         Step::Binary { op, channel, .. } => {
             let b = v.inputs.get(1).copied().ok_or_else(missing)?;
             let op = *op;
