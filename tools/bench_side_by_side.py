@@ -7,6 +7,9 @@
         [--portable-iterations 1] [--json results.json]
     .venv-ref/bin/python tools/bench_side_by_side.py --xnnpack [--only ...] [--threads 1,2]
 
+`--only` also takes the other architectures of `gen_fixtures.EXTRA_BENCH` (mobilenet_v3,
+regnet, squeezenet, ...) once generated with `gen_fixtures.py --bench DIR --only ...`.
+
 For every model and thread count, in each round and in a rotating order, one fresh process
 each times: `pte bench` on the plain (portable) `.pte`; upstream's runtime on the
 XNNPACK-lowered `.pte` and on the plain one; ONNX Runtime on the same model exported to
