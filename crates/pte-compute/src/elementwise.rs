@@ -5,7 +5,9 @@
 //! chosen at run time from the [`Isa`] argument; the math functions are those of
 //! `math` (accuracy stated there).
 
-use crate::arch::{madd, multiversion, Isa, Lanes, Scalar};
+#[cfg(target_arch = "x86_64")]
+use crate::arch::Lanes;
+use crate::arch::{madd, multiversion, Isa, Scalar};
 use crate::error::{need, Error, Result};
 use crate::math;
 
@@ -178,18 +180,23 @@ pub fn add_scalar_activate(isa: Isa, x: &mut [f32], bias: f32, a: Activation) {
 /// operations as the plain loop, so the same bits; false (nothing done) for other
 /// activations and instruction sets.
 fn bias_act_wide(isa: Isa, x: &mut [f32], bias: f32, a: Activation) -> bool {
-    /// `f` over the whole chunks of `x`; returns the rest.
-    #[inline(always)]
-    fn chunks<L: Lanes>(l: L, x: &mut [f32], bias: f32, f: impl Fn(L, L::V) -> L::V) -> &mut [f32] {
-        let mut chunks = x.chunks_exact_mut(L::LANES);
-        for c in &mut chunks {
-            let v = l.add(l.load(c), l.splat(bias));
-            l.store(f(l, v), c);
-        }
-        chunks.into_remainder()
-    }
     #[cfg(target_arch = "x86_64")]
     if let Some(avx2) = crate::arch::Avx2::new().filter(|_| isa == Isa::Avx2) {
+        /// `f` over the whole chunks of `x`; returns the rest.
+        #[inline(always)]
+        fn chunks<L: Lanes>(
+            l: L,
+            x: &mut [f32],
+            bias: f32,
+            f: impl Fn(L, L::V) -> L::V,
+        ) -> &mut [f32] {
+            let mut chunks = x.chunks_exact_mut(L::LANES);
+            for c in &mut chunks {
+                let v = l.add(l.load(c), l.splat(bias));
+                l.store(f(l, v), c);
+            }
+            chunks.into_remainder()
+        }
         let l = crate::arch::Wide::<_, 4>(avx2);
         let rest = match a {
             Activation::Sigmoid => avx2.vectorize(|| chunks(l, x, bias, math::sigmoid)),

@@ -25,7 +25,9 @@ mod x86;
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) use lanes::Avx2;
-pub(crate) use lanes::{Lanes, Scalar, Wide};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use lanes::Wide;
+pub(crate) use lanes::{Lanes, Scalar};
 
 pub(crate) use indirect::{
     depthwise_pixels, indirect_microkernel, IndirectRows, PanelRun, PixelTaps,

@@ -146,23 +146,7 @@ pub(super) fn activation(
     match c.op {
         "aten::relu.out" => Some((Act::Relu, vec![], out, 1)),
         "aten::hardtanh.out" | "aten::clamp.out" => {
-            let bound = |c: &Call<'_>, i: usize| {
-                arg(c, i).filter(|&s| g.double(s).is_some() || g.is_none(s))
-            };
-            let (min, max) = (bound(c, 1)?, bound(c, 2)?);
-            // clamp(x, min, None) then clamp(·, None, max), as relu6 is sometimes
-            // written, is clamp(x, min, max) (NaN passing both).
-            let upper = calls.get(1).filter(|m| {
-                m.op == "aten::clamp.out"
-                    && arg(m, 0) == Some(out)
-                    && only_here(g, out)
-                    && g.is_none(max)
-                    && arg(m, 1).is_some_and(|s| g.is_none(s))
-            });
-            let (max, out, n) = match upper.and_then(|m| Some((bound(m, 2)?, single_output(m)?))) {
-                Some((max, o)) if is_f32(g, o) && same_shape(g, o, v) => (max, o, 2),
-                _ => (max, out, 1),
-            };
+            let (min, max, out, n) = clamp_chain(g, calls, v)?;
             let (min_pos, max_pos) = (next, next + 1);
             let act = if g.is_none(min) || g.is_none(max) {
                 Act::ClampOptional {
@@ -251,25 +235,38 @@ fn only_here(g: &Graph<'_>, v: u32) -> bool {
     g.uses(v) == 2 && !g.is_aliased(v)
 }
 
-/// `clamp(x, 0, 6)` (or hardtanh) at the start of `calls`, in one call or as
-/// `clamp(x, 0, None)` then `clamp(·, None, 6)`: the output and the calls taken.
-fn relu6(g: &Graph<'_>, calls: &[Call<'_>], x: u32) -> Option<(u32, usize)> {
-    let is = |v: Option<u32>, want: f64| v.and_then(|v| g.double(v)) == Some(want);
-    let none = |v: Option<u32>| v.is_some_and(|v| g.is_none(v));
-    let clamp = |c: &Call<'_>| matches!(c.op, "aten::clamp.out" | "aten::hardtanh.out");
-    let first = calls.first().filter(|c| clamp(c) && arg(c, 0) == Some(x))?;
+/// `clamp` or `hardtanh` of `x` at the start of `calls`, two calls when a clamp with no
+/// upper bound is followed by one with no lower bound (relu6 as some exporters write
+/// it; NaN passes both, as it passes one clamp): the bounds (scalars or `None`), the
+/// output and the calls taken.
+fn clamp_chain(g: &Graph<'_>, calls: &[Call<'_>], x: u32) -> Option<(u32, u32, u32, usize)> {
+    let is_clamp = |c: &&Call<'_>| matches!(c.op, "aten::clamp.out" | "aten::hardtanh.out");
+    let first = calls
+        .first()
+        .filter(is_clamp)
+        .filter(|c| arg(c, 0) == Some(x))?;
     let out = single_output(first)?;
-    if is(arg(first, 1), 0.0) && is(arg(first, 2), 6.0) {
-        return Some((out, 1));
+    let bound =
+        |c: &Call<'_>, i: usize| arg(c, i).filter(|&s| g.double(s).is_some() || g.is_none(s));
+    let (min, max) = (bound(first, 1)?, bound(first, 2)?);
+    let upper = calls.get(1).filter(|m| {
+        m.op == "aten::clamp.out"
+            && arg(m, 0) == Some(out)
+            && only_here(g, out)
+            && g.is_none(max)
+            && arg(m, 1).is_some_and(|s| g.is_none(s))
+    });
+    match upper.and_then(|m| Some((bound(m, 2)?, single_output(m)?))) {
+        Some((max, o)) if is_f32(g, o) && same_shape(g, o, x) => Some((min, max, o, 2)),
+        _ => Some((min, max, out, 1)),
     }
-    let second = calls
-        .get(1)
-        .filter(|c| c.op == "aten::clamp.out" && arg(c, 0) == Some(out) && only_here(g, out))?;
-    let both = is(arg(first, 1), 0.0)
-        && none(arg(first, 2))
-        && none(arg(second, 1))
-        && is(arg(second, 2), 6.0);
-    both.then_some((single_output(second)?, 2))
+}
+
+/// `clamp(x, 0, 6)` (or hardtanh) at the start of `calls`, in one call or two
+/// ([`clamp_chain`]): the output and the calls taken.
+fn relu6(g: &Graph<'_>, calls: &[Call<'_>], x: u32) -> Option<(u32, usize)> {
+    let (min, max, out, n) = clamp_chain(g, calls, x)?;
+    (g.double(min) == Some(0.0) && g.double(max) == Some(6.0)).then_some((out, n))
 }
 
 fn same_shape(g: &Graph<'_>, a: u32, b: u32) -> bool {
