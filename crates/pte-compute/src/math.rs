@@ -294,47 +294,38 @@ mod tests {
         0.5 * x * erfc
     }
 
+    /// The largest errors in ulp of exp, sigmoid, SiLU and tanh against f64.
+    fn ulp_errors<const FMA: bool>() -> [f64; 4] {
+        let tiny = f64::from(f32::MIN_POSITIVE);
+        let run = |f: &dyn Fn(f32) -> f32, r: fn(f64) -> f64, lo, hi| {
+            max_ulp(grid(lo, hi, 200_000), f, r, tiny)
+        };
+        [
+            run(&exp::<FMA>, f64::exp, -87.0, 88.7),
+            run(
+                &|x| sigmoid(Scalar::<FMA>, x),
+                |x| 1.0 / (1.0 + (-x).exp()),
+                -80.0,
+                80.0,
+            ),
+            run(
+                &|x| silu(Scalar::<FMA>, x),
+                |x| x / (1.0 + (-x).exp()),
+                -80.0,
+                80.0,
+            ),
+            run(&tanh::<FMA>, f64::tanh, -10.0, 10.0),
+        ]
+    }
+
     #[test]
     fn accuracy_against_f64() {
         let tiny = f64::from(f32::MIN_POSITIVE);
         for fma in [false, true] {
-            let run = |f: fn(f32) -> f32, r: fn(f64) -> f64, lo, hi| {
-                max_ulp(grid(lo, hi, 200_000), f, r, tiny)
-            };
-            let (e, s, si, t) = if fma {
-                (
-                    run(exp::<true>, f64::exp, -87.0, 88.7),
-                    run(
-                        |x| sigmoid(Scalar::<true>, x),
-                        |x| 1.0 / (1.0 + (-x).exp()),
-                        -80.0,
-                        80.0,
-                    ),
-                    run(
-                        |x| silu(Scalar::<true>, x),
-                        |x| x / (1.0 + (-x).exp()),
-                        -80.0,
-                        80.0,
-                    ),
-                    run(tanh::<true>, f64::tanh, -10.0, 10.0),
-                )
+            let [e, s, si, t] = if fma {
+                ulp_errors::<true>()
             } else {
-                (
-                    run(exp::<false>, f64::exp, -87.0, 88.7),
-                    run(
-                        |x| sigmoid(Scalar::<false>, x),
-                        |x| 1.0 / (1.0 + (-x).exp()),
-                        -80.0,
-                        80.0,
-                    ),
-                    run(
-                        |x| silu(Scalar::<false>, x),
-                        |x| x / (1.0 + (-x).exp()),
-                        -80.0,
-                        80.0,
-                    ),
-                    run(tanh::<false>, f64::tanh, -10.0, 10.0),
-                )
+                ulp_errors::<false>()
             };
             assert!(e <= 2.0, "exp {e} ulp");
             assert!(s <= 4.0 && si <= 4.0, "sigmoid {s}, silu {si} ulp");

@@ -1058,9 +1058,13 @@ fn run_step(
                     for (x, s) in v.inputs.iter().zip(shapes) {
                         let c = s[1];
                         let from = x.get((first + i) * c..(first + i + 1) * c);
-                        let to = pixel.get_mut(at..at + c);
-                        if let (Some(to), Some(from)) = (to, from) {
-                            to.copy_from_slice(from);
+                        match (pixel.get_mut(at..at + c), from) {
+                            (Some(to), Some(from)) => to.copy_from_slice(from),
+                            _ => {
+                                return Err(pte_compute::Error::InvalidParameter {
+                                    what: "NHWC region: a concatenated part is short".into(),
+                                })
+                            }
                         }
                         at += c;
                     }
