@@ -23,23 +23,24 @@ mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::RawPost;
+    use super::RowPtrs;
 
     macro_rules! kernel {
         ($feat:literal, $name:ident, $dispatch:ident, $put:ident, $v:ty, $mr:expr, $nr:expr, $lanes:expr,
          $zero:ident, $load:ident, $store:ident, $set1:ident, $fmadd:ident, $add:ident, $max:ident, $min:ident,
-         [$($r:literal)*]) => {
+         $loadn:ident, $storen:ident, [$($r:literal)*]) => {
             /// # Safety
-            /// The CPU has the features; `a` holds `taps * R` slices of at least `kc`
-            /// values (row `i` of tap `t` at `a[t * R + i]`); panel `q < panels` of
+            /// The CPU has the features; `a` gives `R` rows of at least `kc` values
+            /// for each of `taps` taps; panel `q < panels` of
             /// `b` holds `taps * kc * NR` values from `b + q * stride`; `c` the tile
             /// `(i, j) -> c[i * rs + j]`, `i < R`, `j < (panels - 1) * NR + cols`
             /// (`1 <= cols <= NR`); a non-null `post.cols` holds as many values.
             #[target_feature(enable = $feat)]
             #[allow(clippy::too_many_arguments)]
-            unsafe fn $name<const R: usize>(
+            unsafe fn $name<const R: usize, A: RowPtrs>(
                 taps: usize,
                 kc: usize,
-                a: *const &[f32],
+                a: A,
                 (b, stride, panels, cols): (*const f32, usize, usize, usize),
                 c: *mut f32,
                 rs: usize,
@@ -56,62 +57,38 @@ mod x86 {
                         (b.add(q * stride), c.add(q * $nr), bias)
                     };
                     let args = (taps, kc, a, bq, accumulate, post);
-                    if q + 1 < panels || cols == $nr {
-                        // SAFETY: a whole panel of columns inside the tile and its bias.
-                        unsafe { $put::<R, 2>(args, cq, rs, bias) };
-                        continue;
-                    }
-                    // The last, partial panel: through a tile on the stack, so that no
-                    // column past the tile is read or written.
-                    let mut tile = [[0f32; $nr]; R];
-                    let mut padded = [0f32; $nr];
-                    for (i, row) in tile.iter_mut().enumerate() {
-                        for (s, v) in row.iter_mut().enumerate().take(cols) {
-                            // SAFETY: i < R, s < cols: inside the tile.
-                            *v = if accumulate { unsafe { *cq.add(i * rs + s) } } else { 0.0 };
-                        }
-                    }
-                    for (s, v) in padded.iter_mut().enumerate().take(cols) {
-                        // SAFETY: a non-null bias holds `cols` values from here.
-                        *v = if bias.is_null() { 0.0 } else { unsafe { *bias.add(s) } };
-                    }
-                    let bias = if bias.is_null() { bias } else { padded.as_ptr() };
-                    let t = tile.as_mut_ptr().cast();
-                    // SAFETY: the stack tile holds R rows of NR values.
+                    let cols = if q + 1 < panels { $nr } else { cols };
+                    // SAFETY: `cols` columns inside the tile and its bias; the last
+                    // vector's lanes past them are masked off.
                     unsafe {
                         if cols <= $lanes {
-                            $put::<R, 1>(args, t, $nr, bias);
+                            $put::<R, 1, A>(args, (cq, rs, cols), bias);
                         } else {
-                            $put::<R, 2>(args, t, $nr, bias);
-                        }
-                    }
-                    for (i, row) in tile.iter().enumerate() {
-                        for (s, &v) in row.iter().enumerate().take(cols) {
-                            // SAFETY: i < R, s < cols: inside the tile.
-                            unsafe { *cq.add(i * rs + s) = v };
+                            $put::<R, 2, A>(args, (cq, rs, cols - $lanes), bias);
                         }
                     }
                 }
             }
 
             /// One panel: the first `W` vectors of each row of the `R × NR` tile at
-            /// `c` (+)= the product, then bias and clamp.
+            /// `c` (+)= the product, then bias and clamp; only the first `last` lanes
+            /// of the last vector are read and written.
             ///
             /// # Safety
-            /// As the kernel for one panel at `b`; `c` holds the tile at row stride
-            /// `rs`; a non-null `bias` holds `W` vectors.
+            /// As the kernel for one panel at `b`; `c` holds the tile's `W - 1`
+            /// vectors and `last` values (`1 <= last <= LANES`) per row, at row stride
+            /// `rs`; a non-null `bias` holds as many.
             #[target_feature(enable = $feat)]
             #[inline]
-            unsafe fn $put<const R: usize, const W: usize>(
-                (taps, kc, a, b, accumulate, post): (usize, usize, *const &[f32], *const f32, bool, RawPost),
-                c: *mut f32,
-                rs: usize,
+            unsafe fn $put<const R: usize, const W: usize, A: RowPtrs>(
+                (taps, kc, a, b, accumulate, post): (usize, usize, A, *const f32, bool, RawPost),
+                (c, rs, last): (*mut f32, usize, usize),
                 bias: *const f32,
             ) {
                 let mut acc = [[$zero(); W]; R];
                 for t in 0..taps {
-                    // SAFETY: t < taps: the pointers of this tap are inside `a`.
-                    let rows: [*const f32; R] = std::array::from_fn(|i| unsafe { (*a.add(t * R + i)).as_ptr() });
+                    // SAFETY: t < taps, i < R: rows the source holds.
+                    let rows: [*const f32; R] = std::array::from_fn(|i| unsafe { a.row(t, i, R) });
                     // SAFETY: t * kc + p < taps * kc: inside the panel.
                     let bt = unsafe { b.add(t * kc * $nr) };
                     for p in 0..kc {
@@ -131,17 +108,18 @@ mod x86 {
                 let (lo, hi) = ($set1(post.min), $set1(post.max));
                 for (i, row) in acc.iter().enumerate() {
                     for (v, &x) in row.iter().enumerate() {
-                        // SAFETY: inside the tile; a column bias holds W vectors.
+                        let n = if v + 1 < W { $lanes } else { last };
+                        // SAFETY: inside the tile and the bias: the first `n` lanes.
                         unsafe {
                             let cp = c.add(i * rs + v * $lanes);
-                            let mut x = if accumulate { $add(x, $load(cp)) } else { x };
+                            let mut x = if accumulate { $add(x, $loadn(cp, n)) } else { x };
                             if post.on {
                                 if !bias.is_null() {
-                                    x = $add(x, $load(bias.add(v * $lanes)));
+                                    x = $add(x, $loadn(bias.add(v * $lanes), n));
                                 }
                                 x = $min(hi, $max(lo, x));
                             }
-                            $store(cp, x);
+                            $storen(cp, n, x);
                         }
                     }
                 }
@@ -150,11 +128,11 @@ mod x86 {
             /// # Safety
             /// As the kernel, with `1 <= rows <= MR`.
             #[allow(clippy::too_many_arguments)]
-            pub(crate) unsafe fn $dispatch(
+            pub(crate) unsafe fn $dispatch<A: RowPtrs>(
                 rows: usize,
                 taps: usize,
                 kc: usize,
-                a: *const &[f32],
+                a: A,
                 b: (*const f32, usize, usize, usize),
                 c: *mut f32,
                 rs: usize,
@@ -164,8 +142,8 @@ mod x86 {
                 // SAFETY: forwarded contract.
                 unsafe {
                     match rows {
-                        $($r => $name::<$r>(taps, kc, a, b, c, rs, accumulate, post),)*
-                        _ => $name::<$mr>(taps, kc, a, b, c, rs, accumulate, post),
+                        $($r => $name::<$r, A>(taps, kc, a, b, c, rs, accumulate, post),)*
+                        _ => $name::<$mr, A>(taps, kc, a, b, c, rs, accumulate, post),
                     }
                 }
             }
@@ -176,31 +154,102 @@ mod x86 {
         "avx2,fma", avx2_tile, avx2, avx2_put, __m256, 6, 16, 8,
         _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps,
         _mm256_fmadd_ps, _mm256_add_ps, _mm256_max_ps, _mm256_min_ps,
-        [1 2 3 4 5]
+        avx2_load_first, avx2_store_first, [1 2 3 4 5]
     );
 
     kernel!(
         "avx512f,avx2,fma", avx512_tile, avx512, avx512_put, __m512, 12, 32, 16,
         _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps,
         _mm512_fmadd_ps, _mm512_add_ps, _mm512_max_ps, _mm512_min_ps,
-        [1 2 3 4 5 6 7 8 9 10 11]
+        avx512_load_first, avx512_store_first, [1 2 3 4 5 6 7 8 9 10 11]
     );
+
+    /// The first `n` of 8 lanes (`n <= 8`), for `vmaskmovps`.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn avx2_mask(n: usize) -> __m256i {
+        let n = i32::try_from(n).unwrap_or(8);
+        _mm256_cmpgt_epi32(
+            _mm256_set1_epi32(n),
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        )
+    }
+
+    /// The first `n` values at `p` (`n <= 8`), zeros after them.
+    ///
+    /// # Safety
+    /// `n` values are readable from `p`; nothing past them is touched.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn avx2_load_first(p: *const f32, n: usize) -> __m256 {
+        // SAFETY: the caller's contract; masked lanes do not fault.
+        unsafe {
+            if n >= 8 {
+                _mm256_loadu_ps(p)
+            } else {
+                _mm256_maskload_ps(p, avx2_mask(n))
+            }
+        }
+    }
+
+    /// Stores the first `n` lanes of `v` at `p` (`n <= 8`).
+    ///
+    /// # Safety
+    /// `n` values are writable from `p`; nothing past them is touched.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn avx2_store_first(p: *mut f32, n: usize, v: __m256) {
+        // SAFETY: the caller's contract; masked lanes do not fault.
+        unsafe {
+            if n >= 8 {
+                _mm256_storeu_ps(p, v);
+            } else {
+                _mm256_maskstore_ps(p, avx2_mask(n), v);
+            }
+        }
+    }
+
+    /// The first `n` of 16 lanes (`n <= 16`).
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[inline]
+    fn avx512_mask(n: usize) -> __mmask16 {
+        u16::try_from((1u32 << n.min(16)) - 1).unwrap_or(u16::MAX)
+    }
+
+    /// The first `n` values at `p` (`n <= 16`), zeros after them.
+    ///
+    /// # Safety
+    /// `n` values are readable from `p`; nothing past them is touched.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[inline]
+    unsafe fn avx512_load_first(p: *const f32, n: usize) -> __m512 {
+        // SAFETY: the caller's contract; masked lanes do not fault.
+        unsafe { _mm512_maskz_loadu_ps(avx512_mask(n), p) }
+    }
+
+    /// Stores the first `n` lanes of `v` at `p` (`n <= 16`).
+    ///
+    /// # Safety
+    /// `n` values are writable from `p`; nothing past them is touched.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[inline]
+    unsafe fn avx512_store_first(p: *mut f32, n: usize, v: __m512) {
+        // SAFETY: the caller's contract; masked lanes do not fault.
+        unsafe { _mm512_mask_storeu_ps(p, avx512_mask(n), v) }
+    }
 }
 
 /// The portable kernel over rows given as slices (no `unsafe`): what the compiler
 /// vectorizes for the baseline target, and the reference of the tests.
-#[allow(clippy::too_many_arguments)]
 fn portable<const NR: usize>(
-    rows: usize,
-    taps: usize,
-    kc: usize,
-    a: &[&[f32]],
+    a: &IndirectRows<'_>,
     b: &PanelRun<'_>,
     c: &mut MatMut<'_>,
     (i0, j0): (usize, usize),
     accumulate: bool,
     post: Option<&Post<'_>>,
 ) {
+    let (rows, taps, kc) = (a.rows, a.taps, a.kc);
     for q in 0..b.count {
         let panel = b.data.get(q * b.stride..).unwrap_or_default();
         let cols = if q + 1 == b.count { b.cols } else { NR };
@@ -208,7 +257,7 @@ fn portable<const NR: usize>(
         for t in 0..taps {
             let bt = panel.get(t * kc * NR..).unwrap_or_default();
             for (i, row) in acc.iter_mut().enumerate().take(rows) {
-                let x = a.get(t * rows + i).copied().unwrap_or_default();
+                let x = a.row(t, i);
                 for (p, bp) in bt.chunks_exact(NR).take(kc).enumerate() {
                     let xv = x.get(p).copied().unwrap_or(0.0);
                     for (s, &y) in row.iter_mut().zip(bp) {
@@ -256,31 +305,133 @@ impl<'a> PanelRun<'a> {
     }
 }
 
-/// The rows of one tile of an indirect product, checked once: `taps · rows` slices of
-/// at least `kc` values, row `i` of tap `t` at `t · rows + i`.
+/// Where the rows of one tile of an indirect product are.
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    /// Row `i` of tap `t` is `list[t · rows + i]`.
+    List(&'a [&'a [f32]]),
+    /// Row `i` of tap `t` starts at `a[t · tap + i · row]`: a stem convolution's
+    /// pixels in one output row, a fixed distance apart in its padded input.
+    Strided {
+        a: &'a [f32],
+        row: usize,
+        tap: usize,
+    },
+}
+
+/// The rows of one tile of an indirect product, checked once: `taps · rows` rows of
+/// at least `kc` values.
 #[derive(Clone, Copy)]
 pub(crate) struct IndirectRows<'a> {
-    a: &'a [&'a [f32]],
+    source: Source<'a>,
     rows: usize,
     taps: usize,
     kc: usize,
 }
 
 impl<'a> IndirectRows<'a> {
-    /// Checks the lengths.
+    /// Rows given as slices, row `i` of tap `t` at `a[t · rows + i]`; checks the lengths.
     pub(crate) fn new(a: &'a [&'a [f32]], rows: usize, taps: usize, kc: usize) -> Result<Self> {
         let n = taps.saturating_mul(rows);
         match a.get(..n) {
             Some(a) if taps <= MAX_TAPS && rows <= MAX_MR && a.iter().all(|r| r.len() >= kc) => {
-                Ok(Self { a, rows, taps, kc })
+                Ok(Self {
+                    source: Source::List(a),
+                    rows,
+                    taps,
+                    kc,
+                })
             }
-            _ => Err(Error::InvalidParameter {
-                what: format!(
-                    "indirect rows: {taps} taps x {rows} rows of depth {kc}, {} slices given",
-                    a.len()
-                ),
-            }),
+            _ => Err(Self::invalid(rows, taps, kc, a.len())),
         }
+    }
+
+    /// Rows at fixed distances in `a`: row `i` of tap `t` starts at `t · tap + i ·
+    /// row`; checks that the last one ends inside `a`.
+    pub(crate) fn strided(
+        a: &'a [f32],
+        rows: usize,
+        taps: usize,
+        kc: usize,
+        (row, tap): (usize, usize),
+    ) -> Result<Self> {
+        let end = (|| {
+            rows.checked_sub(1)?
+                .checked_mul(row)?
+                .checked_add(taps.checked_sub(1)?.checked_mul(tap)?)?
+                .checked_add(kc)
+        })();
+        match end {
+            Some(end) if end <= a.len() && taps <= MAX_TAPS && rows <= MAX_MR => Ok(Self {
+                source: Source::Strided { a, row, tap },
+                rows,
+                taps,
+                kc,
+            }),
+            _ => Err(Self::invalid(rows, taps, kc, a.len())),
+        }
+    }
+
+    fn invalid(rows: usize, taps: usize, kc: usize, given: usize) -> Error {
+        Error::InvalidParameter {
+            what: format!("indirect rows: {taps} taps x {rows} rows of depth {kc}, {given} given"),
+        }
+    }
+
+    /// The values of each row the product reads.
+    pub(crate) fn depth(&self) -> usize {
+        self.kc
+    }
+
+    /// Row `i` of tap `t` (empty past the checked ones).
+    fn row(&self, t: usize, i: usize) -> &'a [f32] {
+        match self.source {
+            Source::List(a) => a.get(t * self.rows + i).copied(),
+            Source::Strided { a, row, tap } => a.get(t * tap + i * row..),
+        }
+        .unwrap_or_default()
+    }
+}
+
+/// A checked [`IndirectRows`] as the x86 kernels read it.
+#[cfg(target_arch = "x86_64")]
+trait RowPtrs: Copy {
+    /// The start of row `i` of tap `t`, of a tile of `rows` rows.
+    ///
+    /// # Safety
+    /// `t` and `i` are below the checked taps and rows; `rows` is the checked rows.
+    unsafe fn row(self, t: usize, i: usize, rows: usize) -> *const f32;
+}
+
+/// [`Source::List`]'s slices.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct ListPtrs(*const &'static [f32]);
+
+#[cfg(target_arch = "x86_64")]
+impl RowPtrs for ListPtrs {
+    #[inline(always)]
+    unsafe fn row(self, t: usize, i: usize, rows: usize) -> *const f32 {
+        // SAFETY: the list holds `taps · rows` slices (the caller's contract).
+        unsafe { (*self.0.add(t * rows + i)).as_ptr() }
+    }
+}
+
+/// [`Source::Strided`]'s start and distances.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct StridedPtrs {
+    a: *const f32,
+    row: usize,
+    tap: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl RowPtrs for StridedPtrs {
+    #[inline(always)]
+    unsafe fn row(self, t: usize, i: usize, _rows: usize) -> *const f32 {
+        // SAFETY: checked by `IndirectRows::strided` for every such row.
+        unsafe { self.a.add(t * self.tap + i * self.row) }
     }
 }
 
@@ -300,7 +451,12 @@ pub(crate) fn indirect_microkernel(
     accumulate: bool,
     post: Option<&Post<'_>>,
 ) -> Result {
-    let IndirectRows { a, rows, taps, kc } = *rows_in;
+    let IndirectRows {
+        source,
+        rows,
+        taps,
+        kc,
+    } = *rows_in;
     let (mr, nr) = isa.gemm_tile();
     let width = b.width(nr).filter(|_| b.cols >= 1 && b.cols <= nr);
     let panel_len = taps.checked_mul(kc).and_then(|v| v.checked_mul(nr));
@@ -322,8 +478,7 @@ pub(crate) fn indirect_microkernel(
     let Some((cp, rs)) = tile.filter(|_| ok && isa.is_available()) else {
         return Err(Error::InvalidParameter {
             what: format!(
-                "indirect micro-kernel call: {rows} rows (mr {mr}), {taps} taps of depth {kc}, {} rows given, {} panels of b {}",
-                a.len(),
+                "indirect micro-kernel call: {rows} rows (mr {mr}), {taps} taps of depth {kc}, {} panels of b {}",
                 b.count,
                 b.data.len()
             ),
@@ -343,21 +498,52 @@ pub(crate) fn indirect_microkernel(
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::Avx512 => {
+            /// # Safety
+            /// `a` gives the rows of `rows_in`, checked by its constructor; every
+            /// other length is checked above; the instruction set is available.
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn call<A: RowPtrs>(
+                isa: Isa,
+                (rows, taps, kc): (usize, usize, usize),
+                a: A,
+                panels: (*const f32, usize, usize, usize),
+                (cp, rs): (*mut f32, usize),
+                accumulate: bool,
+                raw: RawPost,
+            ) {
+                // SAFETY: forwarded contract.
+                unsafe {
+                    if isa == Isa::Avx512 {
+                        x86::avx512(rows, taps, kc, a, panels, cp, rs, accumulate, raw);
+                    } else {
+                        x86::avx2(rows, taps, kc, a, panels, cp, rs, accumulate, raw);
+                    }
+                }
+            }
             let panels = (b.data.as_ptr(), b.stride, b.count, b.cols);
-            // SAFETY: every length checked above or by `IndirectRows::new`; the
-            // instruction set is available.
+            let shape = (rows, taps, kc);
+            // SAFETY: the rows as checked by `IndirectRows`, the rest above.
             unsafe {
-                if isa == Isa::Avx512 {
-                    x86::avx512(rows, taps, kc, a.as_ptr(), panels, cp, rs, accumulate, raw);
-                } else {
-                    x86::avx2(rows, taps, kc, a.as_ptr(), panels, cp, rs, accumulate, raw);
+                match source {
+                    Source::List(a) => {
+                        let a = ListPtrs(a.as_ptr().cast());
+                        call(isa, shape, a, panels, (cp, rs), accumulate, raw);
+                    }
+                    Source::Strided { a, row, tap } => {
+                        let a = StridedPtrs {
+                            a: a.as_ptr(),
+                            row,
+                            tap,
+                        };
+                        call(isa, shape, a, panels, (cp, rs), accumulate, raw);
+                    }
                 }
             }
         }
         _ => match nr {
-            8 => portable::<8>(rows, taps, kc, a, b, c, (i, j), accumulate, post),
-            32 => portable::<32>(rows, taps, kc, a, b, c, (i, j), accumulate, post),
-            _ => portable::<16>(rows, taps, kc, a, b, c, (i, j), accumulate, post),
+            8 => portable::<8>(rows_in, b, c, (i, j), accumulate, post),
+            32 => portable::<32>(rows_in, b, c, (i, j), accumulate, post),
+            _ => portable::<16>(rows_in, b, c, (i, j), accumulate, post),
         },
     }
     Ok(())
@@ -469,6 +655,46 @@ mod tests {
             let empty = PanelRun { cols: 0, ..two };
             assert!(indirect_microkernel(isa, &r, &empty, &mut v, (0, 0), false, None).is_err());
             assert!(indirect_microkernel(isa, &r, &two, &mut v, (0, 0), false, None).is_ok());
+        }
+    }
+
+    #[test]
+    fn strided_rows_are_the_rows_they_name() {
+        let src: Vec<f32> = (0..400).map(|v| (v % 11) as f32 * 0.5 - 2.0).collect();
+        for isa in Isa::available() {
+            let (mr, nr) = isa.gemm_tile();
+            let (kc, row, tap) = (9, 6, 120);
+            let b: Vec<f32> = (0..3 * kc * 2 * nr).map(|v| (v % 5) as f32 - 2.0).collect();
+            for (rows, taps) in (1..=mr).flat_map(|r| (1..=3).map(move |t| (r, t))) {
+                let run = PanelRun {
+                    data: &b,
+                    stride: taps * kc * nr,
+                    count: 2,
+                    cols: nr - 3,
+                };
+                let s = src.as_slice();
+                let list: Vec<&[f32]> = (0..taps)
+                    .flat_map(|t| (0..rows).map(move |i| &s[3 + t * tap + i * row..]))
+                    .collect();
+                let mut outs = [vec![0f32; rows * 2 * nr], vec![0f32; rows * 2 * nr]];
+                let sources = [
+                    IndirectRows::new(&list, rows, taps, kc).unwrap(),
+                    IndirectRows::strided(&src[3..], rows, taps, kc, (row, tap)).unwrap(),
+                ];
+                for (out, a) in outs.iter_mut().zip(&sources) {
+                    let mut c = MatMut::row_major(out, rows, 2 * nr).unwrap();
+                    indirect_microkernel(isa, a, &run, &mut c, (0, 0), false, None).unwrap();
+                }
+                assert_eq!(outs[0], outs[1], "{isa:?} rows {rows} taps {taps}");
+                assert!(outs[0].iter().any(|&v| v != 0.0));
+            }
+            // The last row of the last tap must end inside the slice.
+            let end = 11 * row + 2 * tap + kc;
+            assert!(IndirectRows::strided(&src[..end], 12, 3, kc, (row, tap)).is_ok());
+            assert!(IndirectRows::strided(&src[..end - 1], 12, 3, kc, (row, tap)).is_err());
+            assert!(IndirectRows::strided(&src, 0, 1, kc, (row, tap)).is_err());
+            assert!(IndirectRows::strided(&src, 1, 0, kc, (row, tap)).is_err());
+            assert!(IndirectRows::strided(&src, 2, 1, 1, (usize::MAX, 0)).is_err());
         }
     }
 }

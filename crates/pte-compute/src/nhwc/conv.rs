@@ -316,18 +316,24 @@ impl ConvNhwc {
                     .enumerate()
                     .take(batch)
                 {
-                    padded.fill(0.0);
                     let pixels = p.input[0] * p.input[1];
-                    for iy in 0..p.input[0] {
-                        let at = ((iy + p.padding[0]) * wp + p.padding[1]) * c;
-                        let dst = padded.get_mut(at..at + p.input[1] * c).unwrap_or_default();
+                    let [top, left] = [p.padding[0], p.padding[1]];
+                    for (py, row) in padded.chunks_exact_mut((wp * c).max(1)).enumerate() {
+                        // Padding is zeroed and the image copied in, each value once.
+                        let Some(iy) = py.checked_sub(top).filter(|&iy| iy < p.input[0]) else {
+                            row.fill(0.0);
+                            continue;
+                        };
+                        let (pad, rest) = row.split_at_mut(left * c);
+                        pad.fill(0.0);
+                        let (dst, pad) = rest.split_at_mut(p.input[1] * c);
+                        pad.fill(0.0);
                         if nchw {
-                            for (ix, px) in dst.chunks_exact_mut(c).enumerate() {
-                                for (ch, v) in px.iter_mut().enumerate() {
-                                    *v = x
-                                        .get(ch * pixels + iy * p.input[1] + ix)
-                                        .copied()
-                                        .unwrap_or(0.0);
+                            for ch in 0..c {
+                                let at = ch * pixels + iy * p.input[1];
+                                let src = x.get(at..at + p.input[1]).unwrap_or_default();
+                                for (d, &v) in dst.iter_mut().skip(ch).step_by(c).zip(src) {
+                                    *d = v;
                                 }
                             }
                         } else {
@@ -618,10 +624,37 @@ impl ConvNhwc {
         let mut a: [&[f32]; INDIRECT_TAPS * MAX_MR] = [&[]; INDIRECT_TAPS * MAX_MR];
         for go in 0..outer {
             for q0 in (0..panels).step_by(block) {
+                let count = block.min(panels - q0);
+                let tile = TileProduct {
+                    isa,
+                    cols: (q0, count, nr, cog),
+                    accumulate,
+                    clamp: (min, max),
+                };
                 for r in (0..rows_here).step_by(mr) {
                     let rows = mr.min(rows_here - r);
                     for t0 in (0..taps).step_by(INDIRECT_TAPS) {
                         let seg = INDIRECT_TAPS.min(taps - t0);
+                        let taps = (t0, seg, taps);
+                        if let (Gather::Rows { width }, Some(b)) = (gather, weights.first()) {
+                            // The tile's pixels in each output row it touches are a
+                            // fixed distance apart in the padded input.
+                            let [ow, ch] = [self.out[1].max(1), p.in_channels];
+                            let (row, tap) = (p.stride[1] * ch, p.dilation[0] * width * ch);
+                            let mut i = 0;
+                            while i < rows {
+                                let (oy, ox) = ((r0 + r + i) / ow, (r0 + r + i) % ow);
+                                let n = (rows - i).min(ow - ox);
+                                let at = ((oy * p.stride[0] + t0 * p.dilation[0]) * width
+                                    + ox * p.stride[1])
+                                    * ch;
+                                let a = x.get(at..).unwrap_or_default();
+                                let list = IndirectRows::strided(a, n, seg, k, (row, tap))?;
+                                tile.run(&self.bias, b, &list, &mut c, (r + i, 0), taps)?;
+                                i += n;
+                            }
+                            continue;
+                        }
                         self.gather_offsets(gather, r0 + r, rows, (t0, seg), &mut at);
                         for g in go..go + inner {
                             let Some(b) = weights.get(g) else { continue };
@@ -630,38 +663,13 @@ impl ConvNhwc {
                                 let o = o.map(|o: usize| o + g * cig);
                                 *slot = o.and_then(|o| x.get(o..o + k)).unwrap_or(zero);
                             }
-                            let last = t0 + seg == taps;
                             let list = IndirectRows::new(
                                 a.get(..seg * rows).unwrap_or_default(),
                                 rows,
                                 seg,
                                 k,
                             )?;
-                            // Panels q0.. of this block, side by side in one call.
-                            let count = block.min(panels - q0);
-                            let j = g * cog + q0 * nr;
-                            let (data, stride) = b.panels().block(q0 * nr, t0 * k);
-                            let run = PanelRun {
-                                data,
-                                stride,
-                                count,
-                                cols: nr.min(cog - (q0 + count - 1) * nr),
-                            };
-                            let post = last.then(|| Post {
-                                bias: TileBias::Cols(self.bias.get(j..).unwrap_or_default()),
-                                min,
-                                max,
-                            });
-                            let acc = accumulate || t0 > 0;
-                            indirect_microkernel(
-                                isa,
-                                &list,
-                                &run,
-                                &mut c,
-                                (r, j),
-                                acc,
-                                post.as_ref(),
-                            )?;
+                            tile.run(&self.bias, b, &list, &mut c, (r, g * cog), taps)?;
                         }
                     }
                     let complete = go + 1 == outer && q0 + block >= panels;
@@ -711,11 +719,8 @@ impl ConvNhwc {
                         iy.zip(ix)
                             .map(|(iy, ix)| n * image + (iy * p.input[1] + ix) * p.in_channels)
                     }
-                    // The padded copy of one image: every run is inside.
-                    Gather::Rows { width } => {
-                        let iy = oy * p.stride[0] + (t0 + t) * p.dilation[0];
-                        Some((iy * width + ox * p.stride[1]) * p.in_channels)
-                    }
+                    // Read through strides instead (`indirect_rows`).
+                    Gather::Rows { .. } => None,
                 };
                 if let Some(slot) = at.get_mut(t * rows + i) {
                     *slot = o;
@@ -734,6 +739,49 @@ impl ConvNhwc {
                 }
             }
         }
+    }
+}
+
+/// One block of panels of a convolution's product, applied tile by tile.
+struct TileProduct {
+    isa: Isa,
+    /// The block's first panel, its panels, nr, and the output channels per group.
+    cols: (usize, usize, usize, usize),
+    accumulate: bool,
+    clamp: (f32, f32),
+}
+
+impl TileProduct {
+    /// The tile of `rows` (their rows of the left operand) for kernel taps `t0..t0 +
+    /// seg` of `taps`, at output row `i` and the first channel `g0` of its group; the
+    /// bias and clamp with the last taps.
+    fn run(
+        &self,
+        bias: &[f32],
+        weights: &PackedB,
+        rows: &IndirectRows<'_>,
+        c: &mut MatMut<'_>,
+        (i, g0): (usize, usize),
+        (t0, seg, taps): (usize, usize, usize),
+    ) -> Result {
+        let (q0, count, nr, cog) = self.cols;
+        let k = rows.depth();
+        let j = g0 + q0 * nr;
+        let (data, stride) = weights.panels().block(q0 * nr, t0 * k);
+        let run = PanelRun {
+            data,
+            stride,
+            count,
+            cols: nr.min(cog - (q0 + count - 1) * nr),
+        };
+        let (min, max) = self.clamp;
+        let post = (t0 + seg == taps).then(|| Post {
+            bias: TileBias::Cols(bias.get(j..).unwrap_or_default()),
+            min,
+            max,
+        });
+        let acc = self.accumulate || t0 > 0;
+        indirect_microkernel(self.isa, rows, &run, c, (i, j), acc, post.as_ref())
     }
 }
 

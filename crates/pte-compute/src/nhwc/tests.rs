@@ -109,6 +109,30 @@ fn convolutions_match_a_direct_loop() {
             false,
         ),
         ([9, 8], [3, 3], [2, 2], [1, 1], [1, 0, 0, 1], 1, 3, 8, false),
+        // Stems read through strides: tiles inside and across output rows, a vertical
+        // dilation, and more kernel rows than one micro-kernel call takes.
+        (
+            [9, 31],
+            [3, 3],
+            [2, 1],
+            [2, 1],
+            [1, 2, 0, 1],
+            1,
+            2,
+            19,
+            false,
+        ),
+        (
+            [40, 3],
+            [34, 1],
+            [1, 1],
+            [1, 1],
+            [0, 0, 0, 0],
+            1,
+            1,
+            5,
+            false,
+        ),
         ([7, 7], [3, 2], [1, 2], [2, 1], [2, 1, 0, 3], 2, 4, 6, false),
         // Groups whose weights all stay in L2 go through each row tile together
         // (regnet's 8 channels); larger ones (here 330 KB each) one after the other.
