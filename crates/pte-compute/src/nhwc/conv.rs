@@ -318,11 +318,13 @@ impl ConvNhwc {
                 {
                     let pixels = p.input[0] * p.input[1];
                     let [top, left] = [p.padding[0], p.padding[1]];
-                    for (py, row) in padded.chunks_exact_mut((wp * c).max(1)).enumerate() {
-                        // Padding is zeroed and the image copied in, each value once.
+                    // Padding is zeroed and the image copied in, each value once, rows
+                    // on the pool's threads.
+                    let mut none = [0u8; 0];
+                    pool.parallel_chunks(padded, (wp * c).max(1), &mut none, 0, |py, row, _| {
                         let Some(iy) = py.checked_sub(top).filter(|&iy| iy < p.input[0]) else {
                             row.fill(0.0);
-                            continue;
+                            return;
                         };
                         let (pad, rest) = row.split_at_mut(left * c);
                         pad.fill(0.0);
@@ -338,9 +340,11 @@ impl ConvNhwc {
                             }
                         } else {
                             let src = x.get(iy * p.input[1] * c..(iy + 1) * p.input[1] * c);
-                            dst.copy_from_slice(src.unwrap_or_default());
+                            for (d, &v) in dst.iter_mut().zip(src.unwrap_or_default()) {
+                                *d = v;
+                            }
                         }
-                    }
+                    })?;
                     if let Some(r) = residual.and_then(|r| r.get(n * yi..(n + 1) * yi)) {
                         y.copy_from_slice(r);
                     }
@@ -409,13 +413,17 @@ impl ConvNhwc {
         let row = self.out[1] * p.out_channels;
         let image = p.input[0] * p.input[1] * p.in_channels;
         let failed = FirstError::default();
+        let row_len = p.input[1] * p.in_channels;
         pool.parallel_chunks(output, row, &mut [0u8; 0], 0, |r, y, _| {
             let (n, oy) = (r / self.out[0], r % self.out[0]);
             let x = input.get(n * image..(n + 1) * image).unwrap_or_default();
-            failed.keep(self.depthwise_row(isa, x, weights, clamp, oy, y));
-            if residual.is_none() && rest != Activation::Identity {
-                elementwise::activate(isa, y, rest);
-            }
+            let rows = |iy: usize| x.get(iy * row_len..(iy + 1) * row_len);
+            let rest = if residual.is_none() {
+                rest
+            } else {
+                Activation::Identity
+            };
+            failed.keep(self.depthwise_output_row(isa, &rows, weights, clamp, rest, oy, y));
         })?;
         failed.into_result()?;
         if let Some(r) = residual {
@@ -424,24 +432,43 @@ impl ConvNhwc {
         Ok(())
     }
 
-    /// Output row `oy` of a K×K depthwise convolution on the hand-written row kernel;
-    /// false when it does not apply (nothing is written then).
-    fn depthwise_row_kernel<const K: usize>(
+    /// Output row `oy` of a depthwise convolution, clamped, then `rest` applied; input
+    /// row `iy` is `rows(iy)`.
+    #[allow(clippy::too_many_arguments)] // one row's operands and epilogue
+    fn depthwise_output_row<'x>(
         &self,
         isa: Isa,
-        img: &[f32],
+        rows: &impl Fn(usize) -> Option<&'x [f32]>,
+        weights: &[f32],
+        clamp: (f32, f32),
+        rest: Activation,
+        oy: usize,
+        y: &mut [f32],
+    ) -> Result {
+        self.depthwise_row(isa, rows, weights, clamp, oy, y)?;
+        if rest != Activation::Identity {
+            elementwise::activate(isa, y, rest);
+        }
+        Ok(())
+    }
+
+    /// Output row `oy` of a K×K depthwise convolution on the hand-written row kernel;
+    /// false when it does not apply (nothing is written then).
+    fn depthwise_row_kernel<'x, const K: usize>(
+        &self,
+        isa: Isa,
+        source: &impl Fn(usize) -> Option<&'x [f32]>,
         weights: &[f32],
         clamp: (f32, f32),
         oy: usize,
         out_row: &mut [f32],
     ) -> bool {
         let p = &self.p;
-        let row_len = p.input[1] * p.out_channels;
         let rows: [Option<&[f32]>; K] = std::array::from_fn(|ky| {
             (oy * p.stride[0] + ky * p.dilation[0])
                 .checked_sub(p.padding[0])
                 .filter(|&iy| iy < p.input[0])
-                .and_then(|iy| img.get(iy * row_len..(iy + 1) * row_len))
+                .and_then(source)
         });
         let geometry = (
             p.out_channels,
@@ -458,10 +485,10 @@ impl ConvNhwc {
     /// row kernel when the channels are a multiple of eight (measured faster than the
     /// general kernel at every width from 7), else runs of pixels, each with one input
     /// row per tap (the zero row for padding), through the channel-blocked kernel.
-    fn depthwise_row(
+    fn depthwise_row<'x>(
         &self,
         isa: Isa,
-        img: &[f32],
+        source: &impl Fn(usize) -> Option<&'x [f32]>,
         weights: &[f32],
         (min, max): (f32, f32),
         oy: usize,
@@ -473,8 +500,8 @@ impl ConvNhwc {
         let [ih, iw] = p.input;
         if kh == kw && c.is_multiple_of(8) {
             let done = match kh {
-                3 => self.depthwise_row_kernel::<3>(isa, img, weights, (min, max), oy, out_row),
-                5 => self.depthwise_row_kernel::<5>(isa, img, weights, (min, max), oy, out_row),
+                3 => self.depthwise_row_kernel::<3>(isa, source, weights, (min, max), oy, out_row),
+                5 => self.depthwise_row_kernel::<5>(isa, source, weights, (min, max), oy, out_row),
                 _ => false,
             };
             if done {
@@ -491,11 +518,8 @@ impl ConvNhwc {
             let ix = (ox * p.stride[1] + (t % kw) * p.dilation[1])
                 .checked_sub(p.padding[1])
                 .filter(|&v| v < iw);
-            match (iy, ix) {
-                (Some(iy), Some(ix)) => {
-                    let at = (iy * iw + ix) * c;
-                    img.get(at..at + c).unwrap_or(zero)
-                }
+            match (iy.and_then(source), ix) {
+                (Some(row), Some(ix)) => row.get(ix * c..(ix + 1) * c).unwrap_or(zero),
                 _ => zero,
             }
         };
@@ -552,7 +576,7 @@ impl ConvNhwc {
     ) -> Result {
         let p = &self.p;
         let isa = self.gemm.isa();
-        let (mr, nr) = isa.gemm_tile();
+        let mr = isa.gemm_tile().0;
         let cig = p.channels_per_group().0;
         let taps = p.kernel[0] * p.kernel[1];
         let (cout, ohw) = (p.out_channels, self.out[0] * self.out[1]);
@@ -566,9 +590,7 @@ impl ConvNhwc {
             (pool.threads() * TASKS_PER_THREAD).min(tiles).max(1)
         };
         let rows_per_task = tiles.div_ceil(tasks) * mr;
-        // Panels of weights per block: a block stays in L2 while tiles stream past.
-        let panel_bytes = (taps * cig * nr * 4).max(1);
-        let block = (L2_PANEL_BYTES / panel_bytes).max(1);
+        let block = self.panel_block();
         let failed = FirstError::default();
         pool.parallel_chunks(y, rows_per_task * cout, &mut [0u8; 0], 0, |task, yc, _| {
             let r0 = task * rows_per_task;
@@ -577,6 +599,88 @@ impl ConvNhwc {
             failed.keep(rows);
         })?;
         failed.into_result()
+    }
+
+    /// Panels of weights per block: a block stays in L2 while tiles stream past.
+    fn panel_block(&self) -> usize {
+        let p = &self.p;
+        let nr = self.gemm.isa().gemm_tile().1;
+        let panel_bytes = (p.kernel[0] * p.kernel[1] * p.channels_per_group().0 * nr * 4).max(1);
+        (L2_PANEL_BYTES / panel_bytes).max(1)
+    }
+
+    /// Whether this is a 1×1 stride-1 convolution run as a product over pixels.
+    pub fn is_pointwise(&self) -> bool {
+        matches!(
+            self.algo,
+            Algo::Gemm {
+                pointwise: true,
+                ..
+            }
+        )
+    }
+
+    /// Whether this is a depthwise convolution (one channel per group).
+    pub fn is_depthwise(&self) -> bool {
+        matches!(self.algo, Algo::Depthwise { .. })
+    }
+
+    /// Output row `oy` of a depthwise convolution with no residual into `y`, input row
+    /// `iy` read as `rows(iy)` (None: padding), on the calling thread.
+    pub(crate) fn depthwise_row_from<'x>(
+        &self,
+        rows: &impl Fn(usize) -> Option<&'x [f32]>,
+        oy: usize,
+        y: &mut [f32],
+    ) -> Result {
+        let Algo::Depthwise { weights } = &self.algo else {
+            return Err(Error::InvalidParameter {
+                what: format!("{} convolution run as a depthwise row", self.algorithm()),
+            });
+        };
+        error::need(
+            "depthwise output row",
+            y.len(),
+            self.out[1] * self.p.out_channels,
+        )?;
+        let (clamp, rest) = self.clamp_and_rest(false);
+        let isa = self.gemm.isa();
+        self.depthwise_output_row(isa, rows, weights, clamp, rest, oy, y)
+    }
+
+    /// A pointwise convolution's output pixels `first..` of the batch into `out`
+    /// (whole pixels of `out_channels`), reading the input `x` of the whole batch, on
+    /// the calling thread; `out` (+)= with `accumulate`, then bias and activation.
+    pub(crate) fn pointwise_pixels(
+        &self,
+        x: &[f32],
+        first: usize,
+        out: &mut [f32],
+        accumulate: bool,
+    ) -> Result {
+        let Algo::Gemm {
+            weights,
+            pointwise: true,
+        } = &self.algo
+        else {
+            return Err(Error::InvalidParameter {
+                what: format!("{} convolution run over pixels", self.algorithm()),
+            });
+        };
+        let end = out.len() / self.p.out_channels.max(1) * self.p.in_channels;
+        error::need("pointwise input", x.len(), first * self.p.in_channels + end)?;
+        let epilogue = self.clamp_and_rest(false);
+        let block = self.panel_block();
+        self.indirect_rows(
+            weights,
+            x,
+            first,
+            out,
+            accumulate,
+            epilogue,
+            block,
+            Gather::Pixel,
+        )
     }
 
     /// Output rows (pixels) `r0..` into `yc` (whole rows of `out_channels`); the clamp

@@ -28,16 +28,20 @@
 //! on mobilenet_v2 and resnet18 layers and two stems, at 1 and 2 threads: 2-3× faster
 //! on stems and depthwise rows of large images, 10-25% on resnet18's 56×56 and
 //! 28×28 layers, within noise elsewhere (crate BENCHMARKS.md).
+//! - [`DepthwiseChain`]: a depthwise convolution with the pointwise convolutions
+//!   before and after it run band by band of rows, the expanded tensors kept in cache.
 //! - [`DeconvNhwc`]: transposed convolution as a product per input pixel into a
 //!   column buffer, then added into the output (col2im).
 //! - [`pool2d`]: max and average pooling (average over the taps inside the image,
 //!   as XNNPACK does), vectorized across channels the same way.
 
+mod chain;
 mod conv;
 mod deconv;
 mod pool;
 
 pub use crate::conv::{ConvWeights, WeightLayout};
+pub use chain::DepthwiseChain;
 pub use conv::ConvNhwc;
 pub use deconv::DeconvNhwc;
 pub use pool::{global_avg_pool, pool2d, PoolKind};

@@ -661,3 +661,129 @@ fn scaled_weights_equal_weights_scaled_beforehand() {
         assert!(algorithms.contains(&a), "{a} not covered: {algorithms:?}");
     }
 }
+
+/// A chain gives the bits of its layers run one after the other: the same kernels on
+/// the same values, only in bands.
+#[test]
+fn depthwise_chains_match_their_layers_run_in_turn() {
+    // (input, kernel, stride, padding, channels in, expanded, out, expand, project)
+    type Case = (
+        [usize; 2],
+        usize,
+        usize,
+        [usize; 4],
+        usize,
+        usize,
+        usize,
+        bool,
+        bool,
+    );
+    let cases: &[Case] = &[
+        ([11, 9], 3, 1, [1; 4], 5, 24, 7, true, true),
+        ([12, 13], 3, 2, [1; 4], 8, 48, 16, true, true),
+        ([9, 10], 5, 2, [2, 2, 1, 2], 6, 40, 9, true, true),
+        ([7, 7], 3, 1, [1; 4], 8, 32, 8, true, false),
+        ([15, 6], 3, 1, [0, 1, 2, 1], 16, 16, 24, false, true),
+        ([3, 40], 3, 2, [1; 4], 4, 20, 4, true, true),
+    ];
+    let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
+    for isa in Isa::available() {
+        let gemm = Gemm::with_isa(isa).unwrap();
+        for (i, &(input, k, s, padding, cin, mid, cout, expand, project)) in
+            cases.iter().enumerate()
+        {
+            let seed = 10 * i as u32;
+            let act = crate::Activation::Clamp { min: 0.0, max: 6.0 };
+            let silu = crate::Activation::Silu;
+            let pointwise = |ci: usize, co: usize, size: [usize; 2], act, seed| {
+                let g = Geometry {
+                    input: size,
+                    kernel: [1, 1],
+                    stride: [1, 1],
+                    dilation: [1, 1],
+                    padding: [0; 4],
+                };
+                let w = data(ci * co, seed);
+                let b = data(co, seed + 1);
+                let p = g.conv2d(ci, co, 1);
+                ConvNhwc::new(&pools[0], gemm, p, ConvWeights::ohwi(&w), Some(&b), act).unwrap()
+            };
+            let first = if expand { cin } else { mid };
+            let e = pointwise(first, mid, input, act, seed);
+            let g = Geometry {
+                input,
+                kernel: [k, k],
+                stride: [s, s],
+                dilation: [1, 1],
+                padding,
+            };
+            let (w, b) = (data(k * k * mid, seed + 2), data(mid, seed + 3));
+            let p = g.conv2d(mid, mid, mid);
+            let d =
+                ConvNhwc::new(&pools[0], gemm, p, ConvWeights::hwo(&w), Some(&b), silu).unwrap();
+            let q = pointwise(
+                mid,
+                cout,
+                d.output_size(),
+                crate::Activation::Identity,
+                seed + 4,
+            );
+            let layers = (expand.then_some(&e), project.then_some(&q));
+            let chain = DepthwiseChain::new(layers.0, &d, layers.1).unwrap();
+            let batch = 2;
+            let (x_len, y_len) = chain.io_len(batch).unwrap();
+            let x = data(x_len, seed + 5);
+            let residual = data(y_len, seed + 6);
+            let runs = pools.iter().flat_map(|p| [(p, false), (p, project)]);
+            for (pool, with_residual) in runs {
+                let r = with_residual.then_some(&residual[..]);
+                // The layers in turn.
+                let mut scratch = vec![0.0; 1 << 16];
+                let mut value = x.clone();
+                for (layer, last) in [(layers.0, false), (Some(&d), false), (layers.1, true)] {
+                    let Some(layer) = layer else { continue };
+                    let mut y = vec![0.0; layer.io_len(batch).unwrap().1];
+                    let r = r.filter(|_| last);
+                    layer
+                        .run(pool, &value, batch, r, &mut y, &mut scratch)
+                        .unwrap();
+                    value = y;
+                }
+                let mut got = vec![f32::NAN; y_len];
+                let mut scratch = vec![f32::NAN; chain.scratch_len(pool.threads()).unwrap()];
+                chain
+                    .run(pool, &x, batch, r, &mut got, &mut scratch)
+                    .unwrap();
+                assert_eq!(got.len(), value.len());
+                for (j, (a, b)) in got.iter().zip(&value).enumerate() {
+                    assert!(
+                        a.to_bits() == b.to_bits(),
+                        "{isa:?} case {i} threads {} at {j}: {a} vs {b}",
+                        pool.threads()
+                    );
+                }
+            }
+        }
+    }
+    // Layers that do not meet.
+    let pool = ThreadPool::new(1).unwrap();
+    let g = Geometry {
+        input: [5, 5],
+        kernel: [3, 3],
+        stride: [1, 1],
+        dilation: [1, 1],
+        padding: [1; 4],
+    };
+    let w = data(9 * 8, 1);
+    let d = ConvNhwc::new(
+        &pool,
+        Gemm::new(),
+        g.conv2d(8, 8, 8),
+        ConvWeights::hwo(&w),
+        None,
+        crate::Activation::Identity,
+    )
+    .unwrap();
+    assert!(DepthwiseChain::new(None, &d, None).is_err());
+    assert!(DepthwiseChain::new(Some(&d), &d, None).is_err());
+}

@@ -19,6 +19,11 @@
 //! fused calls no longer compute, when they are free (`Region::relocate`): else each
 //! execution would copy the input away first.
 //!
+//! A depthwise convolution with the pointwise convolution before it, after it or both
+//! (an inverted residual block), each output read by the next alone, runs as one
+//! [`nhwc::DepthwiseChain`], band by band of rows: the expanded values in between are
+//! never written to their planned memory.
+//!
 //! The fuser checks that no value kept NHWC is read outside the run, is a method
 //! output, or is aliased by an elided view; the runtime checks the values the run
 //! drops (batch normalization statistics, pooling indices, the sigmoid of a SiLU).
@@ -520,14 +525,21 @@ impl Kernel for RegionKernel {
             moved: Vec::new(),
             placed: false,
             layers: Vec::new(),
+            layer_of: Vec::new(),
+            chains: Vec::new(),
             _charge: charge(args, 0, "NHWC region")?,
         };
         for s in &r.plan.steps {
+            r.layer_of.push(None);
             if let Step::Conv { layout, .. } = s {
                 let layer = build_layer(args, layout, &mut r._charge)?;
+                if let Some(l) = r.layer_of.last_mut() {
+                    *l = Some(r.layers.len());
+                }
                 r.layers.push(layer);
             }
         }
+        r.chains = chains(&r.plan, &r.layers, &r.layer_of);
         Ok(Box::new(r))
     }
 }
@@ -570,6 +582,56 @@ fn build_layer(args: &Args<'_>, layout: &Layout, held: &mut Charge) -> KernelRes
     })
 }
 
+/// The runs of steps that go as one depthwise chain: a depthwise convolution with the
+/// pointwise convolution before it, after it, or both, when each output in the chain
+/// is read by the next convolution alone (so it need not be written) and only the
+/// last has a residual.
+fn chains(plan: &Plan, layers: &[Layer], layer_of: &[Option<usize>]) -> Vec<(usize, usize)> {
+    let value = |p: usize| plan.values.get(p).copied();
+    let reads = |v: Option<u32>| {
+        let srcs = plan.steps.iter().flat_map(srcs_of);
+        srcs.filter(|&s| matches!(s, Src::Arg(p) if value(p) == v))
+            .count()
+    };
+    // Step i as a convolution: its layer, input, residual and output.
+    let conv = |i: usize| match plan.steps.get(i) {
+        Some(&Step::Conv {
+            x, residual, out, ..
+        }) => {
+            let layer = layers.get(layer_of.get(i).copied().flatten()?)?;
+            Some((&layer.conv, x, residual, out))
+        }
+        _ => None,
+    };
+    // Step i's output is step i + 1's input and nothing else's.
+    let feeds = |i: usize| match (conv(i), conv(i + 1)) {
+        (Some((_, _, None, Dst::Arg(o))), Some((_, Src::Arg(x), _, _))) => {
+            value(o) == value(x) && reads(value(o)) == 1
+        }
+        _ => false,
+    };
+    let mut found = Vec::new();
+    let mut i = 0;
+    while i < plan.steps.len() {
+        let Some((layer, ..)) = conv(i).filter(|c| !matches!(c.1, Src::Nchw(_))) else {
+            i += 1;
+            continue;
+        };
+        let expand = layer.is_pointwise() && feeds(i);
+        let dw = i + usize::from(expand);
+        let depthwise = conv(dw).is_some_and(|c| c.0.is_depthwise() && c.2.is_none());
+        let project = conv(dw + 1).is_some_and(|c| c.0.is_pointwise()) && feeds(dw);
+        let len = usize::from(expand) + 1 + usize::from(project);
+        if depthwise && len >= 2 {
+            found.push((i, len));
+            i += len;
+        } else {
+            i += 1;
+        }
+    }
+    found
+}
+
 /// The prepared run: a layer per convolution, rebuilt when its arguments change
 /// (dynamic shapes).
 struct Region {
@@ -582,6 +644,11 @@ struct Region {
     /// False until `relocate` has run for the current shapes.
     placed: bool,
     layers: Vec<Layer>,
+    /// The layer of each convolution step.
+    layer_of: Vec<Option<usize>>,
+    /// `(first step, steps)` of each run of steps that goes as one
+    /// [`nhwc::DepthwiseChain`].
+    chains: Vec<(usize, usize)>,
     _charge: Charge,
 }
 
@@ -672,6 +739,97 @@ impl ScratchPlan {
 }
 
 impl Region {
+    /// The convolution of step `i`.
+    fn layer(&self, i: usize) -> Option<&ConvNhwc> {
+        let l = self.layer_of.get(i).copied().flatten()?;
+        self.layers.get(l).map(|l| &l.conv)
+    }
+
+    /// Steps `first..first + len` as a depthwise chain, if their layers still meet.
+    fn chain(&self, first: usize, len: usize) -> Option<nhwc::DepthwiseChain<'_>> {
+        let convs: SmallVec<[&ConvNhwc; 3]> = (first..first + len)
+            .map(|i| self.layer(i))
+            .collect::<Option<_>>()?;
+        let (expand, rest) = match convs.as_slice() {
+            [head, rest @ ..] if head.is_pointwise() => (Some(*head), rest),
+            all => (None, all),
+        };
+        let (&depthwise, project) = rest.split_first()?;
+        nhwc::DepthwiseChain::new(expand, depthwise, project.first().copied()).ok()
+    }
+
+    /// Runs steps `first..first + len` as one depthwise chain; false (nothing run) when
+    /// an output in it would leave the run (a 1×1 value may).
+    fn run_chain(
+        &self,
+        args: &mut Args<'_>,
+        sp: &ScratchPlan,
+        first: usize,
+        len: usize,
+    ) -> KernelResult<bool> {
+        let steps = self.steps.get(first..first + len).unwrap_or_default();
+        let Some(chain) = self.chain(first, len) else {
+            return Ok(false);
+        };
+        for s in steps.iter().take(len.saturating_sub(1)) {
+            if !spatial(&args.tensor(dst_of(s).pos())?.sizes) {
+                return Ok(false);
+            }
+        }
+        let (Some(Step::Conv { x, .. }), Some(&Step::Conv { residual, out, .. })) =
+            (steps.first(), steps.last())
+        else {
+            return Ok(false);
+        };
+        let srcs = [Some(*x), residual];
+        let mut reads: SmallVec<[Arg; 2]> = SmallVec::new();
+        for s in srcs.iter().flatten() {
+            match s {
+                Src::Arg(p) => reads.push(at(*p)),
+                Src::Entry(_) => {}
+                Src::Nchw(_) => return Ok(false),
+            }
+        }
+        let batch = nchw(args, src_pos(&self.plan, *x))?[0];
+        let [n, c, h, w] = nchw(args, out.pos())?;
+        let pool = args.pool();
+        let mut io = args.io(&reads, &[at(out.pos())])?;
+        let missing = || KernelError::Failed("missing view".into());
+        let s = scratch(io.scratch, sp.total())?;
+        let (entries, rest) = s.split_at_mut(sp.exit.0.min(s.len()));
+        let (exit, work) = rest.split_at_mut(sp.exit.1.min(rest.len()));
+        let work = work.get_mut(..sp.work.1).unwrap_or_default();
+        let mut views = io.inputs.iter();
+        let mut view = |s: Src| -> KernelResult<&[f32]> {
+            match s {
+                Src::Entry(k) => {
+                    let (off, len) = sp.entries.get(k).copied().unwrap_or_default();
+                    Ok(entries.get(off..off + len).unwrap_or_default())
+                }
+                _ => views.next().ok_or_else(missing)?.as_slice::<f32>(),
+            }
+        };
+        let x = view(*x)?;
+        let residual = residual.map(&mut view).transpose()?;
+        let y = io
+            .outputs
+            .first_mut()
+            .ok_or_else(missing)?
+            .as_mut_slice::<f32>()?;
+        match out {
+            Dst::Arg(_) => chain.run(pool, x, batch, residual, y, work),
+            Dst::Exit(_) => {
+                let exit = exit.get_mut(..y.len()).unwrap_or_default();
+                chain
+                    .run(pool, x, batch, residual, exit, work)
+                    .map_err(compute)?;
+                layout::transpose(pool, exit, n, h * w, c, y)
+            }
+        }
+        .map_err(compute)?;
+        Ok(true)
+    }
+
     /// Gives every step's output its sizes for the current inputs (rebuilding a
     /// convolution whose arguments changed) and plans the scratch memory.
     fn shape(&mut self, args: &mut Args<'_>) -> KernelResult<ScratchPlan> {
@@ -737,6 +895,11 @@ impl Region {
             args.resize(out.pos(), &sizes)?;
             if let Dst::Exit(_) = out {
                 exit = sizes.iter().product();
+            }
+        }
+        for &(first, len) in &self.chains {
+            if let Some(chain) = self.chain(first, len) {
+                work = work.max(chain.scratch_len(threads).map_err(compute)?);
             }
         }
         for &(o, d) in &self.moved {
@@ -926,13 +1089,17 @@ impl PreparedKernel for Region {
             let piece = s.get_mut(off..off + len).unwrap_or_default();
             layout::transpose(pool, x, n, c, h * w, piece).map_err(compute)?;
         }
-        let mut layers = self.layers.iter();
-        for step in &self.steps {
+        let mut i = 0;
+        while let Some(step) = self.steps.get(i) {
+            if let Some(&(_, len)) = self.chains.iter().find(|c| c.0 == i) {
+                if self.run_chain(args, &sp, i, len)? {
+                    i += len;
+                    continue;
+                }
+            }
+            let layer = self.layer(i);
+            i += 1;
             let out = dst_of(step);
-            let layer = match step {
-                Step::Conv { .. } => layers.next().map(|l| &l.conv),
-                _ => None,
-            };
             let srcs = srcs_of(step);
             let reads: SmallVec<[Arg; MAX_PARTS]> = srcs
                 .iter()
