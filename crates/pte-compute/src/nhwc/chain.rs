@@ -80,6 +80,15 @@ impl<'a> DepthwiseChain<'a> {
         })
     }
 
+    /// Whether `batch` images split into bands for `threads` threads without
+    /// recomputing much: each band expands `kh - stride` rows its neighbour also
+    /// expands, which on a 7×7 image with a 5×5 kernel doubled the expansion at 2
+    /// threads (the layers one by one split better there, their values in cache
+    /// anyway).
+    pub fn splits_well(&self, batch: usize, threads: usize) -> bool {
+        threads <= 1 || batch * self.depthwise.output_size()[0] >= threads * MIN_BAND_ROWS
+    }
+
     /// Elements of the chain's input and output for `batch` images.
     pub fn io_len(&self, batch: usize) -> Result<(usize, usize)> {
         let first = self.expand.unwrap_or(self.depthwise);

@@ -759,7 +759,8 @@ impl Region {
     }
 
     /// Runs steps `first..first + len` as one depthwise chain; false (nothing run) when
-    /// an output in it would leave the run (a 1×1 value may).
+    /// an output in it would leave the run (a 1×1 value may) or the image is too small
+    /// to split over the threads.
     fn run_chain(
         &self,
         args: &mut Args<'_>,
@@ -791,6 +792,9 @@ impl Region {
             }
         }
         let batch = nchw(args, src_pos(&self.plan, *x))?[0];
+        if !chain.splits_well(batch, args.pool().threads()) {
+            return Ok(false);
+        }
         let [n, c, h, w] = nchw(args, out.pos())?;
         let pool = args.pool();
         let mut io = args.io(&reads, &[at(out.pos())])?;
