@@ -2,6 +2,7 @@
 //! construction so that every element they name lies inside their buffer.
 
 use std::marker::PhantomData;
+use std::sync::Mutex;
 
 use crate::error::{Error, Result};
 
@@ -241,6 +242,25 @@ impl<'a> MatMut<'a> {
         )
     }
 
+    /// Splits into parts of `step` columns (`by_cols`) or rows each, at most
+    /// [`MAX_PARTS`] (the last takes the rest), for threads to write at once.
+    pub(crate) fn into_parts(self, by_cols: bool, step: usize) -> MatParts<'a> {
+        let mut rest = Some(self);
+        MatParts(
+            std::array::from_fn(|t| {
+                let v = rest.take()?;
+                let (head, tail) = match (t + 1 == MAX_PARTS, by_cols) {
+                    (true, _) => return Some(v),
+                    (false, true) => v.split_at_col(step),
+                    (false, false) => v.split_at_row(step),
+                };
+                rest = Some(tail);
+                Some(head)
+            })
+            .map(Mutex::new),
+        )
+    }
+
     /// Element (i, j), None outside the view.
     pub fn get(&self, i: usize, j: usize) -> Option<f32> {
         // SAFETY: in-view elements are inside the borrowed buffer (checked at `new`).
@@ -287,6 +307,20 @@ impl<'a> MatMut<'a> {
             && (self.cs == 1 || cols == 1);
         // SAFETY: (i, j) is inside the view, so its offset is inside the buffer.
         inside.then(|| (unsafe { self.ptr.add(i * self.rs + j * self.cs) }, self.rs))
+    }
+}
+
+/// Most parts [`MatMut::into_parts`] makes.
+pub(crate) const MAX_PARTS: usize = 64;
+
+/// Disjoint parts of a [`MatMut`], each handed out once ([`MatParts::take`]) to the
+/// thread that writes it.
+pub(crate) struct MatParts<'a>([Mutex<Option<MatMut<'a>>>; MAX_PARTS]);
+
+impl<'a> MatParts<'a> {
+    /// Part `t`, the first time it is asked for.
+    pub(crate) fn take(&self, t: usize) -> Option<MatMut<'a>> {
+        self.0.get(t)?.lock().ok()?.take()
     }
 }
 

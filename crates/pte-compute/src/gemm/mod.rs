@@ -34,7 +34,7 @@ pub(crate) use pack::Lines;
 use crate::arch::{self, multiversion, Isa, Post, TileBias};
 use crate::elementwise::{self, Activation};
 use crate::error::{self, Error, Result};
-use crate::mat::{MatMut, MatRef};
+use crate::mat::{MatMut, MatRef, MAX_PARTS};
 use crate::pool::ThreadPool;
 
 /// Depth of a block (the k extent of packed panels held in cache).
@@ -578,33 +578,13 @@ impl Gemm {
         epilogue: &Epilogue<'_>,
         scratch: &mut [f32],
     ) -> Result {
-        // One output range per task, as disjoint views.
-        let mut parts: [Option<(MatMut<'_>, usize, usize, Epilogue<'_>)>; MAX_SPLIT] =
-            std::array::from_fn(|_| None);
-        let mut rest = Some(c);
-        let step = plan.step;
-        for (t, slot) in parts.iter_mut().enumerate().take(plan.tasks) {
-            let Some(v) = rest.take() else { break };
-            let (head, tail) = if plan.split_n {
-                v.split_at_col(step)
-            } else {
-                v.split_at_row(step)
-            };
-            let (i0, j0) = if plan.split_n {
-                (0, t * step)
-            } else {
-                (t * step, 0)
-            };
-            *slot = Some((head, i0, j0, epilogue.at(i0, j0)));
-            rest = Some(tail);
-        }
-        let parts = parts.map(std::sync::Mutex::new);
+        let parts = c.into_parts(plan.split_n, plan.step);
         let failed = crate::pool::FirstError::default();
         pool.parallel_for_scratch(plan.tasks, scratch, per_thread, |t, s| {
-            let part = parts
-                .get(t)
-                .and_then(|p| p.lock().ok().and_then(|mut g| g.take()));
-            if let Some((view, i0, j0, epi)) = part {
+            if let Some(view) = parts.take(t) {
+                let at = t * plan.step;
+                let (i0, j0) = if plan.split_n { (0, at) } else { (at, 0) };
+                let epi = epilogue.at(i0, j0);
                 failed.keep(self.block_loop(view, i0, j0, a, b, &epi, s));
             }
         })?;
@@ -681,7 +661,7 @@ impl Gemm {
         };
         let tiles = if split_n { n_tiles } else { m_tiles };
         let threads = threads
-            .min(MAX_SPLIT)
+            .min(MAX_PARTS)
             .min(tiles)
             .min((work / PARALLEL_WORK).max(1))
             .max(1);
@@ -1018,8 +998,6 @@ impl Gemm {
 /// Bytes of packed B panels one run of the indirect micro-kernel covers (half a typical
 /// L2), in products and in convolutions alike.
 pub(crate) const L2_PANEL_BYTES: usize = 256 * 1024;
-/// Most threads a product is split over.
-const MAX_SPLIT: usize = 64;
 /// Rows of A in a block (`mc`, rounded down to a multiple of mr): the in-place rows of
 /// a block are listed in an array of this length.
 const MAX_MC: usize = 120;

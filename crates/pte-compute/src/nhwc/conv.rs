@@ -10,7 +10,7 @@ use crate::conv::{bias_or_zeros, Conv2dParams, ConvWeights, WeightLayout};
 use crate::elementwise::{self, Activation};
 use crate::error::{self, Error, Result};
 use crate::gemm::{Gemm, PackedB, L2_PANEL_BYTES};
-use crate::mat::{MatMut, MatRef};
+use crate::mat::{MatMut, MatRef, MAX_PARTS};
 use crate::pool::FirstError;
 use crate::pool::ThreadPool;
 
@@ -560,9 +560,9 @@ impl ConvNhwc {
     /// The products on the indirect micro-kernel: tiles of `mr` output pixels × `nr`
     /// output channels, each pixel's receptive field read in place through a list of
     /// rows (one run of a group's input channels per kernel tap, or per kernel row for
-    /// [`Gather::Rows`]), the weights' panels streamed from cache. Rows of the output
-    /// are split over the pool's threads; output channels go in blocks of panels that
-    /// stay in L2.
+    /// [`Gather::Rows`]), the weights' panels streamed from cache in blocks that stay
+    /// in L2 while the row tiles pass. Threads split the output's rows, or its
+    /// channels when the weights are the larger operand ([`Self::splits_channels`]).
     #[allow(clippy::too_many_arguments)] // one product's operands and how to read them
     fn run_indirect(
         &self,
@@ -575,30 +575,60 @@ impl ConvNhwc {
         gather: Gather,
     ) -> Result {
         let p = &self.p;
-        let isa = self.gemm.isa();
-        let mr = isa.gemm_tile().0;
+        let (mr, nr) = self.gemm.isa().gemm_tile();
         let cig = p.channels_per_group().0;
         let taps = p.kernel[0] * p.kernel[1];
         let (cout, ohw) = (p.out_channels, self.out[0] * self.out[1]);
         let m = error::mul(batch, ohw, "convolution output")?;
-        let (clamp, rest) = self.clamp_and_rest(false);
-        let tiles = m.div_ceil(mr);
+        let epilogue = self.clamp_and_rest(false);
         let work = m.saturating_mul(cout).saturating_mul(cig * taps);
+        let threads = if work < (1 << 17) { 1 } else { pool.threads() };
+        let block = self.panel_block();
+        let failed = FirstError::default();
+        if self.splits_channels(weights, x.len(), threads) {
+            let panels = cout.div_ceil(nr);
+            let tasks = (threads * TASKS_PER_THREAD).min(MAX_PARTS).min(panels);
+            let per_task = panels.div_ceil(tasks.max(1));
+            let tasks = panels.div_ceil(per_task.max(1));
+            let parts = MatMut::row_major(y, m, cout)?.into_parts(true, per_task * nr);
+            pool.parallel_for(tasks, |t, _| {
+                let cols = t * per_task..((t + 1) * per_task).min(panels);
+                if let Some(c) = parts.take(t) {
+                    let run = (x, 0, accumulate, epilogue, block, gather);
+                    failed.keep(self.indirect_rows(weights, run, c, cols));
+                }
+            });
+            return failed.into_result();
+        }
+        // Tasks of a few row tiles, even on one thread: a task's input rows stay in
+        // L2 while its blocks of panels pass.
+        let tiles = m.div_ceil(mr);
         let tasks = if work < (1 << 17) {
             1
         } else {
-            (pool.threads() * TASKS_PER_THREAD).min(tiles).max(1)
+            (threads * TASKS_PER_THREAD).min(tiles).max(1)
         };
         let rows_per_task = tiles.div_ceil(tasks) * mr;
-        let block = self.panel_block();
-        let failed = FirstError::default();
+        let panels = 0..p.channels_per_group().1.div_ceil(nr);
         pool.parallel_chunks(y, rows_per_task * cout, &mut [0u8; 0], 0, |task, yc, _| {
-            let r0 = task * rows_per_task;
-            let epilogue = (clamp, rest);
-            let rows = self.indirect_rows(weights, x, r0, yc, accumulate, epilogue, block, gather);
-            failed.keep(rows);
+            let rows = yc.len() / cout.max(1);
+            let c = MatMut::row_major(yc, rows, cout);
+            let run = (x, task * rows_per_task, accumulate, epilogue, block, gather);
+            failed.keep(c.and_then(|c| self.indirect_rows(weights, run, c, panels.clone())));
         })?;
         failed.into_result()
+    }
+
+    /// Whether threads split the output channels rather than the rows: when the
+    /// weights (one group) outgrow L2 and the input is smaller than them, a split by
+    /// rows would stream every weight from memory once per task, a split by channels
+    /// streams each once and re-reads the smaller input per task. Each thread gets two
+    /// panels at least.
+    fn splits_channels(&self, weights: &[PackedB], input_len: usize, threads: usize) -> bool {
+        let [b] = weights else { return false };
+        let (b, x) = (b.bytes(), input_len.saturating_mul(4));
+        let panels = self.p.out_channels.div_ceil(self.gemm.isa().gemm_tile().1);
+        b > 2 * L2_PANEL_BYTES && x < b && (threads == 1 || panels >= 2 * threads)
     }
 
     /// Panels of weights per block: a block stays in L2 while tiles stream past.
@@ -670,33 +700,34 @@ impl ConvNhwc {
         let end = out.len() / self.p.out_channels.max(1) * self.p.in_channels;
         error::need("pointwise input", x.len(), first * self.p.in_channels + end)?;
         let epilogue = self.clamp_and_rest(false);
-        let block = self.panel_block();
-        self.indirect_rows(
-            weights,
+        let run = (
             x,
             first,
-            out,
             accumulate,
             epilogue,
-            block,
+            self.panel_block(),
             Gather::Pixel,
-        )
+        );
+        let c = MatMut::row_major(
+            out,
+            out.len() / self.p.out_channels.max(1),
+            self.p.out_channels,
+        )?;
+        let panels = self.p.out_channels.div_ceil(self.gemm.isa().gemm_tile().1);
+        self.indirect_rows(weights, run, c, 0..panels)
     }
 
-    /// Output rows (pixels) `r0..` into `yc` (whole rows of `out_channels`); the clamp
-    /// is fused in the micro-kernel's stores, the activation `rest` applied to each
-    /// tile of rows once its last panel is stored, while the rows are still in cache.
-    #[allow(clippy::too_many_arguments)]
+    /// Output rows (pixels) `r0..` into `c` (rows of the output from `r0`, its
+    /// columns from panel `cols.start` of each group), for panels `cols` of the
+    /// groups; the clamp is fused in the micro-kernel's stores, the activation `rest`
+    /// applied to each tile of rows once its last panel is stored, while the rows are
+    /// still in cache.
     fn indirect_rows(
         &self,
         weights: &[PackedB],
-        x: &[f32],
-        r0: usize,
-        yc: &mut [f32],
-        accumulate: bool,
-        ((min, max), rest): ((f32, f32), Activation),
-        block: usize,
-        gather: Gather,
+        (x, r0, accumulate, ((min, max), rest), block, gather): IndirectRun<'_>,
+        mut c: MatMut<'_>,
+        cols: std::ops::Range<usize>,
     ) -> Result {
         let p = &self.p;
         let isa = self.gemm.isa();
@@ -708,10 +739,7 @@ impl ConvNhwc {
             Gather::Taps => (p.kernel[0] * p.kernel[1], cig),
             Gather::Rows { .. } => (p.kernel[0], p.kernel[1] * cig),
         };
-        let cout = p.out_channels;
-        let rows_here = yc.len() / cout.max(1);
-        let mut c = MatMut::row_major(yc, rows_here, cout)?;
-        let panels = cog.div_ceil(nr);
+        let rows_here = c.rows();
         let zero = self.zero.get(..k).unwrap_or_default();
         // Small groups (regnet's are 8 channels wide) take every group per row tile, so
         // that the tile's gathering is done once for all of them, when all groups'
@@ -727,11 +755,11 @@ impl ConvNhwc {
         let mut at = [None; INDIRECT_TAPS * MAX_MR];
         let mut a: [&[f32]; INDIRECT_TAPS * MAX_MR] = [&[]; INDIRECT_TAPS * MAX_MR];
         for go in 0..outer {
-            for q0 in (0..panels).step_by(block) {
-                let count = block.min(panels - q0);
+            for q0 in cols.clone().step_by(block) {
+                let count = block.min(cols.end - q0);
                 let tile = TileProduct {
                     isa,
-                    cols: (q0, count, nr, cog),
+                    cols: (q0, count, nr, cog, cols.start * nr),
                     accumulate,
                     clamp: (min, max),
                 };
@@ -776,10 +804,10 @@ impl ConvNhwc {
                             tile.run(&self.bias, b, &list, &mut c, (r, g * cog), taps)?;
                         }
                     }
-                    let complete = go + 1 == outer && q0 + block >= panels;
+                    let complete = go + 1 == outer && q0 + block >= cols.end;
                     if complete && rest != Activation::Identity {
                         for i in r..r + rows {
-                            if let Some(row) = c.row_run(i, 0, cout) {
+                            if let Some(row) = c.row_run(i, 0, c.cols()) {
                                 elementwise::activate(isa, row, rest);
                             }
                         }
@@ -846,11 +874,23 @@ impl ConvNhwc {
     }
 }
 
+/// A product's input, its first output row, whether it adds to the output, the
+/// epilogue (clamp, then activation), panels per block, and how rows are gathered.
+type IndirectRun<'x> = (
+    &'x [f32],
+    usize,
+    bool,
+    ((f32, f32), Activation),
+    usize,
+    Gather,
+);
+
 /// One block of panels of a convolution's product, applied tile by tile.
 struct TileProduct {
     isa: Isa,
-    /// The block's first panel, its panels, nr, and the output channels per group.
-    cols: (usize, usize, usize, usize),
+    /// The block's first panel, its panels, nr, the output channels per group, and the
+    /// output channel at the view's first column.
+    cols: (usize, usize, usize, usize, usize),
     accumulate: bool,
     clamp: (f32, f32),
 }
@@ -868,7 +908,7 @@ impl TileProduct {
         (i, g0): (usize, usize),
         (t0, seg, taps): (usize, usize, usize),
     ) -> Result {
-        let (q0, count, nr, cog) = self.cols;
+        let (q0, count, nr, cog, j_view) = self.cols;
         let k = rows.depth();
         let j = g0 + q0 * nr;
         let (data, stride) = weights.panels().block(q0 * nr, t0 * k);
@@ -885,7 +925,7 @@ impl TileProduct {
             max,
         });
         let acc = self.accumulate || t0 > 0;
-        indirect_microkernel(self.isa, rows, &run, c, (i, j), acc, post.as_ref())
+        indirect_microkernel(self.isa, rows, &run, c, (i, j - j_view), acc, post.as_ref())
     }
 }
 

@@ -245,6 +245,20 @@ fn convolutions_match_a_direct_loop() {
         // A 1×1 product whose weights take several blocks of panels, the last panel
         // partial.
         ([2, 3], [1, 1], [1, 1], [1, 1], [0; 4], 1, 1100, 70, false),
+        // Weights larger than L2 and than the input: threads split the output
+        // channels (resnet's last layers); 3×3 with padding, and 1×1.
+        (
+            [4, 5],
+            [3, 3],
+            [1, 1],
+            [1, 1],
+            [1, 1, 1, 1],
+            1,
+            96,
+            150,
+            false,
+        ),
+        ([3, 3], [1, 1], [1, 1], [1, 1], [0; 4], 1, 600, 300, false),
     ];
     for isa in Isa::available() {
         let gemm = Gemm::with_isa(isa).unwrap();
@@ -277,32 +291,38 @@ fn convolutions_match_a_direct_loop() {
                     let p = g.conv2d(groups * cig, groups * cog, groups);
                     let conv = ConvNhwc::new(&pool, gemm, p, weights, Some(&b), act).unwrap();
                     let [oh, ow] = conv.output_size();
-                    let mut y = vec![f32::NAN; batch * oh * ow * groups * cog];
-                    let mut scratch = vec![0.0; conv.scratch_len(threads).unwrap()];
-                    conv.run(&pool, &x, batch, None, &mut y, &mut scratch)
-                        .unwrap();
-                    let mut want = reference(
-                        &g,
-                        groups,
-                        cig,
-                        cog,
-                        dw,
-                        batch,
-                        &x,
-                        &w,
-                        &b,
-                        f32::NEG_INFINITY,
-                        f32::INFINITY,
-                    );
-                    for v in &mut want {
-                        *v = act.apply_scalar(*v);
-                    }
-                    for (i, (a, e)) in y.iter().zip(&want).enumerate() {
-                        assert!(
-                            (a - e).abs() < 1e-4,
-                            "{isa:?} {} case {g:?} at {i}: {a} vs {e}",
-                            conv.algorithm()
+                    let y_len = batch * oh * ow * groups * cog;
+                    // Without and with a residual (the clamp fused in the stores, or
+                    // applied after the residual).
+                    let residual = data(y_len, 4);
+                    for r in [None, Some(&residual[..])] {
+                        let mut y = vec![f32::NAN; y_len];
+                        let mut scratch = vec![0.0; conv.scratch_len(threads).unwrap()];
+                        conv.run(&pool, &x, batch, r, &mut y, &mut scratch).unwrap();
+                        let mut want = reference(
+                            &g,
+                            groups,
+                            cig,
+                            cog,
+                            dw,
+                            batch,
+                            &x,
+                            &w,
+                            &b,
+                            f32::NEG_INFINITY,
+                            f32::INFINITY,
                         );
+                        for (i, v) in want.iter_mut().enumerate() {
+                            *v = act.apply_scalar(*v + r.map_or(0.0, |r| r[i]));
+                        }
+                        for (i, (a, e)) in y.iter().zip(&want).enumerate() {
+                            assert!(
+                                (a - e).abs() < 1e-4,
+                                "{isa:?} {} case {g:?} residual {} at {i}: {a} vs {e}",
+                                conv.algorithm(),
+                                r.is_some()
+                            );
+                        }
                     }
                 }
             }
