@@ -134,6 +134,7 @@ mod math;
 pub mod nhwc;
 pub mod pool;
 pub mod pooling;
+pub mod qconv;
 pub mod qgemm;
 pub mod unary;
 mod window;

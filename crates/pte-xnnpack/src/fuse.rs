@@ -1,43 +1,123 @@
 //! Rewrites of a validated graph that save passes over memory without changing results
-//! beyond float rounding: `Multiply(v, Sigmoid(v))` (SiLU, as exported) becomes one SiLU
-//! node, and a SiLU whose input a float convolution or fully connected node produces
-//! only for it runs in that node's epilogue, on each output tile while it is in cache.
+//! beyond float rounding.
 //!
-//! Only fp32 values are fused (an fp16 graph rounds the sigmoid's output to fp16 before
-//! the product, which the fused form would skip), and only values that are neither graph
-//! outputs nor read by any other node.
+//! - A Clamp node whose input another node produces for it alone merges its bounds
+//!   into that node's output bounds, as XNNPACK's subgraph optimization does (same
+//!   producers: addition, multiplication, convolutions, fully connected, pooling,
+//!   clamp): the quantized graphs upstream exports have a Clamp after most
+//!   convolutions, and upstream computes them fused.
+//! - `Multiply(v, Sigmoid(v))` (SiLU, as exported) becomes one SiLU node, and a SiLU
+//!   whose input a float convolution or fully connected node produces only for it
+//!   runs in that node's epilogue, on each output tile while it is in cache. Only fp32
+//!   values are fused (an fp16 graph rounds the sigmoid's output to fp16 before the
+//!   product, which the fused form would skip).
+//!
+//! Only values that are neither graph outputs nor read by any other node are fused
+//! away.
 
 use crate::graph::{BinaryOp, Datatype, Graph, Op, UnaryOp};
 
 /// Applies the rewrites.
 pub(crate) fn fuse(g: &mut Graph) {
-    let n = g.values.len();
-    let mut readers = vec![0usize; n];
-    for node in &g.nodes {
-        for &i in node.inputs.iter().flatten() {
-            if let Some(r) = readers.get_mut(i) {
-                *r += 1;
-            }
-        }
-    }
-    for &o in &g.outputs {
-        if let Some(r) = readers.get_mut(o) {
+    fuse_clamps(g);
+    fuse_silu(g);
+}
+
+/// How many nodes read each value, graph outputs counted as readers.
+fn readers(g: &Graph) -> Vec<usize> {
+    let mut readers = vec![0usize; g.values.len()];
+    for i in g
+        .nodes
+        .iter()
+        .flat_map(|n| n.inputs.iter().flatten())
+        .chain(&g.outputs)
+    {
+        if let Some(r) = readers.get_mut(*i) {
             *r += 1;
         }
     }
-    let f32_value = |g: &Graph, v: usize| g.values.get(v).is_some_and(|v| v.dtype == Datatype::F32);
-    let unbounded = |min: f32, max: f32| min == f32::NEG_INFINITY && max == f32::INFINITY;
-    let producer: Vec<Option<usize>> = {
-        let mut p = vec![None; n];
-        for (k, node) in g.nodes.iter().enumerate() {
-            for &o in &node.outputs {
-                if let Some(slot) = p.get_mut(o) {
-                    *slot = Some(k);
-                }
+    readers
+}
+
+/// The node producing each value.
+fn producers(g: &Graph) -> Vec<Option<usize>> {
+    let mut p = vec![None; g.values.len()];
+    for (k, node) in g.nodes.iter().enumerate() {
+        for &o in &node.outputs {
+            if let Some(slot) = p.get_mut(o) {
+                *slot = Some(k);
             }
         }
-        p
-    };
+    }
+    p
+}
+
+/// Clamp nodes into the nodes producing their inputs (see the module docs).
+fn fuse_clamps(g: &mut Graph) {
+    let readers = readers(g);
+    let mut producer = producers(g);
+    let mut removed = vec![false; g.nodes.len()];
+    for c in 0..g.nodes.len() {
+        let Some(clamp) = g.nodes.get(c) else {
+            continue;
+        };
+        let (Some(Some(x)), Some(&out)) = (clamp.inputs.first(), clamp.outputs.first()) else {
+            continue;
+        };
+        if clamp.op != Op::Unary(UnaryOp::Clamp) || readers.get(*x) != Some(&1) {
+            continue;
+        }
+        let (x, min, max) = (*x, clamp.min, clamp.max);
+        let Some(p) = producer.get(x).copied().flatten() else {
+            continue;
+        };
+        let Some(pn) = g.nodes.get_mut(p) else {
+            continue;
+        };
+        let fusable = matches!(
+            pn.op,
+            Op::Binary(BinaryOp::Add | BinaryOp::Multiply)
+                | Op::Unary(UnaryOp::Clamp)
+                | Op::Conv2d(_)
+                | Op::DepthwiseConv2d(_)
+                | Op::FullyConnected { .. }
+                | Op::MaxPooling2d(_)
+                | Op::AvgPooling2d(_)
+        ) && pn.outputs.as_slice() == [x]
+            && !pn.fused_silu
+            && pn.min.max(min) <= pn.max.min(max);
+        if !fusable {
+            continue;
+        }
+        pn.min = pn.min.max(min);
+        pn.max = pn.max.min(max);
+        pn.outputs = [out].into_iter().collect();
+        if let Some(slot) = producer.get_mut(out) {
+            *slot = Some(p);
+        }
+        if let Some(r) = removed.get_mut(c) {
+            *r = true;
+        }
+    }
+    retain(g, &removed);
+}
+
+/// Drops the nodes marked removed.
+fn retain(g: &mut Graph, removed: &[bool]) {
+    let mut k = 0;
+    g.nodes.retain(|_| {
+        let keep = !removed.get(k).copied().unwrap_or(false);
+        k += 1;
+        keep
+    });
+}
+
+/// SiLU as one node, and into its producer (see the module docs).
+fn fuse_silu(g: &mut Graph) {
+    let mut readers = readers(g);
+    let producer = producers(g);
+    let f32_value = |g: &Graph, v: usize| g.values.get(v).is_some_and(|v| v.dtype == Datatype::F32);
+    let unbounded = |min: f32, max: f32| min == f32::NEG_INFINITY && max == f32::INFINITY;
     let mut removed = vec![false; g.nodes.len()];
     for m in 0..g.nodes.len() {
         let Some(node) = g.nodes.get(m) else { continue };
@@ -110,12 +190,7 @@ pub(crate) fn fuse(g: &mut Graph) {
             }
         }
     }
-    let mut k = 0;
-    g.nodes.retain(|_| {
-        let keep = !removed.get(k).copied().unwrap_or(false);
-        k += 1;
-        keep
-    });
+    retain(g, &removed);
 }
 
 #[cfg(test)]

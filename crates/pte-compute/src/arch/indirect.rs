@@ -13,8 +13,12 @@ use super::{Isa, Post, RawPost, TileBias};
 use crate::error::{Error, Result};
 use crate::mat::MatMut;
 
-/// Taps one call combines (larger windows take several calls, accumulating).
+/// Taps one call of the float kernels combines (larger windows take several calls,
+/// accumulating).
 pub(crate) const MAX_TAPS: usize = 32;
+/// Taps an [`IndirectRows`] may hold: a 9 × 9 window in one call, for the 8-bit kernel
+/// whose store requantizes the whole sum.
+pub(crate) const MAX_ROW_TAPS: usize = 81;
 /// Largest mr of any instruction set.
 const MAX_MR: usize = 12;
 
@@ -37,7 +41,7 @@ mod x86 {
             /// (`1 <= cols <= NR`); a non-null `post.cols` holds as many values.
             #[target_feature(enable = $feat)]
             #[allow(clippy::too_many_arguments)]
-            unsafe fn $name<const R: usize, A: RowPtrs>(
+            unsafe fn $name<const R: usize, A: RowPtrs<f32>>(
                 taps: usize,
                 kc: usize,
                 a: A,
@@ -80,7 +84,7 @@ mod x86 {
             /// `rs`; a non-null `bias` holds as many.
             #[target_feature(enable = $feat)]
             #[inline]
-            unsafe fn $put<const R: usize, const W: usize, A: RowPtrs>(
+            unsafe fn $put<const R: usize, const W: usize, A: RowPtrs<f32>>(
                 (taps, kc, a, b, accumulate, post): (usize, usize, A, *const f32, bool, RawPost),
                 (c, rs, last): (*mut f32, usize, usize),
                 bias: *const f32,
@@ -128,7 +132,7 @@ mod x86 {
             /// # Safety
             /// As the kernel, with `1 <= rows <= MR`.
             #[allow(clippy::too_many_arguments)]
-            pub(crate) unsafe fn $dispatch<A: RowPtrs>(
+            pub(crate) unsafe fn $dispatch<A: RowPtrs<f32>>(
                 rows: usize,
                 taps: usize,
                 kc: usize,
@@ -307,34 +311,32 @@ impl<'a> PanelRun<'a> {
 
 /// Where the rows of one tile of an indirect product are.
 #[derive(Clone, Copy)]
-enum Source<'a> {
+enum Source<'a, T> {
     /// Row `i` of tap `t` is `list[t · rows + i]`.
-    List(&'a [&'a [f32]]),
+    List(&'a [&'a [T]]),
     /// Row `i` of tap `t` starts at `a[t · tap + i · row]`: a stem convolution's
     /// pixels in one output row, a fixed distance apart in its padded input.
-    Strided {
-        a: &'a [f32],
-        row: usize,
-        tap: usize,
-    },
+    Strided { a: &'a [T], row: usize, tap: usize },
 }
 
 /// The rows of one tile of an indirect product, checked once: `taps · rows` rows of
-/// at least `kc` values.
+/// at least `kc` values (f32, or the bytes of 8-bit products).
 #[derive(Clone, Copy)]
-pub(crate) struct IndirectRows<'a> {
-    source: Source<'a>,
+pub(crate) struct IndirectRows<'a, T = f32> {
+    source: Source<'a, T>,
     rows: usize,
     taps: usize,
     kc: usize,
 }
 
-impl<'a> IndirectRows<'a> {
+impl<'a, T> IndirectRows<'a, T> {
     /// Rows given as slices, row `i` of tap `t` at `a[t · rows + i]`; checks the lengths.
-    pub(crate) fn new(a: &'a [&'a [f32]], rows: usize, taps: usize, kc: usize) -> Result<Self> {
+    pub(crate) fn new(a: &'a [&'a [T]], rows: usize, taps: usize, kc: usize) -> Result<Self> {
         let n = taps.saturating_mul(rows);
         match a.get(..n) {
-            Some(a) if taps <= MAX_TAPS && rows <= MAX_MR && a.iter().all(|r| r.len() >= kc) => {
+            Some(a)
+                if taps <= MAX_ROW_TAPS && rows <= MAX_MR && a.iter().all(|r| r.len() >= kc) =>
+            {
                 Ok(Self {
                     source: Source::List(a),
                     rows,
@@ -349,7 +351,7 @@ impl<'a> IndirectRows<'a> {
     /// Rows at fixed distances in `a`: row `i` of tap `t` starts at `t · tap + i ·
     /// row`; checks that the last one ends inside `a`.
     pub(crate) fn strided(
-        a: &'a [f32],
+        a: &'a [T],
         rows: usize,
         taps: usize,
         kc: usize,
@@ -362,7 +364,7 @@ impl<'a> IndirectRows<'a> {
                 .checked_add(kc)
         })();
         match end {
-            Some(end) if end <= a.len() && taps <= MAX_TAPS && rows <= MAX_MR => Ok(Self {
+            Some(end) if end <= a.len() && taps <= MAX_ROW_TAPS && rows <= MAX_MR => Ok(Self {
                 source: Source::Strided { a, row, tap },
                 rows,
                 taps,
@@ -384,7 +386,7 @@ impl<'a> IndirectRows<'a> {
     }
 
     /// Row `i` of tap `t` (empty past the checked ones).
-    fn row(&self, t: usize, i: usize) -> &'a [f32] {
+    pub(crate) fn row(&self, t: usize, i: usize) -> &'a [T] {
         match self.source {
             Source::List(a) => a.get(t * self.rows + i).copied(),
             Source::Strided { a, row, tap } => a.get(t * tap + i * row..),
@@ -393,25 +395,52 @@ impl<'a> IndirectRows<'a> {
     }
 }
 
+impl<T: Copy + 'static> IndirectRows<'_, T> {
+    /// Rows per tap, taps, and the values read from each row.
+    pub(crate) fn shape(&self) -> (usize, usize, usize) {
+        (self.rows, self.taps, self.kc)
+    }
+
+    /// The rows as the x86 kernels read them.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn ptrs(&self) -> Ptrs<T> {
+        match self.source {
+            Source::List(a) => Ptrs::List(ListPtrs(a.as_ptr().cast())),
+            Source::Strided { a, row, tap } => Ptrs::Strided(StridedPtrs {
+                a: a.as_ptr(),
+                row,
+                tap,
+            }),
+        }
+    }
+}
+
+/// [`IndirectRows`] as raw pointers, of either source.
+#[cfg(target_arch = "x86_64")]
+pub(crate) enum Ptrs<T: 'static> {
+    List(ListPtrs<T>),
+    Strided(StridedPtrs<T>),
+}
+
 /// A checked [`IndirectRows`] as the x86 kernels read it.
 #[cfg(target_arch = "x86_64")]
-trait RowPtrs: Copy {
+pub(crate) trait RowPtrs<T>: Copy {
     /// The start of row `i` of tap `t`, of a tile of `rows` rows.
     ///
     /// # Safety
     /// `t` and `i` are below the checked taps and rows; `rows` is the checked rows.
-    unsafe fn row(self, t: usize, i: usize, rows: usize) -> *const f32;
+    unsafe fn row(self, t: usize, i: usize, rows: usize) -> *const T;
 }
 
 /// [`Source::List`]'s slices.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
-struct ListPtrs(*const &'static [f32]);
+pub(crate) struct ListPtrs<T: 'static>(*const &'static [T]);
 
 #[cfg(target_arch = "x86_64")]
-impl RowPtrs for ListPtrs {
+impl<T: Copy> RowPtrs<T> for ListPtrs<T> {
     #[inline(always)]
-    unsafe fn row(self, t: usize, i: usize, rows: usize) -> *const f32 {
+    unsafe fn row(self, t: usize, i: usize, rows: usize) -> *const T {
         // SAFETY: the list holds `taps · rows` slices (the caller's contract).
         unsafe { (*self.0.add(t * rows + i)).as_ptr() }
     }
@@ -420,16 +449,16 @@ impl RowPtrs for ListPtrs {
 /// [`Source::Strided`]'s start and distances.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
-struct StridedPtrs {
-    a: *const f32,
+pub(crate) struct StridedPtrs<T> {
+    a: *const T,
     row: usize,
     tap: usize,
 }
 
 #[cfg(target_arch = "x86_64")]
-impl RowPtrs for StridedPtrs {
+impl<T: Copy> RowPtrs<T> for StridedPtrs<T> {
     #[inline(always)]
-    unsafe fn row(self, t: usize, i: usize, _rows: usize) -> *const f32 {
+    unsafe fn row(self, t: usize, i: usize, _rows: usize) -> *const T {
         // SAFETY: checked by `IndirectRows::strided` for every such row.
         unsafe { self.a.add(t * self.tap + i * self.row) }
     }
@@ -502,7 +531,7 @@ pub(crate) fn indirect_microkernel(
             /// `a` gives the rows of `rows_in`, checked by its constructor; every
             /// other length is checked above; the instruction set is available.
             #[allow(clippy::too_many_arguments)]
-            unsafe fn call<A: RowPtrs>(
+            unsafe fn call<A: RowPtrs<f32>>(
                 isa: Isa,
                 (rows, taps, kc): (usize, usize, usize),
                 a: A,

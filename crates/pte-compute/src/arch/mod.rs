@@ -20,6 +20,7 @@ mod aarch64;
 mod generic;
 mod indirect;
 mod lanes;
+mod q8;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -31,8 +32,10 @@ pub(crate) use lanes::{Lanes, Scalar};
 
 pub(crate) use indirect::{
     depthwise_pixels, indirect_microkernel, IndirectRows, PanelRun, PixelTaps,
-    MAX_TAPS as INDIRECT_TAPS,
+    MAX_ROW_TAPS as Q8_MAX_TAPS, MAX_TAPS as INDIRECT_TAPS,
 };
+pub(crate) use q8::{has_vnni as q8_has_vnni, q8_microkernel, Q8Panels, Q8Post, Q8_MR, Q8_NR};
+pub use q8::{requantize, round_small};
 
 use crate::error::{Error, Result};
 use crate::mat::MatMut;

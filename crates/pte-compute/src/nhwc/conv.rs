@@ -768,6 +768,17 @@ impl ConvNhwc {
                     for t0 in (0..taps).step_by(INDIRECT_TAPS) {
                         let seg = INDIRECT_TAPS.min(taps - t0);
                         let taps = (t0, seg, taps);
+                        if let Gather::Pixel = gather {
+                            // The tile's pixels are consecutive in the input.
+                            let ch = p.in_channels;
+                            for g in go..go + inner {
+                                let Some(b) = weights.get(g) else { continue };
+                                let a = x.get((r0 + r) * ch + g * cig..).unwrap_or_default();
+                                let list = IndirectRows::strided(a, rows, 1, k, (ch, 0))?;
+                                tile.run(&self.bias, b, &list, &mut c, (r, g * cog), taps)?;
+                            }
+                            continue;
+                        }
                         if let (Gather::Rows { width }, Some(b)) = (gather, weights.first()) {
                             // The tile's pixels in each output row it touches are a
                             // fixed distance apart in the padded input.
@@ -840,7 +851,6 @@ impl ConvNhwc {
             let (mut ky, mut kx) = (t0 / kw, t0 % kw);
             for t in 0..seg {
                 let o = match gather {
-                    Gather::Pixel => Some((first + i) * p.in_channels),
                     Gather::Taps => {
                         let iy = (oy * p.stride[0] + ky * p.dilation[0])
                             .checked_sub(p.padding[0])
@@ -852,7 +862,7 @@ impl ConvNhwc {
                             .map(|(iy, ix)| n * image + (iy * p.input[1] + ix) * p.in_channels)
                     }
                     // Read through strides instead (`indirect_rows`).
-                    Gather::Rows { .. } => None,
+                    Gather::Pixel | Gather::Rows { .. } => None,
                 };
                 if let Some(slot) = at.get_mut(t * rows + i) {
                     *slot = o;

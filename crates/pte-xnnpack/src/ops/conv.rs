@@ -1,21 +1,19 @@
 //! Convolution nodes (regular, depthwise, transposed) over NHWC images.
 //!
-//! Float convolutions run pte-compute's prepared NHWC layers (weights packed once).
-//! 8-bit convolutions gather each output pixel's receptive field as int8 (taps outside
-//! the image take the input zero point, so they add nothing once the zero point is
-//! folded out), multiply with int32 accumulation, and requantize per output channel
-//! the way XNNPACK's fp32 kernels do; depthwise ones accumulate per channel directly.
+//! Float convolutions run pte-compute's prepared NHWC layers (weights packed once);
+//! 8-bit ones its 8-bit layers ([`QConvNhwc`]: 32-bit sums, requantized per output
+//! channel the way XNNPACK's fp32 kernels do).
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use pte_compute::nhwc::{ConvNhwc, ConvWeights, DeconvNhwc, Geometry};
-use pte_compute::qgemm::{qgemm, PackedI8, Rows};
+use pte_compute::qconv::{QConvNhwc, QuantParams};
 use pte_compute::{Activation, Gemm, ThreadPool};
 use pte_runtime::Charge;
 
 use super::linear::{charge, quant_bias, requant_scales};
-use super::quant::{self, Requant, Q8};
+use super::quant::{self, Q8};
 use super::weights::{float_values, int8_values};
 use super::{
     arg, bytes, bytes_mut, describe, f32s, f32s_mut, family, numel, set_shape, shape_of, Family,
@@ -296,182 +294,89 @@ pub(crate) fn convolution(cx: &NodeCx<'_>, g: &ConvGeometry, kind: Kind) -> PRes
 }
 
 /// 8-bit convolution (regular or depthwise).
+/// An 8-bit convolution: pte-compute's [`QConvNhwc`], built (weights packed) for each
+/// input size.
 struct QuantConv<T> {
     g: ConvGeometry,
     kind: Kind,
-    groups: usize,
-    cig: usize,
-    cog: usize,
     cin: usize,
     cout: usize,
-    /// Regular: one packed matrix per group. Depthwise: weights `[taps][cout]`.
-    packed: Vec<PackedI8>,
-    dw: Vec<i8>,
-    za: i32,
+    weights: Vec<i8>,
     zw: i32,
+    za: i32,
     bias: Vec<i32>,
     scales: Vec<f32>,
-    requant: Requant,
-    geo: Option<Geometry>,
-    m: usize,
+    /// Output zero point and quantized bounds.
+    out: (i32, i32, i32),
+    layer: Option<(QConvNhwc, [usize; 2])>,
     _charge: Charge,
     _t: std::marker::PhantomData<T>,
+}
+
+impl<T: Q8> QuantConv<T> {
+    fn build(&self, h: usize, w: usize) -> KResult<QConvNhwc> {
+        let (groups, cig, cog) = match self.kind {
+            Kind::Depthwise => (self.cin, 1, self.cout / self.cin.max(1)),
+            Kind::Regular => (
+                u(self.g.groups),
+                u(self.g.group_input_channels),
+                u(self.g.group_output_channels),
+            ),
+        };
+        let p = geometry(&self.g, [h, w]).conv2d(groups * cig, groups * cog, groups);
+        let (zero, min, max) = self.out;
+        let q = QuantParams {
+            signed: T::MIN < 0,
+            input_zero: self.za,
+            weight_zero: self.zw,
+            bias: &self.bias,
+            scale: &self.scales,
+            output_zero: zero,
+            output_min: min,
+            output_max: max,
+        };
+        QConvNhwc::new(p, self.kind == Kind::Depthwise, &self.weights, &q)
+            .map_err(|e| e.to_string())
+    }
 }
 
 impl<T: Q8> Kernel for QuantConv<T> {
     fn reshape(&mut self, inputs: &[Option<&[usize]>], outputs: &mut [Dims]) -> KResult {
         let [n, h, w, _] = input_nhwc(shape_of(inputs, 0)?, self.cin)?;
-        let geo = geometry(&self.g, [h, w]);
-        let [oh, ow] = geo.output().map_err(|e| e.to_string())?;
-        self.geo = Some(geo);
-        self.m = n * oh * ow;
+        if self.layer.as_ref().map(|(_, s)| *s) != Some([h, w]) {
+            let layer = self.build(h, w)?;
+            self.layer = Some((layer, [h, w]));
+        }
+        let (layer, _) = self.layer.as_ref().ok_or("no layer")?;
+        let [oh, ow] = layer.output_size();
         set_shape(outputs, 0, &[n, oh, ow, self.cout])
     }
 
     fn scratch_bytes(&self, _threads: usize) -> usize {
-        match self.kind {
-            Kind::Depthwise => 0,
-            Kind::Regular => {
-                let k = u(self.g.kernel[0]) * u(self.g.kernel[1]) * self.cig;
-                self.m * k + self.m * self.cog * 4 + 64
-            }
-        }
+        // One image at a time would do, but the batch is not known here: the
+        // largest input the layer was built for is one image of the planned size.
+        self.layer
+            .as_ref()
+            .map_or(0, |(l, _)| l.scratch_len(1).unwrap_or(usize::MAX / 8))
     }
 
     fn run(&self, cx: &mut Cx<'_>, inputs: &[Option<In<'_>>], outputs: &mut [Out<'_>]) -> KResult {
         let x = arg(inputs, 0)?;
-        let geo = self.geo.as_ref().ok_or("not reshaped")?;
-        let [n, h, w, _] = input_nhwc(x.dims, self.cin)?;
-        let [oh, ow] = geo.output().map_err(|e| e.to_string())?;
-        let src: &[T] = bytemuck::cast_slice(bytes(x.bytes, n * h * w * self.cin)?);
-        let out: &mut [T] = bytemuck::cast_slice_mut(bytes_mut(
-            outputs.first_mut().ok_or("no output")?.bytes,
-            self.m * self.cout,
-        )?);
-        let [kh, kw] = geo.kernel;
-        // Int8 views of the activations: uint8 shifted by 128.
-        let shift = if T::MIN == 0 { 128 } else { 0 };
-        let za = self.za - shift;
-        let to_i8 = |v: T| (v.get() - shift) as i8;
-        match self.kind {
-            Kind::Depthwise => {
-                let mult = self.cout / self.cin.max(1);
-                for b in 0..n {
-                    for oy in 0..oh {
-                        for ox in 0..ow {
-                            let o = ((b * oh + oy) * ow + ox) * self.cout;
-                            for c in 0..self.cout {
-                                let mut acc = self.bias.get(c).copied().unwrap_or(0);
-                                for t in 0..kh * kw {
-                                    let Some((iy, ix)) = geo.source(oy, ox, t / kw, t % kw) else {
-                                        continue;
-                                    };
-                                    let xv = src
-                                        .get(((b * h + iy) * w + ix) * self.cin + c / mult)
-                                        .map_or(0, |&v| i32::from(to_i8(v)));
-                                    let wv =
-                                        self.dw.get(t * self.cout + c).map_or(0, |&v| i32::from(v));
-                                    acc = acc.wrapping_add((xv - za).wrapping_mul(wv - self.zw));
-                                }
-                                if let Some(d) = out.get_mut(o + c) {
-                                    *d = T::from_i32(
-                                        self.requant
-                                            .apply(acc, self.scales.get(c).copied().unwrap_or(0.0)),
-                                    );
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-            Kind::Regular => {
-                let k = kh * kw * self.cig;
-                let m = self.m;
-                let scratch = cx.scratch.as_mut_bytes();
-                let (cols, rest) = scratch
-                    .split_at_mut_checked(m * k)
-                    .ok_or("scratch too small")?;
-                let cols: &mut [i8] = bytemuck::cast_slice_mut(cols);
-                let acc_bytes = rest.get_mut(..).unwrap_or_default();
-                let off = acc_bytes.as_ptr().align_offset(4).min(acc_bytes.len());
-                let acc: &mut [i32] = bytemuck::try_cast_slice_mut(
-                    acc_bytes
-                        .get_mut(off..off + m * self.cog * 4)
-                        .ok_or("scratch too small")?,
-                )
-                .map_err(|e| e.to_string())?;
-                for gi in 0..self.groups {
-                    // Receptive fields of the group, as int8 rows.
-                    for b in 0..n {
-                        for oy in 0..oh {
-                            for ox in 0..ow {
-                                let row = ((b * oh + oy) * ow + ox) * k;
-                                for t in 0..kh * kw {
-                                    let dst = cols
-                                        .get_mut(row + t * self.cig..row + (t + 1) * self.cig)
-                                        .unwrap_or_default();
-                                    match geo.source(oy, ox, t / kw, t % kw) {
-                                        Some((iy, ix)) => {
-                                            let s =
-                                                ((b * h + iy) * w + ix) * self.cin + gi * self.cig;
-                                            for (d, &v) in dst
-                                                .iter_mut()
-                                                .zip(src.get(s..s + self.cig).unwrap_or_default())
-                                            {
-                                                *d = to_i8(v);
-                                            }
-                                        }
-                                        None => dst.fill(za as i8),
-                                    }
-                                }
-                            }
-                        }
-                    }
-                    let packed = self.packed.get(gi).ok_or("missing group weights")?;
-                    qgemm(
-                        pte_compute::Isa::best(),
-                        cx.pool,
-                        Rows {
-                            data: cols,
-                            m,
-                            stride: k,
-                        },
-                        packed,
-                        acc,
-                    )
-                    .map_err(|e| e.to_string())?;
-                    let sums = packed.sums();
-                    let kz = (k as i32).wrapping_mul(za).wrapping_mul(self.zw);
-                    for i in 0..m {
-                        let asum: i32 = if self.zw != 0 {
-                            cols.get(i * k..(i + 1) * k)
-                                .unwrap_or_default()
-                                .iter()
-                                .map(|&v| i32::from(v))
-                                .sum()
-                        } else {
-                            0
-                        };
-                        for j in 0..self.cog {
-                            let oc = gi * self.cog + j;
-                            let v = acc
-                                .get(j * m + i)
-                                .copied()
-                                .unwrap_or(0)
-                                .wrapping_sub(za.wrapping_mul(sums.get(j).copied().unwrap_or(0)))
-                                .wrapping_sub(self.zw.wrapping_mul(asum))
-                                .wrapping_add(kz)
-                                .wrapping_add(self.bias.get(oc).copied().unwrap_or(0));
-                            if let Some(d) = out.get_mut(i * self.cout + oc) {
-                                *d = T::from_i32(
-                                    self.requant
-                                        .apply(v, self.scales.get(oc).copied().unwrap_or(0.0)),
-                                );
-                            }
-                        }
-                    }
-                }
-            }
+        let (layer, _) = self.layer.as_ref().ok_or("not reshaped")?;
+        let n = x.dims.first().copied().unwrap_or(0);
+        let (xl, yl) = layer.io_len(n).map_err(|e| e.to_string())?;
+        let out = bytes_mut(outputs.first_mut().ok_or("no output")?.bytes, yl)?;
+        let scratch = cx.scratch.as_mut_bytes();
+        let image = layer.scratch_len(1).map_err(|e| e.to_string())?;
+        let (xi, yi) = layer.io_len(1).map_err(|e| e.to_string())?;
+        // Image by image, so that the scratch planned for one serves any batch.
+        for b in 0..n {
+            let x = bytes(x.bytes, xl)?
+                .get(b * xi..(b + 1) * xi)
+                .unwrap_or_default();
+            let y = out.get_mut(b * yi..(b + 1) * yi).unwrap_or_default();
+            let s = scratch.get_mut(..image).ok_or("scratch too small")?;
+            layer.run(cx.pool, x, 1, y, s).map_err(|e| e.to_string())?;
         }
         Ok(())
     }
@@ -490,45 +395,46 @@ fn quant_conv<T: Q8>(
         .per_tensor()
         .zip(y.per_tensor())
         .ok_or("8-bit activations need per-tensor parameters")?;
-    let (wq, zw) = int8_values(w, "filter")?;
-    let (groups, cig, cog) = (
-        u(g.groups),
-        u(g.group_input_channels),
-        u(g.group_output_channels),
-    );
-    let charge = charge(cx, wq.len() + cout * 16)?;
-    let (packed, dw) = match kind {
-        Kind::Depthwise => (Vec::new(), wq),
+    let (weights, zw) = int8_values(w, "filter")?;
+    // The weights kept and their prepared copy (depthwise: widened to 32 bits; else
+    // panels of 32 channels, each tap's depth padded to four after up to three copies
+    // of each channel for a weight zero point), the bias and scales.
+    let taps = u(g.kernel[0]).saturating_mul(u(g.kernel[1]));
+    let prepared = match kind {
+        Kind::Depthwise => weights.len().saturating_mul(4),
         Kind::Regular => {
-            let k = u(g.kernel[0]) * u(g.kernel[1]) * cig;
-            let packed = wq
-                .chunks_exact((cog * k).max(1))
-                .map(|c| PackedI8::new(c, cog, k))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| e.to_string())?;
-            (packed, Vec::new())
+            let copies = if zw != 0 { 3 } else { 1 };
+            let depth = u(g.group_input_channels)
+                .saturating_mul(copies)
+                .saturating_add(3);
+            u(g.groups)
+                .saturating_mul(u(g.group_output_channels).saturating_add(31))
+                .saturating_mul(taps)
+                .saturating_mul(depth)
         }
     };
+    let charge = charge(
+        cx,
+        weights
+            .len()
+            .saturating_add(prepared)
+            .saturating_add(cout * 16),
+    )?;
     let dim = if kind == Kind::Depthwise { 3 } else { 0 };
     let (lo, hi) = quant::bounds::<T>(min, max, so, zo);
     Prepared::capturing(
         QuantConv::<T> {
             g: *g,
             kind,
-            groups,
-            cig,
-            cog,
             cin,
             cout,
-            packed,
-            dw,
-            za,
+            weights,
             zw,
+            za,
             bias: quant_bias(b, cout)?,
             scales: requant_scales(sa, w, dim, cout, so)?,
-            requant: Requant::new(zo, lo, hi),
-            geo: None,
-            m: 0,
+            out: (zo, lo, hi),
+            layer: None,
             _charge: charge,
             _t: std::marker::PhantomData,
         },

@@ -370,7 +370,7 @@ impl<T: Q8> Kernel for QuantBinary<T> {
         set_shape(outputs, 0, &s)
     }
 
-    fn run(&self, _cx: &mut Cx<'_>, inputs: &[Option<In<'_>>], outputs: &mut [Out<'_>]) -> KResult {
+    fn run(&self, cx: &mut Cx<'_>, inputs: &[Option<In<'_>>], outputs: &mut [Out<'_>]) -> KResult {
         let (a, b) = (arg(inputs, 0)?, arg(inputs, 1)?);
         let x: &[T] = bytemuck::cast_slice(bytes(a.bytes, numel(a.dims))?);
         let y: &[T] = bytemuck::cast_slice(bytes(b.bytes, numel(b.dims))?);
@@ -379,35 +379,60 @@ impl<T: Q8> Kernel for QuantBinary<T> {
             bytemuck::cast_slice_mut(bytes_mut(outputs.first_mut().ok_or("no output")?.bytes, n)?);
         let (lo, hi) = (self.lo, self.hi);
         let op = self.op;
+        let f = |p: T, q: T| {
+            let v = match op {
+                QOp::Add(params) => params.apply::<T>(p.get(), q.get()),
+                QOp::Mul {
+                    za,
+                    zb,
+                    scale,
+                    requant,
+                } => requant.apply((p.get() - za) * (q.get() - zb), scale),
+                QOp::MinMax { min, a, b, o } => {
+                    let fa = a.0 * (p.get() - a.1) as f32;
+                    let fb = b.0 * (q.get() - b.1) as f32;
+                    let r = if min { fa.min(fb) } else { fa.max(fb) };
+                    quant::rint(r / o.0) + o.1
+                }
+            };
+            T::from_i32(v.clamp(lo, hi))
+        };
+        if self.a_shape == self.out_shape && self.b_shape == self.out_shape {
+            // No broadcast (a residual addition): one pass, split over the threads.
+            let (x, y) = (
+                x.get(..n).unwrap_or_default(),
+                y.get(..n).unwrap_or_default(),
+            );
+            let chunks =
+                cx.pool
+                    .parallel_chunks(out, SAME_SHAPE_CHUNK, &mut [0u8; 0], 0, |k, o, _| {
+                        let at = k * SAME_SHAPE_CHUNK;
+                        let (x, y) = (
+                            x.get(at..).unwrap_or_default(),
+                            y.get(at..).unwrap_or_default(),
+                        );
+                        for ((o, &p), &q) in o.iter_mut().zip(x).zip(y) {
+                            *o = f(p, q);
+                        }
+                    });
+            return chunks.map_err(|e| e.to_string());
+        }
         for_each_broadcast(
             &self.out_shape,
             &self.a_shape,
             &self.b_shape,
             |i, ia, ib| {
-                let (Some(&p), Some(&q), Some(o)) = (x.get(ia), y.get(ib), out.get_mut(i)) else {
-                    return;
-                };
-                let v = match op {
-                    QOp::Add(params) => params.apply::<T>(p.get(), q.get()),
-                    QOp::Mul {
-                        za,
-                        zb,
-                        scale,
-                        requant,
-                    } => requant.apply((p.get() - za) * (q.get() - zb), scale),
-                    QOp::MinMax { min, a, b, o } => {
-                        let fa = a.0 * (p.get() - a.1) as f32;
-                        let fb = b.0 * (q.get() - b.1) as f32;
-                        let r = if min { fa.min(fb) } else { fa.max(fb) };
-                        quant::rint(r / o.0) + o.1
-                    }
-                };
-                *o = T::from_i32(v.clamp(lo, hi));
+                if let (Some(&p), Some(&q), Some(o)) = (x.get(ia), y.get(ib), out.get_mut(i)) {
+                    *o = f(p, q);
+                }
             },
         );
         Ok(())
     }
 }
+
+/// Elements of a same-shape 8-bit binary node per task.
+const SAME_SHAPE_CHUNK: usize = 16 * 1024;
 
 fn quant_binary<T: Q8>(cx: &NodeCx<'_>, op: BinaryOp) -> PResult<Prepared> {
     let (a, b, o) = (cx.input(0)?, cx.input(1)?, cx.output(0)?);

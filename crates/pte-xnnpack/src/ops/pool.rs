@@ -2,7 +2,7 @@
 //! argmax (index within the window) and global average.
 
 use pte_compute::nhwc::{global_avg_pool, pool2d, Geometry, PoolKind};
-use pte_compute::Isa;
+use pte_compute::{Isa, ThreadPool};
 
 use super::quant::{self, Q8};
 use super::{
@@ -82,18 +82,21 @@ impl Kernel for Pool {
                 self.max,
             )
             .map_err(|e| e.to_string()),
-            Some(q) if q.signed => quant_pool::<i8>(self.kind, geo, c, n, x, out, total, q),
-            Some(q) => quant_pool::<u8>(self.kind, geo, c, n, x, out, total, q),
+            Some(q) if q.signed => quant_pool::<i8>(cx.pool, self.kind, geo, c, x, out, total, q),
+            Some(q) => quant_pool::<u8>(cx.pool, self.kind, geo, c, x, out, total, q),
         }
     }
 }
 
+/// Channels an 8-bit average pool sums at once.
+const AVG_BLOCK: usize = 64;
+
 #[allow(clippy::too_many_arguments)]
 fn quant_pool<T: Q8>(
+    pool: &ThreadPool,
     kind: PoolKind,
     geo: &Geometry,
     c: usize,
-    n: usize,
     x: &In<'_>,
     out: &mut Out<'_>,
     total: usize,
@@ -104,34 +107,54 @@ fn quant_pool<T: Q8>(
     let [oh, ow] = geo.output().map_err(|e| e.to_string())?;
     let [ih, iw] = geo.input;
     let [kh, kw] = geo.kernel;
-    for b in 0..n {
-        for oy in 0..oh {
-            for ox in 0..ow {
-                // The window's input pixels, walked again for each channel (no list
-                // of them is kept: nothing allocates).
-                let taps = || (0..kh * kw).filter_map(|t| geo.source(oy, ox, t / kw, t % kw));
-                for ch in 0..c {
-                    let vals = taps().filter_map(|(iy, ix)| {
-                        src.get(((b * ih + iy) * iw + ix) * c + ch).map(|v| v.get())
-                    });
-                    let v = match kind {
-                        // Max pooling keeps the input's parameters (checked at load).
-                        PoolKind::Max => vals.max().unwrap_or(q.zo),
-                        PoolKind::Average => {
-                            let (sum, count) = vals
-                                .fold((0i64, 0i64), |(s, k), v| (s + i64::from(v - q.zi), k + 1));
-                            let mean = sum as f32 / count.max(1) as f32;
-                            quant::rint(mean * q.si / q.so) + q.zo
+    let mut none = [0u8; 0];
+    // One output row per chunk; each pixel combines its window's input pixels whole.
+    let rows = pool.parallel_chunks(dst, (ow * c).max(1), &mut none, 0, |r, row, _| {
+        let (b, oy) = (r / oh.max(1), r % oh.max(1));
+        let pixel = |iy: usize, ix: usize| {
+            let at = ((b * ih + iy) * iw + ix) * c;
+            src.get(at..at + c).unwrap_or_default()
+        };
+        for (ox, o) in row.chunks_exact_mut(c.max(1)).enumerate() {
+            let taps = (0..kh * kw).filter_map(|t| geo.source(oy, ox, t / kw, t % kw));
+            match kind {
+                // Max pooling keeps the input's parameters (checked at load).
+                PoolKind::Max => {
+                    let mut any = false;
+                    for (iy, ix) in taps {
+                        let p = pixel(iy, ix);
+                        if any {
+                            o.iter_mut().zip(p).for_each(|(d, &s)| *d = (*d).max(s));
+                        } else {
+                            o.copy_from_slice(p);
+                            any = true;
                         }
-                    };
-                    if let Some(d) = dst.get_mut(((b * oh + oy) * ow + ox) * c + ch) {
+                    }
+                    for d in o.iter_mut() {
+                        let v = if any { d.get() } else { q.zo };
                         *d = T::from_i32(v.clamp(q.lo, q.hi));
+                    }
+                }
+                PoolKind::Average => {
+                    let count = taps.clone().count().max(1) as f32;
+                    for (c0, block) in o.chunks_mut(AVG_BLOCK).enumerate() {
+                        let mut sum = [0i32; AVG_BLOCK];
+                        for (iy, ix) in taps.clone() {
+                            let p = pixel(iy, ix).get(c0 * AVG_BLOCK..).unwrap_or_default();
+                            for (s, &v) in sum.iter_mut().zip(p).take(block.len()) {
+                                *s += v.get() - q.zi;
+                            }
+                        }
+                        for (d, &s) in block.iter_mut().zip(&sum) {
+                            let v = quant::rint(s as f32 / count * q.si / q.so) + q.zo;
+                            *d = T::from_i32(v.clamp(q.lo, q.hi));
+                        }
                     }
                 }
             }
         }
-    }
-    Ok(())
+    });
+    rows.map_err(|e| e.to_string())
 }
 
 fn prepare_pool(cx: &NodeCx<'_>, g: &PoolGeometry, kind: PoolKind) -> PResult<Prepared> {

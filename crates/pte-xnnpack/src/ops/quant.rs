@@ -4,7 +4,7 @@
 //! where the same formula applies.
 
 /// An 8-bit quantized element type (int8 or uint8).
-pub(crate) trait Q8: Copy + Send + Sync + bytemuck::Pod + 'static {
+pub(crate) trait Q8: Copy + Ord + Send + Sync + bytemuck::Pod + 'static {
     const MIN: i32;
     const MAX: i32;
     fn get(self) -> i32;
@@ -34,10 +34,16 @@ impl Q8 for u8 {
     }
 }
 
-/// `lrintf` in the default rounding mode: round half to even.
+/// `lrintf` in the default rounding mode: round half to even (saturating, NaN to 0),
+/// through pte-compute's `round_small` for the values below 2^22 that 8-bit data
+/// meets.
 #[inline(always)]
 pub(crate) fn rint(x: f32) -> i32 {
-    x.round_ties_even() as i32
+    if x.abs() < 4_194_304.0 {
+        pte_compute::qconv::round_small(x)
+    } else {
+        x.round_ties_even() as i32
+    }
 }
 
 /// XNNPACK's `xnn_q*8_quantize`: a float bound to the quantized domain, saturated.
@@ -66,13 +72,15 @@ impl Requant {
         }
     }
 
-    /// One accumulator, scaled.
+    /// One accumulator, scaled (as pte-compute's 8-bit convolutions store theirs).
     #[inline(always)]
     pub(crate) fn apply(&self, acc: i32, scale: f32) -> i32 {
-        let v = (acc as f32 * scale)
-            .max(self.min_less_zp)
-            .min(self.max_less_zp);
-        rint(v) + self.zero_point
+        pte_compute::qconv::requantize(
+            acc,
+            scale,
+            (self.min_less_zp, self.max_less_zp),
+            self.zero_point,
+        )
     }
 }
 

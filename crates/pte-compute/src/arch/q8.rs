@@ -1,0 +1,359 @@
+//! The 8-bit product micro-kernel of quantized convolutions: unsigned 8-bit
+//! activations read in place through [`IndirectRows`], times signed 8-bit weights
+//! packed in panels, summed in 32 bits and requantized to 8 bits as they are stored.
+//!
+//! A panel holds [`Q8_NR`] output channels over the whole depth, in groups of four
+//! depth steps: `b[((t · kq + p) · NR + j) · 4 + u]` is depth step `4p + u` of tap `t`
+//! for column `j` (`kq` groups per tap; steps past the depth are zero). This is the
+//! operand layout of AVX-512 VNNI's `vpdpbusd`, which adds four products of unsigned
+//! and signed bytes to each 32-bit lane; each row then reads four bytes at a time, so
+//! rows hold `4 · kq` readable bytes.
+//!
+//! The store follows XNNPACK's fp32 requantization: `acc` (starting at the column's
+//! bias) is converted to f32, scaled by the column's scale, clamped to the output's
+//! bounds less its zero point, rounded half to even, offset by the zero point and
+//! stored as its low byte (the bounds keep it in the output type's range).
+
+use super::indirect::IndirectRows;
+use super::Isa;
+use crate::error::{Error, Result};
+
+/// Output channels of a panel.
+pub(crate) const Q8_NR: usize = 32;
+/// Rows of a tile: the VNNI kernel keeps `12 × 2` accumulators.
+pub(crate) const Q8_MR: usize = 12;
+
+/// Consecutive panels one call multiplies: `count` panels `stride` bytes apart, every
+/// one [`Q8_NR`] columns wide but the last, of which only `cols` are stored.
+#[derive(Clone, Copy)]
+pub(crate) struct Q8Panels<'a> {
+    pub data: &'a [i8],
+    pub stride: usize,
+    pub count: usize,
+    pub cols: usize,
+}
+
+/// The requantization of a tile's columns (from its first): per-column bias and
+/// scale, output zero point, and the clamp bounds less the zero point.
+#[derive(Clone, Copy)]
+pub(crate) struct Q8Post<'a> {
+    pub bias: &'a [i32],
+    pub scale: &'a [f32],
+    pub zero: i32,
+    pub lo: f32,
+    pub hi: f32,
+}
+
+impl Q8Post<'_> {
+    /// The sum of column `j` requantized: the scalar form of the store.
+    #[inline]
+    pub(crate) fn apply(&self, acc: i32, j: usize) -> i32 {
+        self.requantize(acc, self.scale.get(j).copied().unwrap_or(0.0))
+    }
+
+    /// `acc` requantized with `scale` (see [`requantize`]).
+    #[inline(always)]
+    pub(crate) fn requantize(&self, acc: i32, scale: f32) -> i32 {
+        requantize(acc, scale, (self.lo, self.hi), self.zero)
+    }
+}
+
+/// XNNPACK's fp32 requantization of one sum: `acc · scale`, clamped to `lo..=hi` (the
+/// output bounds less the zero point, within ±2^22), rounded half to even, plus
+/// `zero`.
+#[inline(always)]
+pub fn requantize(acc: i32, scale: f32, (lo, hi): (f32, f32), zero: i32) -> i32 {
+    round_small((acc as f32 * scale).max(lo).min(hi)) + zero
+}
+
+/// `x` (below 2^22 in magnitude) rounded half to even: adding 1.5 · 2^23 moves it
+/// where a float's unit is 1, so the addition rounds. Exact, and a loop of it
+/// vectorizes, where a float to integer conversion does not (and `round_ties_even`
+/// is a call into libm without SSE4.1 in the baseline target).
+#[inline(always)]
+pub fn round_small(x: f32) -> i32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32
+}
+
+/// Whether this CPU has the VNNI kernel (AVX-512 F, BW, VL and VNNI).
+pub(crate) fn has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        Isa::Avx512.is_available()
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// One row tile of an 8-bit product across a run of panels: for each panel `q`,
+/// `out[(i0 + i) · rs + j0 + q · NR + j] = requant(bias[j] + Σ_t Σ_k a[t·rows + i][k] ·
+/// b[q][t][k][j])`. Every length is checked first: the rows hold `4 · kq` bytes
+/// (`kq = rows.depth() / 4`), each panel `taps · kq · NR · 4` bytes, the tile lies
+/// inside `out`, and the post covers its columns.
+pub(crate) fn q8_microkernel(
+    vnni: bool,
+    a: &IndirectRows<'_, u8>,
+    b: &Q8Panels<'_>,
+    out: &mut [u8],
+    (i0, j0, rs): (usize, usize, usize),
+    post: &Q8Post<'_>,
+) -> Result {
+    let (rows, taps, kc) = a.shape();
+    let kq = kc / 4;
+    let width = b
+        .count
+        .checked_sub(1)
+        .and_then(|q| q.checked_mul(Q8_NR))
+        .and_then(|w| w.checked_add(b.cols));
+    let panel_len = taps.checked_mul(kq).and_then(|v| v.checked_mul(Q8_NR * 4));
+    let b_len = b
+        .count
+        .checked_sub(1)
+        .and_then(|q| q.checked_mul(b.stride))
+        .zip(panel_len)
+        .and_then(|(start, len)| start.checked_add(len));
+    let end = width.and_then(|w| {
+        (i0 + rows)
+            .checked_sub(1)?
+            .checked_mul(rs)?
+            .checked_add(j0)?
+            .checked_add(w)
+    });
+    let ok = (1..=Q8_MR).contains(&rows)
+        && kc.is_multiple_of(4)
+        && (1..=Q8_NR).contains(&b.cols)
+        && b_len.is_some_and(|l| b.data.len() >= l)
+        && width.is_some_and(|w| post.bias.len() >= w && post.scale.len() >= w && w <= rs)
+        && end.is_some_and(|e| e <= out.len());
+    if !ok {
+        return Err(Error::InvalidParameter {
+            what: format!(
+                "8-bit micro-kernel call: {rows} rows, {taps} taps of depth {kc}, {} panels of b {}, output {} at ({i0}, {j0}) stride {rs}",
+                b.count,
+                b.data.len(),
+                out.len()
+            ),
+        });
+    }
+    #[cfg(target_arch = "x86_64")]
+    if vnni && has_vnni() {
+        use super::indirect::Ptrs;
+        let panels = (b.data.as_ptr(), b.stride, b.count, b.cols);
+        // SAFETY: the tile's offset is inside `out` (checked above).
+        let c = unsafe { out.as_mut_ptr().add(i0 * rs + j0) };
+        let raw = x86::RawQ8 {
+            bias: post.bias.as_ptr(),
+            scale: post.scale.as_ptr(),
+            zero: post.zero,
+            lo: post.lo,
+            hi: post.hi,
+        };
+        // SAFETY: the rows as checked by `IndirectRows`, every other length above,
+        // and the CPU has the kernel's features.
+        unsafe {
+            match a.ptrs() {
+                Ptrs::List(p) => x86::vnni(rows, taps, kq, p, panels, c, rs, raw),
+                Ptrs::Strided(p) => x86::vnni(rows, taps, kq, p, panels, c, rs, raw),
+            }
+        }
+        return Ok(());
+    }
+    let _ = vnni;
+    portable(a, b, out, (i0, j0, rs), post);
+    Ok(())
+}
+
+/// The portable kernel (no `unsafe`): the reference of the tests, and what runs on
+/// CPUs without VNNI.
+fn portable(
+    a: &IndirectRows<'_, u8>,
+    b: &Q8Panels<'_>,
+    out: &mut [u8],
+    (i0, j0, rs): (usize, usize, usize),
+    post: &Q8Post<'_>,
+) {
+    let (rows, taps, kc) = a.shape();
+    let kq = kc / 4;
+    for q in 0..b.count {
+        let panel = b.data.get(q * b.stride..).unwrap_or_default();
+        let cols = if q + 1 == b.count { b.cols } else { Q8_NR };
+        for i in 0..rows {
+            let mut acc = [0i32; Q8_NR];
+            for (j, s) in acc.iter_mut().enumerate() {
+                *s = post.bias.get(q * Q8_NR + j).copied().unwrap_or(0);
+            }
+            for t in 0..taps {
+                let x = a.row(t, i);
+                let bt = panel.get(t * kq * Q8_NR * 4..).unwrap_or_default();
+                for (p, bp) in bt.chunks_exact(Q8_NR * 4).take(kq).enumerate() {
+                    let xs = x.get(4 * p..4 * p + 4).unwrap_or_default();
+                    for (s, w) in acc.iter_mut().zip(bp.chunks_exact(4)) {
+                        for (&xv, &wv) in xs.iter().zip(w) {
+                            *s = s.wrapping_add(i32::from(xv) * i32::from(wv));
+                        }
+                    }
+                }
+            }
+            let at = (i0 + i) * rs + j0 + q * Q8_NR;
+            let row = out.get_mut(at..at + cols).unwrap_or_default();
+            for (j, (o, &s)) in row.iter_mut().zip(&acc).enumerate() {
+                *o = post.apply(s, q * Q8_NR + j) as u8;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::super::indirect::RowPtrs;
+    use super::Q8_NR;
+
+    /// [`super::Q8Post`] as pointers to the tile's first column.
+    #[derive(Clone, Copy)]
+    pub(super) struct RawQ8 {
+        pub bias: *const i32,
+        pub scale: *const f32,
+        pub zero: i32,
+        pub lo: f32,
+        pub hi: f32,
+    }
+
+    /// # Safety
+    /// The CPU has AVX-512 F, BW, VL and VNNI; `a` gives `rows` (`1..=12`) rows of
+    /// `4 · kq` bytes for each of `taps` taps; panel `q < panels` of `b` holds `taps ·
+    /// kq · NR · 4` bytes from `b + q · stride`; `c` the tile `(i, j) -> c[i · rs + j]`,
+    /// `i < rows`, `j < (panels - 1) · NR + cols` (`1 <= cols <= NR`); the post's bias
+    /// and scale hold as many values.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn vnni<A: RowPtrs<u8>>(
+        rows: usize,
+        taps: usize,
+        kq: usize,
+        a: A,
+        b: (*const i8, usize, usize, usize),
+        c: *mut u8,
+        rs: usize,
+        post: RawQ8,
+    ) {
+        macro_rules! rows {
+            ($($r:literal)*) => {
+                match rows {
+                    // SAFETY: forwarded contract, `rows` rows.
+                    $($r => unsafe { tile::<$r, A>(taps, kq, a, b, c, rs, post) },)*
+                    // SAFETY: as above (rows is at most 12).
+                    _ => unsafe { tile::<12, A>(taps, kq, a, b, c, rs, post) },
+                }
+            };
+        }
+        rows!(1 2 3 4 5 6 7 8 9 10 11)
+    }
+
+    /// The `R`-row tile across the panels.
+    ///
+    /// # Safety
+    /// As [`vnni`]'s, with `R` rows.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn tile<const R: usize, A: RowPtrs<u8>>(
+        taps: usize,
+        kq: usize,
+        a: A,
+        (b, stride, panels, cols): (*const i8, usize, usize, usize),
+        c: *mut u8,
+        rs: usize,
+        post: RawQ8,
+    ) {
+        for q in 0..panels {
+            let n = if q + 1 < panels { Q8_NR } else { cols };
+            // SAFETY: q < panels: panel q, its columns of the tile and of the post.
+            unsafe {
+                let post = RawQ8 {
+                    bias: post.bias.add(q * Q8_NR),
+                    scale: post.scale.add(q * Q8_NR),
+                    ..post
+                };
+                let args = (taps, kq, a, b.add(q * stride));
+                let cq = c.add(q * Q8_NR);
+                if n <= 16 {
+                    put::<R, 1, A>(args, (cq, rs, n), post);
+                } else {
+                    put::<R, 2, A>(args, (cq, rs, n - 16), post);
+                }
+            }
+        }
+    }
+
+    /// One panel: the first `W` vectors of 16 columns of the `R`-row tile at `c`, of
+    /// which the last has `last` columns.
+    ///
+    /// # Safety
+    /// As [`tile`]'s for one panel at `b`; `c` holds `16 · (W - 1) + last` bytes per
+    /// row, and the post as many values.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    #[inline]
+    unsafe fn put<const R: usize, const W: usize, A: RowPtrs<u8>>(
+        (taps, kq, a, b): (usize, usize, A, *const i8),
+        (c, rs, last): (*mut u8, usize, usize),
+        post: RawQ8,
+    ) {
+        let mask = |v: usize| -> __mmask16 {
+            if v + 1 < W {
+                u16::MAX
+            } else {
+                u16::try_from((1u32 << last.min(16)) - 1).unwrap_or(u16::MAX)
+            }
+        };
+        // SAFETY: the first `16 · (W - 1) + last` columns of the post are readable;
+        // masked lanes are not read.
+        let bias: [__m512i; W] = std::array::from_fn(|v| unsafe {
+            _mm512_maskz_loadu_epi32(mask(v), post.bias.add(16 * v))
+        });
+        let mut acc = [bias; R];
+        for t in 0..taps {
+            // SAFETY: t < taps, i < R: rows the source holds.
+            let rows: [*const u8; R] = std::array::from_fn(|i| unsafe { a.row(t, i, R) });
+            // SAFETY: inside the panel: tap t's groups start at t · kq · NR · 4.
+            let bt = unsafe { b.add(t * kq * Q8_NR * 4) };
+            for p in 0..kq {
+                // SAFETY: p < kq: four bytes inside each row, 64 · W inside the panel.
+                unsafe {
+                    let bp = bt.add(p * Q8_NR * 4);
+                    let bv: [__m512i; W] =
+                        std::array::from_fn(|v| _mm512_loadu_si512(bp.add(64 * v).cast()));
+                    for (row, &ap) in acc.iter_mut().zip(&rows) {
+                        let av = _mm512_set1_epi32(ap.add(4 * p).cast::<i32>().read_unaligned());
+                        for (x, &y) in row.iter_mut().zip(&bv) {
+                            *x = _mm512_dpbusd_epi32(*x, av, y);
+                        }
+                    }
+                }
+            }
+        }
+        let (lo, hi) = (_mm512_set1_ps(post.lo), _mm512_set1_ps(post.hi));
+        let zero = _mm512_set1_epi32(post.zero);
+        // SAFETY: as for the bias.
+        let scale: [__m512; W] = std::array::from_fn(|v| unsafe {
+            _mm512_maskz_loadu_ps(mask(v), post.scale.add(16 * v))
+        });
+        for (i, row) in acc.iter().enumerate() {
+            for (v, (&x, &s)) in row.iter().zip(&scale).enumerate() {
+                let f = _mm512_mul_ps(_mm512_cvtepi32_ps(x), s);
+                let f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
+                let q = _mm512_add_epi32(_mm512_cvtps_epi32(f), zero);
+                // SAFETY: row i < R and the vector's first columns are inside the tile.
+                unsafe {
+                    _mm_mask_storeu_epi8(
+                        c.add(i * rs + 16 * v).cast(),
+                        mask(v),
+                        _mm512_cvtepi32_epi8(q),
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,880 @@
+//! 8-bit NHWC 2-D convolutions as XNNPACK computes quantized ones (qs8 and qu8
+//! activations, 8-bit weights, per-channel requantization), prepared once per layer.
+//!
+//! `Σ (a - za) · w = Σ a · w - za · Σ w`: the second term is folded into each output
+//! channel's bias at load, and taps in the padding read a row of `za` (they then add
+//! `za · w`, which the folded bias takes back out). The regular convolutions' kernel
+//! multiplies unsigned bytes: signed activations are shifted by 128 (their bits with
+//! the top one flipped) into scratch as the layer starts, the input zero point
+//! shifted alike; depthwise ones read either kind in place.
+//!
+//! - **Regular** convolutions (any groups) run the indirect 8-bit micro-kernel
+//!   ([`crate::arch`]'s `q8_microkernel`, AVX-512 VNNI's `vpdpbusd`): each output
+//!   pixel's taps are read in place through a list of rows, the weights packed in
+//!   panels of 32 output channels with each group's input channels padded to a
+//!   multiple of four (the input is then copied with that padding); a 1×1 stride-1
+//!   convolution reads consecutive pixels through strides. Rows of the output are
+//!   split over the pool's threads; the requantization happens in the kernel's store.
+//! - **Depthwise** convolutions (one input channel per group, any multiplier)
+//!   accumulate each tap over a block of channels in 32 bits, a loop compiled per
+//!   instruction set, then requantize the block.
+//!
+//! Weights with a zero point `zw` (per-tensor quint8 filters) multiply by `w - zw`,
+//! which takes nine bits: a regular convolution then splits it into two signed bytes
+//! (three for 255) over a depth as many times longer, each input channel copied as
+//! many times.
+//!
+//! Sums wrap in 32 bits as XNNPACK's do; the requantization is XNNPACK's fp32 one
+//! (see [`QuantParams`]), so outputs are bit-exact with upstream's.
+
+use crate::arch::{self, multiversion, IndirectRows, Isa, Q8Panels, Q8Post, Q8_MR, Q8_NR};
+pub use crate::arch::{requantize, round_small};
+use crate::conv::Conv2dParams;
+use crate::error::{self, Error, Result};
+use crate::pool::{FirstError, ThreadPool};
+
+/// The quantization of a convolution.
+#[derive(Clone, Copy, Debug)]
+pub struct QuantParams<'a> {
+    /// Whether activations (input and output) are signed bytes (qint8) or unsigned
+    /// (quint8).
+    pub signed: bool,
+    /// The input's zero point, in its own type's range.
+    pub input_zero: i32,
+    /// The weights' zero point (signed weights: in `-128..=127`).
+    pub weight_zero: i32,
+    /// Per output channel: the 32-bit bias (in units of input scale × weight scale).
+    pub bias: &'a [i32],
+    /// Per output channel: input scale × weight scale ÷ output scale.
+    pub scale: &'a [f32],
+    /// The output's zero point.
+    pub output_zero: i32,
+    /// The output's bounds, quantized (inside its type's range).
+    pub output_min: i32,
+    pub output_max: i32,
+}
+
+enum Algo {
+    /// Per group, panels of [`Q8_NR`] output channels: `[panel][tap][kq][NR][4]`.
+    Gemm {
+        panels: Vec<Vec<i8>>,
+        pointwise: bool,
+    },
+    /// Weights `[tap][output channel]`, widened.
+    Depthwise { weights: Vec<i32> },
+}
+
+/// An 8-bit convolution on NHWC images prepared for repeated runs.
+pub struct QConvNhwc {
+    p: Conv2dParams,
+    out: [usize; 2],
+    signed: bool,
+    /// The byte taps in the padding read: the input zero point, shifted to unsigned
+    /// for a regular convolution.
+    za: u8,
+    /// A group's input channels padded to a multiple of four (regular convolutions),
+    /// after each is repeated `dup` times.
+    cig4: usize,
+    dup: usize,
+    algo: Algo,
+    /// Per output channel, with `za · Σ w` taken out.
+    bias: Vec<i32>,
+    scale: Vec<f32>,
+    zero: i32,
+    lo: f32,
+    hi: f32,
+    /// A row of `za`: what taps in the padding read.
+    pad_row: Vec<u8>,
+    vnni: bool,
+}
+
+impl std::fmt::Debug for QConvNhwc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QConvNhwc")
+            .field("params", &self.p)
+            .field("algorithm", &self.algorithm())
+            .finish()
+    }
+}
+
+/// Bytes of weight panels one run of the micro-kernel covers (held in L2).
+const L2_PANEL_BYTES: usize = 256 * 1024;
+/// Tasks a convolution's rows are split into per thread (as the float one's).
+const TASKS_PER_THREAD: usize = 8;
+
+impl QConvNhwc {
+    /// Prepares a convolution of geometry `p`. `weights` are XNNPACK's layouts: `[c_out]
+    /// [kh][kw][c_in / groups]` for a regular convolution, `[kh][kw][c_out]` for a
+    /// depthwise one (`depthwise`: one input channel per group, `c_out / groups`
+    /// outputs each).
+    pub fn new(
+        p: Conv2dParams,
+        depthwise: bool,
+        weights: &[i8],
+        q: &QuantParams<'_>,
+    ) -> Result<Self> {
+        let out = p.output()?;
+        let (cig, cog) = p.channels_per_group();
+        let taps = error::mul(p.kernel[0], p.kernel[1], "kernel")?;
+        let cout = p.out_channels;
+        let bad = |what: String| Error::InvalidParameter { what };
+        if depthwise && cig != 1 {
+            return Err(bad(format!(
+                "depthwise convolution with {cig} input channels per group"
+            )));
+        }
+        let (lo_t, hi_t) = if q.signed { (-128, 127) } else { (0, 255) };
+        let in_range = |v: i32| (lo_t..=hi_t).contains(&v);
+        if !in_range(q.input_zero)
+            || !(-128..=127).contains(&q.weight_zero)
+            || !in_range(q.output_zero)
+            || !in_range(q.output_min)
+            || !in_range(q.output_max)
+            || q.output_min > q.output_max
+        {
+            return Err(bad(format!(
+                "8-bit convolution zero points {} / {} or bounds {}..{} outside the type",
+                q.input_zero, q.output_zero, q.output_min, q.output_max
+            )));
+        }
+        error::need("8-bit convolution bias", q.bias.len(), cout)?;
+        error::need("8-bit convolution scales", q.scale.len(), cout)?;
+        // The zero point as the kernels read it, and its byte.
+        let za = if q.signed && !depthwise {
+            q.input_zero + 128
+        } else {
+            q.input_zero
+        };
+        let za_byte = za as u8;
+        if taps > MAX_TAPS {
+            return Err(bad(format!(
+                "8-bit convolution with {taps} kernel taps (at most {MAX_TAPS})"
+            )));
+        }
+        let k = error::mul(taps, cig, "weights")?;
+        error::need(
+            "8-bit convolution weights",
+            weights.len(),
+            error::mul(cout, k, "weights")?,
+        )?;
+        let mut bias: Vec<i32> = q.bias.iter().take(cout).copied().collect();
+        let zw = q.weight_zero;
+        // Signed bytes to spell each w - zw with: two reach -256..=254, three 255.
+        let dup = match (depthwise, zw) {
+            (true, _) | (_, 0) => 1,
+            _ if weights.iter().any(|&w| i32::from(w) - zw > 254) => 3,
+            _ => 2,
+        };
+        let cig4 = (cig * dup).next_multiple_of(4);
+        let algo = if depthwise {
+            // [tap][channel] already; widened once, less the zero point.
+            let w: Vec<i32> = weights
+                .iter()
+                .take(taps * cout)
+                .map(|&v| i32::from(v) - zw)
+                .collect();
+            for (c, b) in bias.iter_mut().enumerate() {
+                let sum: i32 = (0..taps)
+                    .map(|t| w.get(t * cout + c).copied().unwrap_or(0))
+                    .sum();
+                *b = b.wrapping_sub(za.wrapping_mul(sum));
+            }
+            Algo::Depthwise { weights: w }
+        } else {
+            let kq = cig4 / 4;
+            let panel = taps * kq * Q8_NR * 4;
+            let panels_per_group = cog.div_ceil(Q8_NR);
+            let mut groups = Vec::with_capacity(p.groups);
+            for g in 0..p.groups {
+                let mut packed = vec![0i8; error::mul(panel, panels_per_group, "packed weights")?];
+                for o in 0..cog {
+                    let oc = g * cog + o;
+                    let w = weights.get(oc * k..(oc + 1) * k).unwrap_or_default();
+                    let sum: i32 = w.iter().map(|&v| i32::from(v) - zw).sum();
+                    if let Some(b) = bias.get_mut(oc) {
+                        *b = b.wrapping_sub(za.wrapping_mul(sum));
+                    }
+                    let (q, j) = (o / Q8_NR, o % Q8_NR);
+                    for t in 0..taps {
+                        for i in 0..cig {
+                            // w - zw as signed bytes that add up to it.
+                            let mut rest = w.get(t * cig + i).map_or(0, |&v| i32::from(v) - zw);
+                            for u in 0..dup {
+                                let part = rest.clamp(-128, 127);
+                                rest -= part;
+                                let d = i * dup + u;
+                                let at = q * panel + ((t * kq + d / 4) * Q8_NR + j) * 4 + d % 4;
+                                if let Some(slot) = packed.get_mut(at) {
+                                    *slot = part as i8;
+                                }
+                            }
+                        }
+                    }
+                }
+                groups.push(packed);
+            }
+            let pointwise = p.kernel == [1, 1] && p.stride == [1, 1] && p.padding == [0; 4];
+            Algo::Gemm {
+                panels: groups,
+                pointwise,
+            }
+        };
+        Ok(Self {
+            p,
+            out,
+            signed: q.signed,
+            za: za_byte,
+            cig4,
+            dup,
+            algo,
+            bias,
+            scale: q.scale.iter().take(cout).copied().collect(),
+            zero: q.output_zero,
+            lo: (q.output_min - q.output_zero) as f32,
+            hi: (q.output_max - q.output_zero) as f32,
+            pad_row: vec![za_byte; if depthwise { p.in_channels } else { cig4 }],
+            vnni: arch::q8_has_vnni(),
+        })
+    }
+
+    /// Heap bytes held (for memory budgets).
+    pub fn bytes(&self) -> usize {
+        let w = match &self.algo {
+            Algo::Gemm { panels, .. } => panels.iter().map(Vec::len).sum(),
+            Algo::Depthwise { weights } => weights.len() * 4,
+        };
+        w + self.bias.len() * 8 + self.pad_row.len()
+    }
+
+    /// The geometry.
+    pub fn params(&self) -> &Conv2dParams {
+        &self.p
+    }
+
+    /// Output height and width.
+    pub fn output_size(&self) -> [usize; 2] {
+        self.out
+    }
+
+    /// "pointwise", "indirect" or "depthwise".
+    pub fn algorithm(&self) -> &'static str {
+        match &self.algo {
+            Algo::Gemm {
+                pointwise: true, ..
+            } => "pointwise",
+            Algo::Gemm { .. } => "indirect",
+            Algo::Depthwise { .. } => "depthwise",
+        }
+    }
+
+    /// Bytes of the input and output of `batch` images.
+    pub fn io_len(&self, batch: usize) -> Result<(usize, usize)> {
+        self.p.io_len(batch)
+    }
+
+    /// Whether the input is read as it is rather than copied into scratch: depthwise,
+    /// or unsigned with channels a multiple of four, not repeated.
+    fn reads_input_in_place(&self) -> bool {
+        match self.algo {
+            Algo::Gemm { .. } => {
+                !self.signed && self.dup == 1 && self.cig4 == self.p.channels_per_group().0
+            }
+            Algo::Depthwise { .. } => true,
+        }
+    }
+
+    /// Bytes of scratch a run on `batch` images needs: the input, unsigned, with each
+    /// group's channels padded to a multiple of four.
+    pub fn scratch_len(&self, batch: usize) -> Result<usize> {
+        if self.reads_input_in_place() {
+            return Ok(0);
+        }
+        let pixels = error::mul(
+            error::mul(self.p.input[0], self.p.input[1], "input")?,
+            batch,
+            "input",
+        )?;
+        error::mul(
+            pixels,
+            error::mul(self.p.groups, self.cig4, "input")?,
+            "input",
+        )
+    }
+
+    /// Runs the convolution on `batch` NHWC images: `input` is `[batch, h, w,
+    /// in_channels]` bytes (signed or unsigned as prepared), `output` `[batch, oh, ow,
+    /// out_channels]` bytes of the same type; `scratch` at least
+    /// [`QConvNhwc::scratch_len`] bytes.
+    pub fn run(
+        &self,
+        pool: &ThreadPool,
+        input: &[u8],
+        batch: usize,
+        output: &mut [u8],
+        scratch: &mut [u8],
+    ) -> Result {
+        let (x_len, y_len) = self.io_len(batch)?;
+        error::need("8-bit convolution input", input.len(), x_len)?;
+        error::need("8-bit convolution output", output.len(), y_len)?;
+        if y_len == 0 {
+            return Ok(());
+        }
+        let output = output.get_mut(..y_len).unwrap_or_default();
+        let x =
+            self.unsigned_input(pool, input.get(..x_len).unwrap_or_default(), batch, scratch)?;
+        match &self.algo {
+            Algo::Gemm { panels, pointwise } => {
+                self.run_gemm(pool, panels, *pointwise, x, batch, output)
+            }
+            Algo::Depthwise { weights } => self.run_depthwise(pool, weights, x, output),
+        }
+    }
+
+    /// The input as the kernels read it: itself, or (regular convolutions) copied into
+    /// `scratch` shifted to unsigned, each channel `dup` times, and each group's
+    /// channels padded to `cig4` with `za`.
+    fn unsigned_input<'s>(
+        &self,
+        pool: &ThreadPool,
+        input: &'s [u8],
+        batch: usize,
+        scratch: &'s mut [u8],
+    ) -> Result<&'s [u8]> {
+        if self.reads_input_in_place() {
+            return Ok(input);
+        }
+        let needed = self.scratch_len(batch)?;
+        let len = scratch.len();
+        let dst = scratch
+            .get_mut(..needed)
+            .ok_or(Error::ScratchTooSmall { len, needed })?;
+        let (cin, groups) = (self.p.in_channels, self.p.groups);
+        let (cig, width) = (cin / groups.max(1), self.cig4);
+        let flip = if self.signed { 0x80 } else { 0 };
+        if cig == width {
+            // Only the shift: one pass over contiguous bytes.
+            let mut none = [0u8; 0];
+            pool.parallel_chunks(dst, COPY_CHUNK, &mut none, 0, |k, d, _| {
+                let src = input.get(k * COPY_CHUNK..).unwrap_or_default();
+                d.iter_mut().zip(src).for_each(|(d, &s)| *d = s ^ flip);
+            })?;
+            return Ok(dst);
+        }
+        let pixel = width * cin.div_ceil(cig.max(1));
+        let rows = (self.p.input[1] * pixel).max(1);
+        pool.parallel_chunks(dst, rows, &mut [0u8; 0], 0, |r, d, _| {
+            let src = input.get(r * self.p.input[1] * cin..).unwrap_or_default();
+            for (dp, sp) in d
+                .chunks_exact_mut(pixel.max(1))
+                .zip(src.chunks_exact(cin.max(1)))
+            {
+                for (dg, sg) in dp
+                    .chunks_exact_mut(width.max(1))
+                    .zip(sp.chunks_exact(cig.max(1)))
+                {
+                    let (head, pad) = dg.split_at_mut((cig * self.dup).min(dg.len()));
+                    if self.dup == 1 {
+                        head.iter_mut().zip(sg).for_each(|(d, &s)| *d = s ^ flip);
+                    } else {
+                        for (d, &s) in head.chunks_exact_mut(self.dup).zip(sg) {
+                            d.iter_mut().for_each(|d| *d = s ^ flip);
+                        }
+                    }
+                    pad.iter_mut().for_each(|d| *d = self.za);
+                }
+            }
+        })?;
+        Ok(dst)
+    }
+
+    /// Regular convolutions on the micro-kernel, rows split over the pool's threads.
+    fn run_gemm(
+        &self,
+        pool: &ThreadPool,
+        panels: &[Vec<i8>],
+        pointwise: bool,
+        x: &[u8],
+        batch: usize,
+        y: &mut [u8],
+    ) -> Result {
+        let p = &self.p;
+        let cout = p.out_channels;
+        let m = error::mul(batch, self.out[0] * self.out[1], "convolution output")?;
+        let tiles = m.div_ceil(Q8_MR);
+        let taps = p.kernel[0] * p.kernel[1];
+        let work = m.saturating_mul(cout).saturating_mul(taps * self.cig4);
+        let tasks = if work < (1 << 18) {
+            1
+        } else {
+            (pool.threads() * TASKS_PER_THREAD).min(tiles).max(1)
+        };
+        let rows_per_task = tiles.div_ceil(tasks) * Q8_MR;
+        let failed = FirstError::default();
+        pool.parallel_chunks(y, rows_per_task * cout, &mut [0u8; 0], 0, |task, yc, _| {
+            let r0 = task * rows_per_task;
+            failed.keep(self.gemm_rows(panels, pointwise, x, r0, yc));
+        })?;
+        failed.into_result()
+    }
+
+    /// Output pixels `r0..` into `yc` (whole pixels).
+    fn gemm_rows(
+        &self,
+        panels: &[Vec<i8>],
+        pointwise: bool,
+        x: &[u8],
+        r0: usize,
+        yc: &mut [u8],
+    ) -> Result {
+        let p = &self.p;
+        let (cout, cog) = (p.out_channels, p.channels_per_group().1);
+        let rows_here = yc.len() / cout.max(1);
+        let taps = p.kernel[0] * p.kernel[1];
+        let kc = self.cig4;
+        let pixel = p.groups * kc;
+        let panel = taps * kc * Q8_NR;
+        let count = cog.div_ceil(Q8_NR);
+        let block = (L2_PANEL_BYTES / panel.max(1)).max(1);
+        let [oh, ow] = self.out;
+        let image = p.input[0] * p.input[1] * pixel;
+        let mut list: [&[u8]; MAX_TAPS * Q8_MR] = [&[]; MAX_TAPS * Q8_MR];
+        for (g, packed) in panels.iter().enumerate() {
+            for q0 in (0..count).step_by(block) {
+                let n = block.min(count - q0);
+                let run = Q8Panels {
+                    data: packed.get(q0 * panel..).unwrap_or_default(),
+                    stride: panel,
+                    count: n,
+                    cols: cog.min((q0 + n) * Q8_NR) - (q0 + n - 1) * Q8_NR,
+                };
+                let j0 = g * cog + q0 * Q8_NR;
+                let post = Q8Post {
+                    bias: self.bias.get(j0..).unwrap_or_default(),
+                    scale: self.scale.get(j0..).unwrap_or_default(),
+                    zero: self.zero,
+                    lo: self.lo,
+                    hi: self.hi,
+                };
+                for r in (0..rows_here).step_by(Q8_MR) {
+                    let rows = Q8_MR.min(rows_here - r);
+                    let place = (r, j0, cout);
+                    if pointwise {
+                        let a = x.get((r0 + r) * pixel + g * kc..).unwrap_or_default();
+                        let a = IndirectRows::strided(a, rows, 1, kc, (pixel, 0))?;
+                        arch::q8_microkernel(self.vnni, &a, &run, yc, place, &post)?;
+                        continue;
+                    }
+                    // Where each of the tile's pixels reads each tap (`list[t · rows + i]`).
+                    let (mut n_img, pix) =
+                        ((r0 + r) / (oh * ow).max(1), (r0 + r) % (oh * ow).max(1));
+                    let (mut oy, mut ox) = (pix / ow.max(1), pix % ow.max(1));
+                    for i in 0..rows {
+                        for t in 0..taps {
+                            let (ky, kx) = (t / p.kernel[1], t % p.kernel[1]);
+                            let iy = (oy * p.stride[0] + ky * p.dilation[0])
+                                .checked_sub(p.padding[0])
+                                .filter(|&v| v < p.input[0]);
+                            let ix = (ox * p.stride[1] + kx * p.dilation[1])
+                                .checked_sub(p.padding[1])
+                                .filter(|&v| v < p.input[1]);
+                            let at = iy.zip(ix).map(|(iy, ix)| {
+                                n_img * image + (iy * p.input[1] + ix) * pixel + g * kc
+                            });
+                            if let Some(slot) = list.get_mut(t * rows + i) {
+                                *slot = at.and_then(|o| x.get(o..o + kc)).unwrap_or(&self.pad_row);
+                            }
+                        }
+                        ox += 1;
+                        if ox == ow {
+                            ox = 0;
+                            oy += 1;
+                            if oy == oh {
+                                (oy, n_img) = (0, n_img + 1);
+                            }
+                        }
+                    }
+                    let list = list.get(..taps * rows).unwrap_or_default();
+                    let a = IndirectRows::new(list, rows, taps, kc)?;
+                    arch::q8_microkernel(self.vnni, &a, &run, yc, place, &post)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Depthwise convolutions, rows of the output split over the pool's threads.
+    fn run_depthwise(&self, pool: &ThreadPool, weights: &[i32], x: &[u8], y: &mut [u8]) -> Result {
+        let p = &self.p;
+        let c = p.out_channels;
+        let row = self.out[1] * c;
+        let image = p.input[0] * p.input[1] * p.in_channels;
+        let isa = Isa::best();
+        pool.parallel_chunks(y, row, &mut [0u8; 0], 0, |r, yr, _| {
+            let (n, oy) = (r / self.out[0].max(1), r % self.out[0].max(1));
+            let xi = x.get(n * image..(n + 1) * image).unwrap_or_default();
+            self.depthwise_row(isa, weights, xi, oy, yr);
+        })
+    }
+
+    /// Output row `oy` of one image `x`.
+    fn depthwise_row(&self, isa: Isa, weights: &[i32], x: &[u8], oy: usize, y: &mut [u8]) {
+        let p = &self.p;
+        let (c, cin) = (p.out_channels, p.in_channels);
+        let mult = c / cin.max(1);
+        let [kh, kw] = p.kernel;
+        let mut taps: [&[u8]; MAX_TAPS] = [&[]; MAX_TAPS];
+        for (ox, out) in y.chunks_exact_mut(c.max(1)).enumerate() {
+            for t in 0..(kh * kw).min(MAX_TAPS) {
+                let iy = (oy * p.stride[0] + (t / kw) * p.dilation[0])
+                    .checked_sub(p.padding[0])
+                    .filter(|&v| v < p.input[0]);
+                let ix = (ox * p.stride[1] + (t % kw) * p.dilation[1])
+                    .checked_sub(p.padding[1])
+                    .filter(|&v| v < p.input[1]);
+                let at = iy.zip(ix).map(|(iy, ix)| (iy * p.input[1] + ix) * cin);
+                if let Some(s) = taps.get_mut(t) {
+                    *s = at.and_then(|a| x.get(a..a + cin)).unwrap_or(&self.pad_row);
+                }
+            }
+            let taps = taps.get(..kh * kw).unwrap_or_default();
+            if mult == 1 {
+                depthwise_pixel(isa, taps, weights, self.post(), self.signed, out);
+            } else {
+                for (ch, o) in out.iter_mut().enumerate() {
+                    let mut acc = self.bias.get(ch).copied().unwrap_or(0);
+                    for (t, tap) in taps.iter().enumerate() {
+                        let b = tap.get(ch / mult).copied().unwrap_or(self.za);
+                        let wv = weights.get(t * c + ch).copied().unwrap_or(0);
+                        acc = acc.wrapping_add(byte_value(b, self.signed).wrapping_mul(wv));
+                    }
+                    *o = self.post().apply(acc, ch) as u8;
+                }
+            }
+        }
+    }
+
+    /// The requantization of every output channel.
+    fn post(&self) -> Q8Post<'_> {
+        Q8Post {
+            bias: &self.bias,
+            scale: &self.scale,
+            zero: self.zero,
+            lo: self.lo,
+            hi: self.hi,
+        }
+    }
+}
+
+/// Most kernel taps (a 9 × 9 window; larger ones are refused at load).
+const MAX_TAPS: usize = arch::Q8_MAX_TAPS;
+
+/// Bytes of the input one task shifts to unsigned.
+const COPY_CHUNK: usize = 64 * 1024;
+
+/// The value of an activation byte.
+#[inline(always)]
+fn byte_value(b: u8, signed: bool) -> i32 {
+    if signed {
+        i32::from(b as i8)
+    } else {
+        i32::from(b)
+    }
+}
+
+multiversion! {
+    /// One output pixel of a depthwise convolution with multiplier 1: per block of 16
+    /// channels, the bias plus each tap's products, requantized.
+    fn depthwise_pixel<const FMA: bool>(
+        taps: &[&[u8]],
+        weights: &[i32],
+        post: Q8Post<'_>,
+        signed: bool,
+        out: &mut [u8],
+    ) {
+        if signed {
+            depthwise_blocks::<true>(taps, weights, post, out);
+        } else {
+            depthwise_blocks::<false>(taps, weights, post, out);
+        }
+    }
+}
+
+/// [`depthwise_pixel`]'s body for activations of one signedness.
+#[inline(always)]
+fn depthwise_blocks<const SIGNED: bool>(
+    taps: &[&[u8]],
+    weights: &[i32],
+    post: Q8Post<'_>,
+    out: &mut [u8],
+) {
+    let c = out.len();
+    let whole = c / LANES * LANES;
+    for c0 in (0..whole).step_by(LANES) {
+        let mut acc: [i32; LANES] = block(post.bias, c0);
+        for (t, tap) in taps.iter().enumerate() {
+            let x: [u8; LANES] = block(tap, c0);
+            let w: [i32; LANES] = block(weights, t * c + c0);
+            for ((a, x), w) in acc.iter_mut().zip(x).zip(w) {
+                *a = a.wrapping_add(byte_value(x, SIGNED).wrapping_mul(w));
+            }
+        }
+        let scale: [f32; LANES] = block(post.scale, c0);
+        if let Some(o) = out.get_mut(c0..c0 + LANES) {
+            for ((o, a), s) in o.iter_mut().zip(acc).zip(scale) {
+                *o = post.requantize(a, s) as u8;
+            }
+        }
+    }
+    for (ch, o) in out.iter_mut().enumerate().skip(whole) {
+        let mut acc = post.bias.get(ch).copied().unwrap_or(0);
+        for (t, tap) in taps.iter().enumerate() {
+            let x = byte_value(tap.get(ch).copied().unwrap_or(0), SIGNED);
+            let w = weights.get(t * c + ch).copied().unwrap_or(0);
+            acc = acc.wrapping_add(x.wrapping_mul(w));
+        }
+        *o = post.apply(acc, ch) as u8;
+    }
+}
+
+/// Channels of a depthwise block (a 512-bit vector of 32-bit sums).
+const LANES: usize = 16;
+
+/// `LANES` values of `s` from `at` (zeros past its end).
+#[inline(always)]
+fn block<T: Copy + Default>(s: &[T], at: usize) -> [T; LANES] {
+    match s.get(at..at + LANES) {
+        Some(v) => std::array::from_fn(|i| v.get(i).copied().unwrap_or_default()),
+        None => [T::default(); LANES],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes(n: usize, seed: u32) -> Vec<u8> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(7);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s >> 8) as u8
+            })
+            .collect()
+    }
+
+    /// `(geometry, depthwise)` in NHWC: input, kernel, stride, dilation, padding,
+    /// groups, input and output channels per group.
+    type Case = (
+        [usize; 2],
+        [usize; 2],
+        [usize; 2],
+        [usize; 2],
+        [usize; 4],
+        usize,
+        usize,
+        usize,
+        bool,
+    );
+
+    #[test]
+    fn convolutions_match_a_direct_sum() {
+        let cases: &[Case] = &[
+            // 1×1 (strided rows), channels not a multiple of four, more than a tile
+            // of rows and of columns.
+            ([5, 7], [1, 1], [1, 1], [1, 1], [0; 4], 1, 13, 37, false),
+            ([3, 3], [1, 1], [1, 1], [1, 1], [0; 4], 1, 64, 70, false),
+            // 3×3 with padding, stride 2, groups, a stem of 3 channels, 7×7 taps.
+            (
+                [6, 5],
+                [3, 3],
+                [1, 1],
+                [1, 1],
+                [1, 1, 1, 1],
+                1,
+                8,
+                33,
+                false,
+            ),
+            (
+                [9, 8],
+                [3, 3],
+                [2, 2],
+                [1, 1],
+                [1, 0, 0, 1],
+                1,
+                3,
+                16,
+                false,
+            ),
+            ([7, 7], [3, 2], [1, 2], [2, 1], [2, 1, 0, 3], 2, 6, 5, false),
+            (
+                [12, 11],
+                [7, 7],
+                [2, 2],
+                [1, 1],
+                [3, 3, 3, 3],
+                1,
+                3,
+                20,
+                false,
+            ),
+            // Depthwise: multiplier 1 and 2, stride, dilation, 5×5.
+            ([7, 9], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 70, 1, 1, true),
+            ([8, 8], [3, 3], [2, 2], [1, 1], [0, 1, 1, 0], 20, 1, 2, true),
+            ([6, 6], [5, 5], [1, 1], [2, 2], [4, 4, 4, 4], 5, 1, 1, true),
+        ];
+        for &(input, kernel, stride, dilation, padding, groups, cig, cog, dw) in cases {
+            let p = Conv2dParams {
+                in_channels: groups * cig,
+                out_channels: groups * cog,
+                groups,
+                input,
+                kernel,
+                stride,
+                padding,
+                dilation,
+            };
+            let cout = p.out_channels;
+            let taps = kernel[0] * kernel[1];
+            let wlen = if dw { taps * cout } else { cout * taps * cig };
+            let w: Vec<i8> = bytes(wlen, 2).iter().map(|&b| b as i8).collect();
+            let bias: Vec<i32> = (0..cout).map(|o| (o as i32 * 977) % 3001 - 1500).collect();
+            let scale: Vec<f32> = (0..cout).map(|o| 1.0 / (300.0 + 17.0 * o as f32)).collect();
+            let batch = 2;
+            let x = bytes(batch * input[0] * input[1] * p.in_channels, 1);
+            // Signed and unsigned activations; weights with zero point 0, and with one
+            // that takes w - zw past a byte (to 255 with -128).
+            for (signed, wz) in [
+                (true, 0),
+                (false, 0),
+                (true, -100),
+                (false, 77),
+                (true, -128),
+            ] {
+                let (lo, hi) = if signed { (-128, 127) } else { (0, 255) };
+                let q = QuantParams {
+                    signed,
+                    input_zero: lo + 37,
+                    weight_zero: wz,
+                    bias: &bias,
+                    scale: &scale,
+                    output_zero: lo + 101,
+                    output_min: lo + 3,
+                    output_max: hi - 5,
+                };
+                let mut conv = QConvNhwc::new(p, dw, &w, &q).unwrap();
+                let [oh, ow] = conv.output_size();
+                // The reference, from the definition.
+                let value = |v: u8| {
+                    if signed {
+                        i32::from(v as i8)
+                    } else {
+                        i32::from(v)
+                    }
+                };
+                let mut want = vec![0u8; batch * oh * ow * cout];
+                for n in 0..batch {
+                    for oy in 0..oh {
+                        for ox in 0..ow {
+                            for o in 0..cout {
+                                let g = o / cog;
+                                let mut acc = bias[o];
+                                for t in 0..taps {
+                                    let (ky, kx) = (t / kernel[1], t % kernel[1]);
+                                    let iy =
+                                        (oy * stride[0] + ky * dilation[0]).checked_sub(padding[0]);
+                                    let ix =
+                                        (ox * stride[1] + kx * dilation[1]).checked_sub(padding[1]);
+                                    let (Some(iy), Some(ix)) = (iy, ix) else {
+                                        continue;
+                                    };
+                                    if iy >= input[0] || ix >= input[1] {
+                                        continue;
+                                    }
+                                    let px = ((n * input[0] + iy) * input[1] + ix) * p.in_channels;
+                                    for i in 0..cig {
+                                        let xv = value(x[px + g * cig + i]) - q.input_zero;
+                                        let wv = if dw {
+                                            i32::from(w[t * cout + o])
+                                        } else {
+                                            i32::from(w[(o * taps + t) * cig + i])
+                                        } - wz;
+                                        acc += xv * wv;
+                                    }
+                                }
+                                let v = (acc as f32 * scale[o])
+                                    .max((q.output_min - q.output_zero) as f32)
+                                    .min((q.output_max - q.output_zero) as f32);
+                                let v = v.round_ties_even() as i32 + q.output_zero;
+                                want[((n * oh + oy) * ow + ox) * cout + o] = v as u8;
+                            }
+                        }
+                    }
+                }
+                for vnni in [true, false] {
+                    conv.vnni = vnni && arch::q8_has_vnni();
+                    for threads in [1, 2, 3] {
+                        let pool = ThreadPool::new(threads).unwrap();
+                        let mut y = vec![0xAAu8; want.len()];
+                        let mut scratch = vec![0u8; conv.scratch_len(batch).unwrap()];
+                        conv.run(&pool, &x, batch, &mut y, &mut scratch).unwrap();
+                        assert_eq!(
+                            y,
+                            want,
+                            "{} signed {signed} zw {wz} vnni {} threads {threads}: {p:?}",
+                            conv.algorithm(),
+                            conv.vnni
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_layers_are_errors() {
+        let p = Conv2dParams {
+            in_channels: 4,
+            out_channels: 4,
+            groups: 1,
+            input: [3, 3],
+            kernel: [10, 10],
+            stride: [1, 1],
+            padding: [5; 4],
+            dilation: [1, 1],
+        };
+        let (bias, scale) = ([0; 4], [1.0; 4]);
+        let q = QuantParams {
+            signed: true,
+            input_zero: 0,
+            weight_zero: 0,
+            bias: &bias,
+            scale: &scale,
+            output_zero: 0,
+            output_min: -128,
+            output_max: 127,
+        };
+        // Too many taps, too few weights, a zero point outside the type.
+        assert!(QConvNhwc::new(p, false, &[0; 1600], &q).is_err());
+        let p = Conv2dParams {
+            kernel: [3, 3],
+            padding: [1; 4],
+            ..p
+        };
+        assert!(QConvNhwc::new(p, false, &[0; 143], &q).is_err());
+        let q2 = QuantParams {
+            input_zero: 200,
+            ..q
+        };
+        assert!(QConvNhwc::new(p, false, &[0; 144], &q2).is_err());
+        let conv = QConvNhwc::new(p, false, &[0; 144], &q).unwrap();
+        let pool = ThreadPool::new(1).unwrap();
+        let mut y = [0u8; 36];
+        let mut s = vec![0u8; conv.scratch_len(1).unwrap()];
+        assert!(conv.run(&pool, &[0; 35], 1, &mut y, &mut s).is_err());
+        assert!(conv.run(&pool, &[0; 36], 1, &mut y[..35], &mut s).is_err());
+        assert!(conv.run(&pool, &[0; 36], 1, &mut y, &mut []).is_err());
+    }
+}
