@@ -58,11 +58,27 @@ enum Algo {
     /// Per group, panels of [`Q8_NR`] output channels: `[panel][tap][kq][NR][4]`.
     Gemm {
         panels: Vec<Vec<i8>>,
-        pointwise: bool,
+        gather: Gather,
     },
     /// Weights `[tap][output channel]`, widened.
     Depthwise { weights: Vec<i32> },
 }
+
+/// How the micro-kernel's rows cover a receptive field.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Gather {
+    /// A 1×1 stride-1 convolution: the output pixel's own input pixel.
+    Pixel,
+    /// One row per kernel tap (padding: the row of `za`).
+    Taps,
+    /// One row per kernel row, in an input copied with its padding: a stem's few
+    /// channels make each tap's row too short to keep the kernel busy.
+    Rows,
+}
+
+/// A group's input channels (after repetition) below which a convolution with one
+/// group reads whole kernel rows ([`Gather::Rows`]).
+const MIN_SEGMENT: usize = 8;
 
 /// An 8-bit convolution on NHWC images prepared for repeated runs.
 pub struct QConvNhwc {
@@ -173,12 +189,6 @@ impl QConvNhwc {
                 .take(taps * cout)
                 .map(|&v| i32::from(v) - zw)
                 .collect();
-            for (c, b) in bias.iter_mut().enumerate() {
-                let sum: i32 = (0..taps)
-                    .map(|t| w.get(t * cout + c).copied().unwrap_or(0))
-                    .sum();
-                *b = b.wrapping_sub(za.wrapping_mul(sum));
-            }
             Algo::Depthwise { weights: w }
         } else {
             let kq = cig4 / 4;
@@ -213,10 +223,16 @@ impl QConvNhwc {
                 }
                 groups.push(packed);
             }
-            let pointwise = p.kernel == [1, 1] && p.stride == [1, 1] && p.padding == [0; 4];
+            let gather = if p.kernel == [1, 1] && p.stride == [1, 1] && p.padding == [0; 4] {
+                Gather::Pixel
+            } else if p.groups == 1 && cig * dup < MIN_SEGMENT && p.dilation[1] == 1 {
+                Gather::Rows
+            } else {
+                Gather::Taps
+            };
             Algo::Gemm {
                 panels: groups,
-                pointwise,
+                gather,
             }
         };
         Ok(Self {
@@ -260,8 +276,13 @@ impl QConvNhwc {
     pub fn algorithm(&self) -> &'static str {
         match &self.algo {
             Algo::Gemm {
-                pointwise: true, ..
+                gather: Gather::Pixel,
+                ..
             } => "pointwise",
+            Algo::Gemm {
+                gather: Gather::Rows,
+                ..
+            } => "rows",
             Algo::Gemm { .. } => "indirect",
             Algo::Depthwise { .. } => "depthwise",
         }
@@ -273,13 +294,32 @@ impl QConvNhwc {
     }
 
     /// Whether the input is read as it is rather than copied into scratch: depthwise,
-    /// or unsigned with channels a multiple of four, not repeated.
+    /// or unsigned with channels a multiple of four, not repeated, not padded.
     fn reads_input_in_place(&self) -> bool {
         match self.algo {
-            Algo::Gemm { .. } => {
-                !self.signed && self.dup == 1 && self.cig4 == self.p.channels_per_group().0
+            Algo::Gemm { gather, .. } => {
+                !self.signed
+                    && self.dup == 1
+                    && self.cig4 == self.p.channels_per_group().0
+                    && gather != Gather::Rows
             }
             Algo::Depthwise { .. } => true,
+        }
+    }
+
+    /// Height and width of the input as copied: with its padding for
+    /// [`Gather::Rows`].
+    fn copied_size(&self) -> [usize; 2] {
+        let p = &self.p;
+        match self.algo {
+            Algo::Gemm {
+                gather: Gather::Rows,
+                ..
+            } => [
+                p.input[0] + p.padding[0] + p.padding[2],
+                p.input[1] + p.padding[1] + p.padding[3],
+            ],
+            _ => p.input,
         }
     }
 
@@ -289,11 +329,8 @@ impl QConvNhwc {
         if self.reads_input_in_place() {
             return Ok(0);
         }
-        let pixels = error::mul(
-            error::mul(self.p.input[0], self.p.input[1], "input")?,
-            batch,
-            "input",
-        )?;
+        let [h, w] = self.copied_size();
+        let pixels = error::mul(error::mul(h, w, "input")?, batch, "input")?;
         error::mul(
             pixels,
             error::mul(self.p.groups, self.cig4, "input")?,
@@ -323,16 +360,15 @@ impl QConvNhwc {
         let x =
             self.unsigned_input(pool, input.get(..x_len).unwrap_or_default(), batch, scratch)?;
         match &self.algo {
-            Algo::Gemm { panels, pointwise } => {
-                self.run_gemm(pool, panels, *pointwise, x, batch, output)
-            }
+            Algo::Gemm { panels, gather } => self.run_gemm(pool, panels, *gather, x, batch, output),
             Algo::Depthwise { weights } => self.run_depthwise(pool, weights, x, output),
         }
     }
 
     /// The input as the kernels read it: itself, or (regular convolutions) copied into
-    /// `scratch` shifted to unsigned, each channel `dup` times, and each group's
-    /// channels padded to `cig4` with `za`.
+    /// `scratch` shifted to unsigned, each channel `dup` times, each group's channels
+    /// padded to `cig4` with `za`, and for [`Gather::Rows`] the image's padding
+    /// written as pixels of `za`.
     fn unsigned_input<'s>(
         &self,
         pool: &ThreadPool,
@@ -348,10 +384,10 @@ impl QConvNhwc {
         let dst = scratch
             .get_mut(..needed)
             .ok_or(Error::ScratchTooSmall { len, needed })?;
-        let (cin, groups) = (self.p.in_channels, self.p.groups);
-        let (cig, width) = (cin / groups.max(1), self.cig4);
+        let p = &self.p;
+        let (cin, cig) = (p.in_channels, p.channels_per_group().0);
         let flip = if self.signed { 0x80 } else { 0 };
-        if cig == width {
+        if cig == self.cig4 && self.copied_size() == p.input {
             // Only the shift: one pass over contiguous bytes.
             let mut none = [0u8; 0];
             pool.parallel_chunks(dst, COPY_CHUNK, &mut none, 0, |k, d, _| {
@@ -360,16 +396,37 @@ impl QConvNhwc {
             })?;
             return Ok(dst);
         }
-        let pixel = width * cin.div_ceil(cig.max(1));
-        let rows = (self.p.input[1] * pixel).max(1);
-        pool.parallel_chunks(dst, rows, &mut [0u8; 0], 0, |r, d, _| {
-            let src = input.get(r * self.p.input[1] * cin..).unwrap_or_default();
-            for (dp, sp) in d
+        let [hp, wp] = self.copied_size();
+        let (top, left) = if [hp, wp] == p.input {
+            (0, 0)
+        } else {
+            (p.padding[0], p.padding[1])
+        };
+        let pixel = p.groups * self.cig4;
+        // One copied row per chunk: padding pixels of za around the shifted ones.
+        pool.parallel_chunks(dst, (wp * pixel).max(1), &mut [0u8; 0], 0, |r, d, _| {
+            let (n, y) = (r / hp.max(1), r % hp.max(1));
+            let src = y
+                .checked_sub(top)
+                .filter(|&iy| iy < p.input[0])
+                .and_then(|iy| {
+                    let at = ((n * p.input[0] + iy) * p.input[1]) * cin;
+                    input.get(at..at + p.input[1] * cin)
+                });
+            let Some(src) = src else {
+                d.iter_mut().for_each(|d| *d = self.za);
+                return;
+            };
+            let (pad_left, rest) = d.split_at_mut((left * pixel).min(d.len()));
+            pad_left.iter_mut().for_each(|d| *d = self.za);
+            let (body, pad_right) = rest.split_at_mut((p.input[1] * pixel).min(rest.len()));
+            pad_right.iter_mut().for_each(|d| *d = self.za);
+            for (dp, sp) in body
                 .chunks_exact_mut(pixel.max(1))
                 .zip(src.chunks_exact(cin.max(1)))
             {
                 for (dg, sg) in dp
-                    .chunks_exact_mut(width.max(1))
+                    .chunks_exact_mut(self.cig4.max(1))
                     .zip(sp.chunks_exact(cig.max(1)))
                 {
                     let (head, pad) = dg.split_at_mut((cig * self.dup).min(dg.len()));
@@ -392,7 +449,7 @@ impl QConvNhwc {
         &self,
         pool: &ThreadPool,
         panels: &[Vec<i8>],
-        pointwise: bool,
+        gather: Gather,
         x: &[u8],
         batch: usize,
         y: &mut [u8],
@@ -412,7 +469,7 @@ impl QConvNhwc {
         let failed = FirstError::default();
         pool.parallel_chunks(y, rows_per_task * cout, &mut [0u8; 0], 0, |task, yc, _| {
             let r0 = task * rows_per_task;
-            failed.keep(self.gemm_rows(panels, pointwise, x, r0, yc));
+            failed.keep(self.gemm_rows(panels, gather, x, r0, yc));
         })?;
         failed.into_result()
     }
@@ -421,7 +478,7 @@ impl QConvNhwc {
     fn gemm_rows(
         &self,
         panels: &[Vec<i8>],
-        pointwise: bool,
+        gather: Gather,
         x: &[u8],
         r0: usize,
         yc: &mut [u8],
@@ -436,7 +493,8 @@ impl QConvNhwc {
         let count = cog.div_ceil(Q8_NR);
         let block = (L2_PANEL_BYTES / panel.max(1)).max(1);
         let [oh, ow] = self.out;
-        let image = p.input[0] * p.input[1] * pixel;
+        let [hp, wp] = self.copied_size();
+        let image = hp * wp * pixel;
         let mut list: [&[u8]; MAX_TAPS * Q8_MR] = [&[]; MAX_TAPS * Q8_MR];
         for (g, packed) in panels.iter().enumerate() {
             for q0 in (0..count).step_by(block) {
@@ -458,48 +516,101 @@ impl QConvNhwc {
                 for r in (0..rows_here).step_by(Q8_MR) {
                     let rows = Q8_MR.min(rows_here - r);
                     let place = (r, j0, cout);
-                    if pointwise {
-                        let a = x.get((r0 + r) * pixel + g * kc..).unwrap_or_default();
-                        let a = IndirectRows::strided(a, rows, 1, kc, (pixel, 0))?;
-                        arch::q8_microkernel(self.vnni, &a, &run, yc, place, &post)?;
-                        continue;
-                    }
-                    // Where each of the tile's pixels reads each tap (`list[t · rows + i]`).
-                    let (mut n_img, pix) =
-                        ((r0 + r) / (oh * ow).max(1), (r0 + r) % (oh * ow).max(1));
-                    let (mut oy, mut ox) = (pix / ow.max(1), pix % ow.max(1));
-                    for i in 0..rows {
-                        for t in 0..taps {
-                            let (ky, kx) = (t / p.kernel[1], t % p.kernel[1]);
-                            let iy = (oy * p.stride[0] + ky * p.dilation[0])
-                                .checked_sub(p.padding[0])
-                                .filter(|&v| v < p.input[0]);
-                            let ix = (ox * p.stride[1] + kx * p.dilation[1])
-                                .checked_sub(p.padding[1])
-                                .filter(|&v| v < p.input[1]);
-                            let at = iy.zip(ix).map(|(iy, ix)| {
-                                n_img * image + (iy * p.input[1] + ix) * pixel + g * kc
-                            });
-                            if let Some(slot) = list.get_mut(t * rows + i) {
-                                *slot = at.and_then(|o| x.get(o..o + kc)).unwrap_or(&self.pad_row);
+                    match gather {
+                        Gather::Pixel => {
+                            let a = x.get((r0 + r) * pixel + g * kc..).unwrap_or_default();
+                            let a = IndirectRows::strided(a, rows, 1, kc, (pixel, 0))?;
+                            arch::q8_microkernel(self.vnni, &a, &run, yc, place, &post)?;
+                        }
+                        Gather::Rows => {
+                            // The tile's pixels in each output row it touches are a
+                            // fixed distance apart in the padded copy.
+                            let (row, tap) = (p.stride[1] * kc, p.dilation[0] * wp * kc);
+                            let mut i = 0;
+                            while i < rows {
+                                let (n_img, pix) = (
+                                    (r0 + r + i) / (oh * ow).max(1),
+                                    (r0 + r + i) % (oh * ow).max(1),
+                                );
+                                let (oy, ox) = (pix / ow.max(1), pix % ow.max(1));
+                                let len = (rows - i).min(ow - ox);
+                                let at =
+                                    n_img * image + (oy * p.stride[0] * wp + ox * p.stride[1]) * kc;
+                                let a = x.get(at..).unwrap_or_default();
+                                let a = IndirectRows::strided(
+                                    a,
+                                    len,
+                                    p.kernel[0],
+                                    p.kernel[1] * kc,
+                                    (row, tap),
+                                )?;
+                                arch::q8_microkernel(
+                                    self.vnni,
+                                    &a,
+                                    &run,
+                                    yc,
+                                    (r + i, j0, cout),
+                                    &post,
+                                )?;
+                                i += len;
                             }
                         }
-                        ox += 1;
-                        if ox == ow {
-                            ox = 0;
-                            oy += 1;
-                            if oy == oh {
-                                (oy, n_img) = (0, n_img + 1);
-                            }
+                        Gather::Taps => {
+                            self.tap_rows(x, g, r0 + r, rows, &mut list);
+                            let list = list.get(..taps * rows).unwrap_or_default();
+                            let a = IndirectRows::new(list, rows, taps, kc)?;
+                            arch::q8_microkernel(self.vnni, &a, &run, yc, place, &post)?;
                         }
                     }
-                    let list = list.get(..taps * rows).unwrap_or_default();
-                    let a = IndirectRows::new(list, rows, taps, kc)?;
-                    arch::q8_microkernel(self.vnni, &a, &run, yc, place, &post)?;
                 }
             }
         }
         Ok(())
+    }
+
+    /// Where each of `rows` output pixels from `first` reads each tap of group `g`:
+    /// `list[t · rows + i]`, the row of `za` for taps in the padding.
+    fn tap_rows<'x>(
+        &'x self,
+        x: &'x [u8],
+        g: usize,
+        first: usize,
+        rows: usize,
+        list: &mut [&'x [u8]],
+    ) {
+        let p = &self.p;
+        let [oh, ow] = self.out;
+        let kc = self.cig4;
+        let pixel = p.groups * kc;
+        let image = p.input[0] * p.input[1] * pixel;
+        let (mut n_img, pix) = (first / (oh * ow).max(1), first % (oh * ow).max(1));
+        let (mut oy, mut ox) = (pix / ow.max(1), pix % ow.max(1));
+        let taps = p.kernel[0] * p.kernel[1];
+        for i in 0..rows {
+            for t in 0..taps {
+                let (ky, kx) = (t / p.kernel[1], t % p.kernel[1]);
+                let iy = (oy * p.stride[0] + ky * p.dilation[0])
+                    .checked_sub(p.padding[0])
+                    .filter(|&v| v < p.input[0]);
+                let ix = (ox * p.stride[1] + kx * p.dilation[1])
+                    .checked_sub(p.padding[1])
+                    .filter(|&v| v < p.input[1]);
+                let at = iy
+                    .zip(ix)
+                    .map(|(iy, ix)| n_img * image + (iy * p.input[1] + ix) * pixel + g * kc);
+                if let Some(slot) = list.get_mut(t * rows + i) {
+                    *slot = at.and_then(|o| x.get(o..o + kc)).unwrap_or(&self.pad_row);
+                }
+            }
+            ox += 1;
+            if ox == ow {
+                ox = 0;
+                oy += 1;
+                if oy == oh {
+                    (oy, n_img) = (0, n_img + 1);
+                }
+            }
+        }
     }
 
     /// Depthwise convolutions, rows of the output split over the pool's threads.
@@ -522,6 +633,21 @@ impl QConvNhwc {
         let (c, cin) = (p.out_channels, p.in_channels);
         let mult = c / cin.max(1);
         let [kh, kw] = p.kernel;
+        if mult == 1 && kh == kw && (kh == 3 || kh == 5) {
+            // The input rows of each kernel row (None: padding).
+            let row_len = p.input[1] * cin;
+            let rows: [Option<&[u8]>; 5] = std::array::from_fn(|ky| {
+                (ky < kh)
+                    .then(|| (oy * p.stride[0] + ky * p.dilation[0]).checked_sub(p.padding[0]))
+                    .flatten()
+                    .filter(|&iy| iy < p.input[0])
+                    .and_then(|iy| x.get(iy * row_len..(iy + 1) * row_len))
+            });
+            let geometry = (p.input[1], p.stride[1], p.dilation[1], p.padding[1]);
+            let input = (self.signed, self.za_value());
+            depthwise_row_blocks(isa, kh, rows, weights, self.post(), input, geometry, y);
+            return;
+        }
         let mut taps: [&[u8]; MAX_TAPS] = [&[]; MAX_TAPS];
         for (ox, out) in y.chunks_exact_mut(c.max(1)).enumerate() {
             for t in 0..(kh * kw).min(MAX_TAPS) {
@@ -538,19 +664,26 @@ impl QConvNhwc {
             }
             let taps = taps.get(..kh * kw).unwrap_or_default();
             if mult == 1 {
-                depthwise_pixel(isa, taps, weights, self.post(), self.signed, out);
+                let input = (self.signed, self.za_value());
+                depthwise_pixel(isa, taps, weights, self.post(), input, out);
             } else {
                 for (ch, o) in out.iter_mut().enumerate() {
                     let mut acc = self.bias.get(ch).copied().unwrap_or(0);
                     for (t, tap) in taps.iter().enumerate() {
                         let b = tap.get(ch / mult).copied().unwrap_or(self.za);
                         let wv = weights.get(t * c + ch).copied().unwrap_or(0);
-                        acc = acc.wrapping_add(byte_value(b, self.signed).wrapping_mul(wv));
+                        let x = byte_value(b, self.signed) - self.za_value();
+                        acc = acc.wrapping_add(x.wrapping_mul(wv));
                     }
                     *o = self.post().apply(acc, ch) as u8;
                 }
             }
         }
+    }
+
+    /// The input zero point as the kernels read it.
+    fn za_value(&self) -> i32 {
+        byte_value(self.za, self.signed)
     }
 
     /// The requantization of every output channel.
@@ -588,13 +721,108 @@ multiversion! {
         taps: &[&[u8]],
         weights: &[i32],
         post: Q8Post<'_>,
-        signed: bool,
+        input: (bool, i32),
         out: &mut [u8],
     ) {
+        let (signed, za) = input;
         if signed {
-            depthwise_blocks::<true>(taps, weights, post, out);
+            depthwise_blocks::<true>(taps, weights, post, za, out);
         } else {
-            depthwise_blocks::<false>(taps, weights, post, out);
+            depthwise_blocks::<false>(taps, weights, post, za, out);
+        }
+    }
+}
+
+multiversion! {
+    /// One output row of a K×K depthwise convolution with multiplier 1 (K = 3 or 5),
+    /// `rows` its input rows (None: padding): per block of 16 channels, the weights
+    /// held while the row's pixels pass; the channels past the last block as
+    /// [`depthwise_pixel`] does.
+    fn depthwise_row_blocks<const FMA: bool>(
+        k: usize,
+        rows: [Option<&[u8]>; 5],
+        weights: &[i32],
+        post: Q8Post<'_>,
+        input: (bool, i32),
+        geometry: (usize, usize, usize, usize),
+        out: &mut [u8],
+    ) {
+        let (signed, za) = input;
+        match (k, signed) {
+            (3, true) => row_blocks::<3, true>(rows, weights, post, za, geometry, out),
+            (3, false) => row_blocks::<3, false>(rows, weights, post, za, geometry, out),
+            (_, true) => row_blocks::<5, true>(rows, weights, post, za, geometry, out),
+            (_, false) => row_blocks::<5, false>(rows, weights, post, za, geometry, out),
+        }
+    }
+}
+
+/// [`depthwise_row_blocks`]'s body.
+#[inline(always)]
+fn row_blocks<const K: usize, const SIGNED: bool>(
+    rows: [Option<&[u8]>; 5],
+    weights: &[i32],
+    post: Q8Post<'_>,
+    za: i32,
+    (w_in, stride, dilation, pad): (usize, usize, usize, usize),
+    out: &mut [u8],
+) {
+    let c = post.bias.len().min(post.scale.len());
+    let ow = out.len() / c.max(1);
+    // The input column of tap kx of output pixel ox, if inside the row.
+    let column = |ox: usize, kx: usize| {
+        (ox * stride + kx * dilation)
+            .checked_sub(pad)
+            .filter(|&ix| ix < w_in)
+    };
+    let whole = c / LANES * LANES;
+    for c0 in (0..whole).step_by(LANES) {
+        // The block's weights stay in registers while the row's pixels pass.
+        let w: [[[i32; LANES]; K]; K] = std::array::from_fn(|ky| {
+            std::array::from_fn(|kx| block(weights, (ky * K + kx) * c + c0))
+        });
+        let bias: [i32; LANES] = block(post.bias, c0);
+        let scale: [f32; LANES] = block(post.scale, c0);
+        for ox in 0..ow {
+            let mut acc = bias;
+            for (wy, row) in w.iter().zip(rows) {
+                let Some(row) = row else { continue };
+                for (kx, wk) in wy.iter().enumerate() {
+                    let Some(ix) = column(ox, kx) else { continue };
+                    let x: [u8; LANES] = block(row, ix * c + c0);
+                    for ((a, x), w) in acc.iter_mut().zip(x).zip(wk) {
+                        *a = a.wrapping_add((byte_value(x, SIGNED) - za).wrapping_mul(*w));
+                    }
+                }
+            }
+            if let Some(o) = out.get_mut(ox * c + c0..ox * c + c0 + LANES) {
+                for ((o, a), s) in o.iter_mut().zip(acc).zip(scale) {
+                    *o = post.requantize(a, s) as u8;
+                }
+            }
+        }
+    }
+    if whole < c {
+        let mut taps: [&[u8]; 25] = [&[]; 25];
+        for (ox, px) in out.chunks_exact_mut(c.max(1)).enumerate() {
+            for (t, tap) in taps.iter_mut().take(K * K).enumerate() {
+                let at = rows.get(t / K).copied().flatten().zip(column(ox, t % K));
+                *tap = at
+                    .and_then(|(row, ix)| row.get(ix * c..(ix + 1) * c))
+                    .unwrap_or_default();
+            }
+            let tail = px.get_mut(whole..).unwrap_or_default();
+            for (j, o) in tail.iter_mut().enumerate() {
+                let ch = whole + j;
+                let mut acc = post.bias.get(ch).copied().unwrap_or(0);
+                for (t, tap) in taps.iter().enumerate() {
+                    if let Some(&x) = tap.get(ch) {
+                        let w = weights.get(t * c + ch).copied().unwrap_or(0);
+                        acc = acc.wrapping_add((byte_value(x, SIGNED) - za).wrapping_mul(w));
+                    }
+                }
+                *o = post.apply(acc, ch) as u8;
+            }
         }
     }
 }
@@ -605,6 +833,7 @@ fn depthwise_blocks<const SIGNED: bool>(
     taps: &[&[u8]],
     weights: &[i32],
     post: Q8Post<'_>,
+    za: i32,
     out: &mut [u8],
 ) {
     let c = out.len();
@@ -615,7 +844,7 @@ fn depthwise_blocks<const SIGNED: bool>(
             let x: [u8; LANES] = block(tap, c0);
             let w: [i32; LANES] = block(weights, t * c + c0);
             for ((a, x), w) in acc.iter_mut().zip(x).zip(w) {
-                *a = a.wrapping_add(byte_value(x, SIGNED).wrapping_mul(w));
+                *a = a.wrapping_add((byte_value(x, SIGNED) - za).wrapping_mul(w));
             }
         }
         let scale: [f32; LANES] = block(post.scale, c0);
@@ -628,7 +857,7 @@ fn depthwise_blocks<const SIGNED: bool>(
     for (ch, o) in out.iter_mut().enumerate().skip(whole) {
         let mut acc = post.bias.get(ch).copied().unwrap_or(0);
         for (t, tap) in taps.iter().enumerate() {
-            let x = byte_value(tap.get(ch).copied().unwrap_or(0), SIGNED);
+            let x = byte_value(tap.get(ch).copied().unwrap_or(0), SIGNED) - za;
             let w = weights.get(t * c + ch).copied().unwrap_or(0);
             acc = acc.wrapping_add(x.wrapping_mul(w));
         }
@@ -720,10 +949,36 @@ mod tests {
                 20,
                 false,
             ),
+            // Few channels read by kernel rows: vertical dilation, uneven padding.
+            (
+                [9, 10],
+                [3, 3],
+                [1, 2],
+                [2, 1],
+                [1, 2, 0, 1],
+                1,
+                2,
+                9,
+                false,
+            ),
             // Depthwise: multiplier 1 and 2, stride, dilation, 5×5.
             ([7, 9], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 70, 1, 1, true),
             ([8, 8], [3, 3], [2, 2], [1, 1], [0, 1, 1, 0], 20, 1, 2, true),
             ([6, 6], [5, 5], [1, 1], [2, 2], [4, 4, 4, 4], 5, 1, 1, true),
+            // Whole blocks of 16 on the row kernel at 5×5, stride 2; a 7×7 window on
+            // the pixel kernel.
+            (
+                [9, 11],
+                [5, 5],
+                [2, 2],
+                [1, 1],
+                [2, 2, 2, 2],
+                32,
+                1,
+                1,
+                true,
+            ),
+            ([8, 9], [7, 7], [1, 1], [1, 1], [3, 3, 3, 3], 20, 1, 1, true),
         ];
         for &(input, kernel, stride, dilation, padding, groups, cig, cog, dw) in cases {
             let p = Conv2dParams {

@@ -63,7 +63,11 @@ impl Q8Post<'_> {
 /// `zero`.
 #[inline(always)]
 pub fn requantize(acc: i32, scale: f32, (lo, hi): (f32, f32), zero: i32) -> i32 {
-    round_small((acc as f32 * scale).max(lo).min(hi)) + zero
+    // Compared rather than `max`/`min`, which keep the other operand of a NaN and
+    // cost a test per lane to do so: the product is a number here.
+    let v = acc as f32 * scale;
+    let v = if v > lo { v } else { lo };
+    round_small(if v < hi { v } else { hi }) + zero
 }
 
 /// `x` (below 2^22 in magnitude) rounded half to even: adding 1.5 · 2^23 moves it

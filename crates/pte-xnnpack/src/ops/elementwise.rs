@@ -653,7 +653,11 @@ fn quantize<T: Q8>(cx: &Cx<'_>, x: &[f32], out: &mut [T], inv_scale: f32, zp: i3
         for (o, &v) in o.iter_mut().zip(x.get(start..).unwrap_or_default()) {
             let s = (v * inv_scale).max(lo).min(hi);
             // NaN quantizes to the zero point (max/min above pass NaN through).
-            let q = if s.is_nan() { 0 } else { quant::rint(s) };
+            let q = if s.is_nan() {
+                0
+            } else {
+                pte_compute::qconv::round_small(s)
+            };
             *o = T::from_i32(q + zp);
         }
     })

@@ -34,16 +34,17 @@ impl Q8 for u8 {
     }
 }
 
-/// `lrintf` in the default rounding mode: round half to even (saturating, NaN to 0),
-/// through pte-compute's `round_small` for the values below 2^22 that 8-bit data
-/// meets.
+/// `lrintf` in the default rounding mode: round half to even (saturating, NaN to 0).
+/// Below 2^23 in magnitude, adding and taking away 2^23 rounds (a float's unit is 1
+/// there); above, floats are integers. `round_ties_even` would do, but without SSE4.1
+/// in the baseline target it is a call into libm, and one LLVM makes for every
+/// element of a loop whose other branch it takes.
 #[inline(always)]
 pub(crate) fn rint(x: f32) -> i32 {
-    if x.abs() < 4_194_304.0 {
-        pte_compute::qconv::round_small(x)
-    } else {
-        x.round_ties_even() as i32
-    }
+    const TWO_23: f32 = 8_388_608.0;
+    let a = x.abs();
+    let r = if a < TWO_23 { (a + TWO_23) - TWO_23 } else { a };
+    r.copysign(x) as i32
 }
 
 /// XNNPACK's `xnn_q*8_quantize`: a float bound to the quantized domain, saturated.
@@ -170,6 +171,41 @@ mod tests {
         assert_eq!(r.apply(-1_000_000, 1.0), -128);
         let r = Requant::new(0, 0, 6);
         assert_eq!(r.apply(100, 1.0), 6);
+    }
+
+    #[test]
+    fn rint_rounds_as_the_library_does() {
+        let mut values = vec![
+            0.5f32,
+            1.5,
+            2.5,
+            -0.5,
+            -2.5,
+            0.49999997,
+            8_388_607.5,
+            4_194_303.5,
+        ];
+        values.extend([
+            -0.0,
+            1e10,
+            -1e10,
+            3e9,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ]);
+        // Every float from 2^-3 to 2^25, positive and negative, on a coarse stride.
+        let mut b = 0.125f32.to_bits();
+        while f32::from_bits(b) < 33_554_432.0 {
+            values.extend([f32::from_bits(b), -f32::from_bits(b)]);
+            b += 997;
+        }
+        for x in values {
+            assert_eq!(rint(x), x.round_ties_even() as i32, "{x}");
+            if x.abs() < 4_194_304.0 {
+                assert_eq!(pte_compute::qconv::round_small(x), rint(x), "{x}");
+            }
+        }
     }
 
     #[test]
