@@ -25,7 +25,12 @@ With `--xnnpack`, both runtimes run the same XNNPACK-lowered file: `pte bench` (
 XnnpackBackend)
 against upstream's runtime (the XNNPACK C library), interleaved the same way. Before
 timing, `pte run` on each file is compared with the outputs upstream recorded for it
-(`case0/output_*.npy`); the table shows the largest absolute difference.
+(`case0/output_*.npy`); the table shows the largest absolute difference. The
+quantized models of `tools/gen_xnnpack_fixtures.py --models DIR` are named as written
+there:
+
+    .venv-ref/bin/python tools/bench_side_by_side.py --xnnpack --models DIR \
+        --only mobilenet_v2_xnnpack_int8,resnet18_xnnpack_int8
 """
 
 from __future__ import annotations
@@ -153,8 +158,17 @@ def max_abs_diff(pte: Path, paths: dict) -> float:
         return worst
 
 
-def model_paths(models_dir: Path, name: str, onnx: bool = True) -> dict:
+def model_paths(models_dir: Path, name: str, onnx: bool = True, xnnpack_only: bool = False) -> dict:
     plain_dir = models_dir / f"{name}_portable"
+    if xnnpack_only and not (models_dir / f"{name}_xnnpack").exists():
+        # A model of tools/gen_xnnpack_fixtures.py --models DIR (e.g. resnet18_xnnpack_int8):
+        # the lowered program alone, with its own input and upstream's outputs.
+        d = models_dir / name
+        paths = {"xnnpack": d / "model.pte", "input": d / "case0" / "input_0.npy"}
+        for key in ("xnnpack", "input"):
+            if not paths[key].exists():
+                sys.exit(f"{paths[key]} is missing: run tools/gen_xnnpack_fixtures.py --models {models_dir}")
+        return paths
     paths = {
         "plain": plain_dir / "model.pte",
         "xnnpack": models_dir / f"{name}_xnnpack" / "model.pte",
@@ -227,7 +241,8 @@ def main() -> int:
     threads_list = [int(t) for t in args.threads.split(",")]
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "pte-cli"], cwd=ROOT, check=True)
     pte = ROOT / "target" / "release" / "pte"
-    paths = {n: model_paths(Path(args.models), n, onnx=not args.xnnpack) for n in names}
+    paths = {n: model_paths(Path(args.models), n, onnx=not args.xnnpack, xnnpack_only=args.xnnpack)
+             for n in names}
     if args.xnnpack:
         runtimes = XNNPACK_RUNTIMES
         diffs = {n: max_abs_diff(pte, paths[n]) for n in names}

@@ -9,12 +9,14 @@
 //!   8-bit or 4-bit, or blockwise 4-bit weights): int32 products per block, scaled to
 //!   float per row and channel (and block), plus the float bias.
 
+use pte_compute::conv::Conv2dParams;
+use pte_compute::qconv::{QConvNhwc, QuantParams};
 use pte_compute::qgemm::{qgemm, PackedI8, Rows};
 use pte_compute::{Bias, Epilogue, Gemm, Lhs, MatMut, MatRef, PackedB, Rhs};
 use pte_runtime::Charge;
 
 use super::elementwise::row_params;
-use super::quant::{self, Requant, Q8};
+use super::quant::{self, Q8};
 use super::weights::{channel_scales, dequantized, float_values, int32_values, int8_values};
 use super::{
     arg, bytes, bytes_mut, describe, f32s, f32s_mut, family, numel, set_shape, shape_of, Family,
@@ -238,34 +240,17 @@ fn float_fc(cx: &NodeCx<'_>, transpose: bool) -> PResult<Prepared> {
 }
 
 /// Static 8-bit fully connected.
-struct QuantFc<T> {
-    w: PackedI8,
+/// An 8-bit fully connected node: a 1×1 convolution of pte-compute ([`QConvNhwc`]) over
+/// `m` images of one pixel.
+struct QuantFc {
+    layer: QConvNhwc,
     n: usize,
     k: usize,
     m: usize,
-    za: i32,
-    zw: i32,
-    bias: Vec<i32>,
-    /// Per output channel: input scale × weight scale / output scale.
-    scales: Vec<f32>,
-    requant: Requant,
     _charge: Charge,
-    _t: std::marker::PhantomData<T>,
 }
 
-/// Activations as int8 (uint8 shifted by 128 into scratch) and their zero point.
-fn as_i8<'a, T: Q8>(x: &'a [u8], za: i32, buf: &'a mut [i8]) -> (&'a [i8], i32) {
-    if T::MIN == 0 {
-        for (o, &v) in buf.iter_mut().zip(x) {
-            *o = (v ^ 0x80) as i8;
-        }
-        (buf, za - 128)
-    } else {
-        (bytemuck::cast_slice(x), za)
-    }
-}
-
-impl<T: Q8> Kernel for QuantFc<T> {
+impl Kernel for QuantFc {
     fn reshape(&mut self, inputs: &[Option<&[usize]>], outputs: &mut [Dims]) -> KResult {
         let (out, m) = fc_shape(shape_of(inputs, 0)?, self.n, self.k)?;
         self.m = m;
@@ -273,65 +258,16 @@ impl<T: Q8> Kernel for QuantFc<T> {
     }
 
     fn scratch_bytes(&self, _threads: usize) -> usize {
-        // Accumulators, then (for uint8) shifted activations.
-        self.m * self.n * 4 + self.m * self.k
+        self.layer.scratch_len(self.m).unwrap_or(usize::MAX / 8)
     }
 
     fn run(&self, cx: &mut Cx<'_>, inputs: &[Option<In<'_>>], outputs: &mut [Out<'_>]) -> KResult {
         let (m, n, k) = (self.m, self.n, self.k);
         let x = bytes(arg(inputs, 0)?.bytes, m * k)?;
-        let scratch = cx.scratch.as_mut_bytes();
-        let (acc_bytes, rest) = scratch
-            .split_at_mut_checked(m * n * 4)
-            .ok_or("scratch too small")?;
-        let acc: &mut [i32] = bytemuck::try_cast_slice_mut(acc_bytes).map_err(|e| e.to_string())?;
-        let buf: &mut [i8] =
-            bytemuck::cast_slice_mut(rest.get_mut(..m * k).ok_or("scratch too small")?);
-        let (a, za) = as_i8::<T>(x, self.za, buf);
-        qgemm(
-            pte_compute::Isa::best(),
-            cx.pool,
-            Rows {
-                data: a,
-                m,
-                stride: k,
-            },
-            &self.w,
-            acc,
-        )
-        .map_err(|e| e.to_string())?;
-        let out: &mut [T] = bytemuck::cast_slice_mut(bytes_mut(
-            outputs.first_mut().ok_or("no output")?.bytes,
-            m * n,
-        )?);
-        let sums = self.w.sums();
-        let kz = (k as i32).wrapping_mul(za).wrapping_mul(self.zw);
-        for i in 0..m {
-            let asum: i32 = if self.zw != 0 {
-                a.get(i * k..(i + 1) * k)
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|&v| i32::from(v))
-                    .sum()
-            } else {
-                0
-            };
-            for j in 0..n {
-                let raw = acc.get(j * m + i).copied().unwrap_or(0);
-                let v = raw
-                    .wrapping_sub(za.wrapping_mul(sums.get(j).copied().unwrap_or(0)))
-                    .wrapping_sub(self.zw.wrapping_mul(asum))
-                    .wrapping_add(kz)
-                    .wrapping_add(self.bias.get(j).copied().unwrap_or(0));
-                if let Some(o) = out.get_mut(i * n + j) {
-                    *o = T::from_i32(
-                        self.requant
-                            .apply(v, self.scales.get(j).copied().unwrap_or(0.0)),
-                    );
-                }
-            }
-        }
-        Ok(())
+        let out = bytes_mut(outputs.first_mut().ok_or("no output")?.bytes, m * n)?;
+        self.layer
+            .run(cx.pool, x, m, out, cx.scratch.as_mut_bytes())
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -374,22 +310,43 @@ fn quant_fc<T: Q8>(cx: &NodeCx<'_>, transpose: bool) -> PResult<Prepared> {
     }
     let (n, k) = filter_nk(&w.dims, false)?;
     let (wq, zw) = int8_values(w, "filter")?;
-    let charge = charge(cx, wq.len() + n * 16)?;
-    let packed = PackedI8::new(&wq, n, k).map_err(|e| e.to_string())?;
+    // The weights in panels of 32 outputs, the depth padded to four after up to three
+    // copies of each input for a weight zero point, and the bias and scales.
+    let copies = if zw != 0 { 3 } else { 1 };
+    let packed = n
+        .saturating_add(31)
+        .saturating_mul(k.saturating_mul(copies).saturating_add(3));
+    let charge = charge(cx, packed.saturating_add(n * 16))?;
     let (lo, hi) = quant::bounds::<T>(min, max, so, zo);
+    let (bias, scale) = (quant_bias(b, n)?, requant_scales(sa, w, 0, n, so)?);
+    let q = QuantParams {
+        signed: T::MIN < 0,
+        input_zero: za,
+        weight_zero: zw,
+        bias: &bias,
+        scale: &scale,
+        output_zero: zo,
+        output_min: lo,
+        output_max: hi,
+    };
+    let p = Conv2dParams {
+        in_channels: k,
+        out_channels: n,
+        groups: 1,
+        input: [1, 1],
+        kernel: [1, 1],
+        stride: [1, 1],
+        padding: [0; 4],
+        dilation: [1, 1],
+    };
+    let layer = QConvNhwc::new(p, false, &wq, &q).map_err(|e| e.to_string())?;
     Prepared::capturing(
-        QuantFc::<T> {
-            w: packed,
+        QuantFc {
+            layer,
             n,
             k,
             m: 0,
-            za,
-            zw,
-            bias: quant_bias(b, n)?,
-            scales: requant_scales(sa, w, 0, n, so)?,
-            requant: Requant::new(zo, lo, hi),
             _charge: charge,
-            _t: std::marker::PhantomData,
         },
         &[1, 2],
     )
