@@ -76,6 +76,11 @@
 //!   convolution and pooling on channels-last images, for the XNNPACK delegate and for
 //!   chains of convolutions the kernels keep channels last; [`layout`] converts at the
 //!   ends.
+//! - [`qconv`]: 8-bit NHWC convolutions with XNNPACK's quantized semantics: an
+//!   indirect 12×32 micro-kernel on AVX-512 VNNI (unsigned activations times signed
+//!   weights, requantized in the store; portable elsewhere), stems read by kernel rows
+//!   of a padded copy, depthwise rows over blocks of 16 channels; [`qgemm`]: int8
+//!   products with int32 results for dynamically quantized layers.
 //! - [`pooling`]: max pooling on the same window engine (NaN propagating), with
 //!   indices, average pooling (PyTorch's divisors, `ceil_mode`), global average.
 //! - [`elementwise`]: activations, binary operations with a per-channel vector,
@@ -109,7 +114,8 @@
 //! # Not done
 //!
 //! Winograd for the NCHW [`Conv2d`] (the NHWC one has it), a blocked channel layout
-//! (NCHWc), f16/bf16 products. NEON is compiled and type-checked only (no aarch64
+//! (NCHWc), f16/bf16 products, an AVX2 8-bit product kernel (CPUs without AVX-512
+//! VNNI run the portable one). NEON is compiled and type-checked only (no aarch64
 //! machine to run it); the Winograd transforms run one lane at a time there.
 
 #![deny(

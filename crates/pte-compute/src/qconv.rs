@@ -27,7 +27,9 @@
 //! Sums wrap in 32 bits as XNNPACK's do; the requantization is XNNPACK's fp32 one
 //! (see [`QuantParams`]), so outputs are bit-exact with upstream's.
 
-use crate::arch::{self, multiversion, IndirectRows, Isa, Q8Panels, Q8Post, Q8_MR, Q8_NR};
+use crate::arch::{
+    self, multiversion, IndirectRows, Isa, Q8Kernel, Q8Panels, Q8Post, Q8_MR, Q8_NR,
+};
 pub use crate::arch::{requantize, round_small};
 use crate::conv::Conv2dParams;
 use crate::error::{self, Error, Result};
@@ -101,7 +103,7 @@ pub struct QConvNhwc {
     hi: f32,
     /// A row of `za`: what taps in the padding read.
     pad_row: Vec<u8>,
-    vnni: bool,
+    kernel: Q8Kernel,
 }
 
 impl std::fmt::Debug for QConvNhwc {
@@ -249,7 +251,7 @@ impl QConvNhwc {
             lo: (q.output_min - q.output_zero) as f32,
             hi: (q.output_max - q.output_zero) as f32,
             pad_row: vec![za_byte; if depthwise { p.in_channels } else { cig4 }],
-            vnni: arch::q8_has_vnni(),
+            kernel: Q8Kernel::best(),
         })
     }
 
@@ -520,7 +522,7 @@ impl QConvNhwc {
                         Gather::Pixel => {
                             let a = x.get((r0 + r) * pixel + g * kc..).unwrap_or_default();
                             let a = IndirectRows::strided(a, rows, 1, kc, (pixel, 0))?;
-                            arch::q8_microkernel(self.vnni, &a, &run, yc, place, &post)?;
+                            arch::q8_microkernel(self.kernel, &a, &run, yc, place, &post)?;
                         }
                         Gather::Rows => {
                             // The tile's pixels in each output row it touches are a
@@ -545,7 +547,7 @@ impl QConvNhwc {
                                     (row, tap),
                                 )?;
                                 arch::q8_microkernel(
-                                    self.vnni,
+                                    self.kernel,
                                     &a,
                                     &run,
                                     yc,
@@ -559,7 +561,7 @@ impl QConvNhwc {
                             self.tap_rows(x, g, r0 + r, rows, &mut list);
                             let list = list.get(..taps * rows).unwrap_or_default();
                             let a = IndirectRows::new(list, rows, taps, kc)?;
-                            arch::q8_microkernel(self.vnni, &a, &run, yc, place, &post)?;
+                            arch::q8_microkernel(self.kernel, &a, &run, yc, place, &post)?;
                         }
                     }
                 }
@@ -1068,8 +1070,8 @@ mod tests {
                         }
                     }
                 }
-                for vnni in [true, false] {
-                    conv.vnni = vnni && arch::q8_has_vnni();
+                for kernel in Q8Kernel::available() {
+                    conv.kernel = kernel;
                     for threads in [1, 2, 3] {
                         let pool = ThreadPool::new(threads).unwrap();
                         let mut y = vec![0xAAu8; want.len()];
@@ -1078,9 +1080,9 @@ mod tests {
                         assert_eq!(
                             y,
                             want,
-                            "{} signed {signed} zw {wz} vnni {} threads {threads}: {p:?}",
+                            "{} signed {signed} zw {wz} {:?} threads {threads}: {p:?}",
                             conv.algorithm(),
-                            conv.vnni
+                            conv.kernel
                         );
                     }
                 }

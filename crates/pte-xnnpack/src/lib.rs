@@ -24,7 +24,11 @@
 //! and memory planned so that values that are never alive together share it. A SiLU
 //! exported as `Sigmoid` and `Multiply` runs as one operation, inside the epilogue of
 //! the fp32 convolution or fully connected node producing its input when nothing else
-//! reads that value. All prepared state is charged to the method's memory budget.
+//! reads that value. A Clamp node merges into the node producing its input, as
+//! XNNPACK's subgraph optimization merges it. 8-bit convolutions and fully connected
+//! nodes run pte-compute's 8-bit kernels (`pte_compute::qconv`: AVX-512 VNNI products
+//! requantized in their store, depthwise rows over blocks of channels). All prepared
+//! state is charged to the method's memory budget.
 //!
 //! At each call the graph runs on the method's thread pool; when the input shapes
 //! change (dynamic shapes), shapes are inferred again and memory re-planned.

@@ -34,7 +34,8 @@ pub(crate) use indirect::{
     depthwise_pixels, indirect_microkernel, IndirectRows, PanelRun, PixelTaps,
     MAX_ROW_TAPS as Q8_MAX_TAPS, MAX_TAPS as INDIRECT_TAPS,
 };
-pub(crate) use q8::{has_vnni as q8_has_vnni, q8_microkernel, Q8Panels, Q8Post, Q8_MR, Q8_NR};
+pub use q8::Q8Kernel;
+pub(crate) use q8::{q8_microkernel, Q8Panels, Q8Post, Q8_MR, Q8_NR};
 pub use q8::{requantize, round_small};
 
 use crate::error::{Error, Result};

@@ -80,17 +80,53 @@ pub fn round_small(x: f32) -> i32 {
     (x + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32
 }
 
-/// Whether this CPU has the VNNI kernel (AVX-512 F, BW, VL and VNNI).
-pub(crate) fn has_vnni() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        Isa::Avx512.is_available()
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx512vnni")
+/// The 8-bit product kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Q8Kernel {
+    /// Portable Rust.
+    Portable,
+    /// AVX2: bytes widened to 16 bits, pairs multiplied and added (`vpmaddwd`), a
+    /// 2 × 16 tile.
+    Avx2,
+    /// AVX-512 F, BW, VL and VNNI: four byte products added per lane (`vpdpbusd`), a
+    /// 12 × 32 tile.
+    Vnni,
+}
+
+impl Q8Kernel {
+    const ALL: [Q8Kernel; 3] = [Q8Kernel::Portable, Q8Kernel::Avx2, Q8Kernel::Vnni];
+
+    /// Whether this CPU runs it.
+    pub fn is_available(self) -> bool {
+        match self {
+            Q8Kernel::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Q8Kernel::Avx2 => Isa::Avx2.is_available(),
+            #[cfg(target_arch = "x86_64")]
+            Q8Kernel::Vnni => {
+                Isa::Avx512.is_available()
+                    && std::arch::is_x86_feature_detected!("avx512bw")
+                    && std::arch::is_x86_feature_detected!("avx512vl")
+                    && std::arch::is_x86_feature_detected!("avx512vnni")
+            }
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+
+    /// The fastest this CPU runs.
+    pub fn best() -> Q8Kernel {
+        Self::ALL
+            .into_iter()
+            .rev()
+            .find(|k| k.is_available())
+            .unwrap_or(Q8Kernel::Portable)
+    }
+
+    /// Those this CPU runs.
+    pub fn available() -> impl Iterator<Item = Q8Kernel> {
+        Self::ALL.into_iter().filter(|k| k.is_available())
+    }
 }
 
 /// One row tile of an 8-bit product across a run of panels: for each panel `q`,
@@ -99,7 +135,7 @@ pub(crate) fn has_vnni() -> bool {
 /// (`kq = rows.depth() / 4`), each panel `taps · kq · NR · 4` bytes, the tile lies
 /// inside `out`, and the post covers its columns.
 pub(crate) fn q8_microkernel(
-    vnni: bool,
+    kernel: Q8Kernel,
     a: &IndirectRows<'_, u8>,
     b: &Q8Panels<'_>,
     out: &mut [u8],
@@ -144,7 +180,7 @@ pub(crate) fn q8_microkernel(
         });
     }
     #[cfg(target_arch = "x86_64")]
-    if vnni && has_vnni() {
+    if kernel != Q8Kernel::Portable && kernel.is_available() {
         use super::indirect::Ptrs;
         let panels = (b.data.as_ptr(), b.stride, b.count, b.cols);
         // SAFETY: the tile's offset is inside `out` (checked above).
@@ -156,17 +192,20 @@ pub(crate) fn q8_microkernel(
             lo: post.lo,
             hi: post.hi,
         };
+        let shape = (rows, taps, kq);
         // SAFETY: the rows as checked by `IndirectRows`, every other length above,
         // and the CPU has the kernel's features.
         unsafe {
-            match a.ptrs() {
-                Ptrs::List(p) => x86::vnni(rows, taps, kq, p, panels, c, rs, raw),
-                Ptrs::Strided(p) => x86::vnni(rows, taps, kq, p, panels, c, rs, raw),
+            match (kernel, a.ptrs()) {
+                (Q8Kernel::Vnni, Ptrs::List(p)) => x86::vnni(shape, p, panels, c, rs, raw),
+                (Q8Kernel::Vnni, Ptrs::Strided(p)) => x86::vnni(shape, p, panels, c, rs, raw),
+                (_, Ptrs::List(p)) => x86::avx2(shape, p, panels, c, rs, raw),
+                (_, Ptrs::Strided(p)) => x86::avx2(shape, p, panels, c, rs, raw),
             }
         }
         return Ok(());
     }
-    let _ = vnni;
+    let _ = kernel;
     portable(a, b, out, (i0, j0, rs), post);
     Ok(())
 }
@@ -236,9 +275,7 @@ mod x86 {
     /// and scale hold as many values.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn vnni<A: RowPtrs<u8>>(
-        rows: usize,
-        taps: usize,
-        kq: usize,
+        (rows, taps, kq): (usize, usize, usize),
         a: A,
         b: (*const i8, usize, usize, usize),
         c: *mut u8,
@@ -357,6 +394,127 @@ mod x86 {
                         _mm512_cvtepi32_epi8(q),
                     );
                 }
+            }
+        }
+    }
+
+    /// # Safety
+    /// As [`vnni`]'s, with AVX2 for the features.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn avx2<A: RowPtrs<u8>>(
+        (rows, taps, kq): (usize, usize, usize),
+        a: A,
+        (b, stride, panels, cols): (*const i8, usize, usize, usize),
+        c: *mut u8,
+        rs: usize,
+        post: RawQ8,
+    ) {
+        for q in 0..panels {
+            let n = if q + 1 < panels { Q8_NR } else { cols };
+            for h in 0..n.div_ceil(16) {
+                let width = (n - 16 * h).min(16);
+                let mut i = 0;
+                while i < rows {
+                    // SAFETY: rows i.. and columns 16h.. of panel q are inside the tile,
+                    // its panel and its post (the contract).
+                    unsafe {
+                        let at = (a, b.add(q * stride + 64 * h), (i, rows));
+                        let out = (c.add(i * rs + q * Q8_NR + 16 * h), rs, width);
+                        let post = RawQ8 {
+                            bias: post.bias.add(q * Q8_NR + 16 * h),
+                            scale: post.scale.add(q * Q8_NR + 16 * h),
+                            ..post
+                        };
+                        if i + 1 < rows {
+                            avx2_put::<2, A>(taps, kq, at, out, post);
+                            i += 2;
+                        } else {
+                            avx2_put::<1, A>(taps, kq, at, out, post);
+                            i += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `R` rows from `i` × 16 columns of one panel's half at `b`: per group of four
+    /// depth steps, each row's four bytes widened to 16 bits and multiplied with
+    /// four columns' at a time (`vpmaddwd`: pairs of products added), the two sums
+    /// per column added at the end; `width` columns stored.
+    ///
+    /// # Safety
+    /// As [`avx2`]'s for rows `i..i + R` and this half's columns; `c` holds `width`
+    /// bytes per row, the post as many values.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn avx2_put<const R: usize, A: RowPtrs<u8>>(
+        taps: usize,
+        kq: usize,
+        (a, b, (i, rows)): (A, *const i8, (usize, usize)),
+        (c, rs, width): (*mut u8, usize, usize),
+        post: RawQ8,
+    ) {
+        let mut acc = [[_mm256_setzero_si256(); 4]; R];
+        for t in 0..taps {
+            // SAFETY: t < taps, i + r < rows: rows the source holds.
+            let row: [*const u8; R] = std::array::from_fn(|r| unsafe { a.row(t, i + r, rows) });
+            // SAFETY: inside the panel: tap t's groups start at t · kq · NR · 4.
+            let bt = unsafe { b.add(t * kq * Q8_NR * 4) };
+            for p in 0..kq {
+                // SAFETY: p < kq: 64 bytes of this half of group p, four of each row.
+                unsafe {
+                    let bp = bt.add(p * Q8_NR * 4);
+                    let w: [__m256i; 4] = std::array::from_fn(|v| {
+                        _mm256_cvtepi8_epi16(_mm_loadu_si128(bp.add(16 * v).cast()))
+                    });
+                    for (acc, &ap) in acc.iter_mut().zip(&row) {
+                        let quad = ap.add(4 * p).cast::<i32>().read_unaligned();
+                        let x = _mm256_cvtepu8_epi16(_mm_set1_epi32(quad));
+                        for (s, &w) in acc.iter_mut().zip(&w) {
+                            *s = _mm256_add_epi32(*s, _mm256_madd_epi16(x, w));
+                        }
+                    }
+                }
+            }
+        }
+        let mut bias = [0i32; 16];
+        let mut scale = [0f32; 16];
+        for (j, (b, s)) in bias.iter_mut().zip(&mut scale).enumerate().take(width) {
+            // SAFETY: the post holds `width` values.
+            unsafe {
+                *b = *post.bias.add(j);
+                *s = *post.scale.add(j);
+            }
+        }
+        let (lo, hi) = (_mm256_set1_ps(post.lo), _mm256_set1_ps(post.hi));
+        let zero = _mm256_set1_epi32(post.zero);
+        for (r, acc) in acc.iter().enumerate() {
+            let mut q = [0i32; 16];
+            for (half, pair) in acc.chunks_exact(2).enumerate() {
+                // Pairs of sums per column to one sum, columns in order.
+                let (Some(&x), Some(&y)) = (pair.first(), pair.get(1)) else {
+                    continue;
+                };
+                let sums = _mm256_permute4x64_epi64::<0xD8>(_mm256_hadd_epi32(x, y));
+                // SAFETY: eight values of each stack array from 8 · half.
+                unsafe {
+                    let s = _mm256_add_epi32(
+                        sums,
+                        _mm256_loadu_si256(bias.as_ptr().add(8 * half).cast()),
+                    );
+                    let f = _mm256_mul_ps(
+                        _mm256_cvtepi32_ps(s),
+                        _mm256_loadu_ps(scale.as_ptr().add(8 * half)),
+                    );
+                    let f = _mm256_min_ps(_mm256_max_ps(f, lo), hi);
+                    let v = _mm256_add_epi32(_mm256_cvtps_epi32(f), zero);
+                    _mm256_storeu_si256(q.as_mut_ptr().add(8 * half).cast(), v);
+                }
+            }
+            for (j, &v) in q.iter().enumerate().take(width) {
+                // SAFETY: row r < R and column j < width: inside the tile.
+                unsafe { *c.add(r * rs + j) = v as u8 };
             }
         }
     }
