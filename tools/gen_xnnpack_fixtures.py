@@ -208,9 +208,12 @@ def build(name: str, make: Callable[[], XSpec], out_root: Path) -> Dict[str, Any
         cases.append({"method": "forward", "inputs": in_paths, "outputs": out_paths})
 
     rtol, atol = spec.rtol, spec.atol
-    if spec.quant == "static":
-        assert steps, f"{name}: no dequantized output found to take the step from"
+    if spec.quant == "static" and steps:
         rtol, atol = 0.0, max(steps) * 1.001
+    elif spec.quant == "static":
+        # The outputs come from float nodes after the last dequantization (a
+        # transformer's final layer norm): the spec's float tolerances.
+        print(f"  note {name}: outputs are not dequantized; rtol {rtol}, atol {atol}", file=sys.stderr)
     entry = {
         "name": name,
         "program": f"{name}/model.pte",
