@@ -126,7 +126,7 @@ def measure(runtime: str, paths: dict, threads: int, iterations: int, warmup: in
                "--threads", str(threads), "--iterations", str(iterations),
                "--warmup", str(warmup), "--json", "--mmap"]
     else:
-        model = {"et_xnnpack": paths["xnnpack"], "et_portable": paths["plain"], "ort": paths["onnx"]}[runtime]
+        model = paths[{"et_xnnpack": "xnnpack", "et_portable": "plain", "ort": "onnx"}[runtime]]
         kind = "ort" if runtime == "ort" else "et"
         cmd = [sys.executable, __file__, "worker", kind, str(model), str(paths["input"]),
                str(threads), str(iterations), str(warmup)]

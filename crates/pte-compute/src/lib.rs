@@ -141,6 +141,7 @@ pub mod nhwc;
 pub mod pool;
 pub mod pooling;
 pub mod qconv;
+pub mod qelementwise;
 pub mod qgemm;
 pub mod unary;
 mod window;

@@ -35,7 +35,7 @@ pub(crate) use indirect::{
     MAX_ROW_TAPS as Q8_MAX_TAPS, MAX_TAPS as INDIRECT_TAPS,
 };
 pub use q8::Q8Kernel;
-pub(crate) use q8::{q8_microkernel, Q8Panels, Q8Post, Q8_MR, Q8_NR};
+pub(crate) use q8::{q8_depthwise_row, q8_microkernel, Q8DwRow, Q8Panels, Q8Post, Q8_MR, Q8_NR};
 pub use q8::{requantize, round_small};
 
 use crate::error::{Error, Result};

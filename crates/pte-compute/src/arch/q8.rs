@@ -250,6 +250,78 @@ fn portable(
     }
 }
 
+/// The input of one output row of a K×K depthwise convolution with multiplier 1:
+/// the K input rows (`None`: padding) of `w_in · c` bytes each, and the row's
+/// horizontal geometry (input width, stride, dilation, left padding).
+#[derive(Clone, Copy)]
+pub(crate) struct Q8DwRow<'a, const K: usize> {
+    pub rows: [Option<&'a [u8]>; K],
+    pub w_in: usize,
+    pub stride: usize,
+    pub dilation: usize,
+    pub pad: usize,
+}
+
+/// One output row of a K×K depthwise convolution with multiplier 1 on AVX-512 (F,
+/// BW and VL), 16 channels per vector: `out[ox · c + ch] = requant(bias[ch] + Σ_taps (x -
+/// za) · w[tap · c + ch])`, activations signed or unsigned bytes, weights 32-bit,
+/// padded taps skipped. The channels past the last whole vector run masked. Returns
+/// false (nothing written) when `kernel` is not [`Q8Kernel::Vnni`] or a length does
+/// not fit: the caller then runs the portable loop.
+pub(crate) fn q8_depthwise_row<const K: usize>(
+    kernel: Q8Kernel,
+    x: &Q8DwRow<'_, K>,
+    weights: &[i32],
+    post: &Q8Post<'_>,
+    (signed, za): (bool, i32),
+    out: &mut [u8],
+) -> bool {
+    let c = post.bias.len().min(post.scale.len());
+    let Some(row_len) = x.w_in.checked_mul(c) else {
+        return false;
+    };
+    let ok = kernel == Q8Kernel::Vnni
+        && kernel.is_available()
+        && c > 0
+        && out.len().is_multiple_of(c)
+        && x.stride > 0
+        && weights.len() / c >= K * K
+        && x.rows.iter().flatten().all(|r| r.len() >= row_len);
+    if !ok {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let rows = x.rows.map(|r| r.map_or(std::ptr::null(), <[u8]>::as_ptr));
+        let raw = x86::RawQ8 {
+            bias: post.bias.as_ptr(),
+            scale: post.scale.as_ptr(),
+            zero: post.zero,
+            lo: post.lo,
+            hi: post.hi,
+        };
+        let geometry = (x.w_in, x.stride, x.dilation, x.pad);
+        let (w, y, ow) = (weights.as_ptr(), out.as_mut_ptr(), out.len() / c);
+        // SAFETY: the CPU has AVX-512 F, BW and VL (VNNI's kernel is available); every
+        // row present holds `w_in · c` bytes, `weights` `K² · c` values, the post `c`,
+        // `out` `ow · c` bytes (checked above); the kernel reads only columns below
+        // `w_in`.
+        unsafe {
+            if signed {
+                x86::depthwise_row::<K, true>(rows, w, c, raw, za, geometry, (y, ow));
+            } else {
+                x86::depthwise_row::<K, false>(rows, w, c, raw, za, geometry, (y, ow));
+            }
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (weights, post, signed, za, out);
+        false
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -515,6 +587,116 @@ mod x86 {
             for (j, &v) in q.iter().enumerate().take(width) {
                 // SAFETY: row r < R and column j < width: inside the tile.
                 unsafe { *c.add(r * rs + j) = v as u8 };
+            }
+        }
+    }
+
+    /// Output pixels of a depthwise row computed together (independent sums).
+    const PIXELS: usize = 4;
+
+    /// [`super::q8_depthwise_row`]'s kernel: per block of 16 channels (the last one
+    /// masked), the block's K² weight vectors held in registers while the row's pixels
+    /// pass.
+    ///
+    /// # Safety
+    /// AVX-512 F, BW and VL are available; each non-null row holds `w_in · c` bytes, `w`
+    /// `K² · c` values, the post `c`, `y` `ow · c` bytes; `stride > 0`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn depthwise_row<const K: usize, const SIGNED: bool>(
+        rows: [*const u8; K],
+        w: *const i32,
+        c: usize,
+        post: RawQ8,
+        za: i32,
+        (w_in, stride, dilation, pad): (usize, usize, usize, usize),
+        (y, ow): (*mut u8, usize),
+    ) {
+        let zav = _mm512_set1_epi32(za);
+        let (lo, hi) = (_mm512_set1_ps(post.lo), _mm512_set1_ps(post.hi));
+        let zero = _mm512_set1_epi32(post.zero);
+        // The input column of tap kx of output pixel ox, if inside the row.
+        let column = |ox: usize, kx: usize| {
+            (ox * stride + kx * dilation)
+                .checked_sub(pad)
+                .filter(|&ix| ix < w_in)
+        };
+        // Pixels whose K taps lie inside the row: ox·s ≥ pad and ox·s + (K-1)·d - pad
+        // < w_in.
+        let first = pad.div_ceil(stride);
+        let interior_end = (w_in + pad)
+            .checked_sub((K - 1) * dilation)
+            .map_or(0, |v| v.div_ceil(stride))
+            .min(ow);
+        for c0 in (0..c).step_by(16) {
+            let m = u16::try_from((1u32 << (c - c0).min(16)) - 1).unwrap_or(u16::MAX);
+            // SAFETY: lanes of channels c0.. below c, which the weights (per tap) and
+            // the post hold; masked lanes are not read.
+            let (wv, bias, scale) = unsafe {
+                let wv: [[__m512i; K]; K] = std::array::from_fn(|ky| {
+                    std::array::from_fn(|kx| {
+                        _mm512_maskz_loadu_epi32(m, w.add((ky * K + kx) * c + c0).cast())
+                    })
+                });
+                let bias = _mm512_maskz_loadu_epi32(m, post.bias.add(c0).cast());
+                (wv, bias, _mm512_maskz_loadu_ps(m, post.scale.add(c0)))
+            };
+            let put = |ox: usize, acc: __m512i| {
+                let f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), scale);
+                let f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
+                let q = _mm512_add_epi32(_mm512_cvtps_epi32(f), zero);
+                // SAFETY: ox < ow: the pixel's channels c0.. below c, inside `y`.
+                unsafe {
+                    _mm_mask_storeu_epi8(y.add(ox * c + c0).cast(), m, _mm512_cvtepi32_epi8(q))
+                };
+            };
+            // (x - za) · w of tap (ky, kx) at input column ix, added to acc.
+            let tap = |acc: __m512i, row: *const u8, ix: usize, wk: __m512i| {
+                // SAFETY: the callers pass ix < w_in: the row's pixel ix, channels
+                // c0.. below c.
+                let xb = unsafe { _mm_maskz_loadu_epi8(m, row.add(ix * c + c0).cast()) };
+                let xv = if SIGNED {
+                    _mm512_cvtepi8_epi32(xb)
+                } else {
+                    _mm512_cvtepu8_epi32(xb)
+                };
+                _mm512_add_epi32(acc, _mm512_mullo_epi32(_mm512_sub_epi32(xv, zav), wk))
+            };
+            let mut ox = 0;
+            while ox < ow {
+                if ox >= first && ox + PIXELS <= interior_end {
+                    // PIXELS pixels whose every tap is inside the row: no checks.
+                    let mut acc = [bias; PIXELS];
+                    for (wy, &row) in wv.iter().zip(&rows) {
+                        if row.is_null() {
+                            continue;
+                        }
+                        for (kx, &wk) in wy.iter().enumerate() {
+                            for (p, a) in acc.iter_mut().enumerate() {
+                                let ix = (ox + p) * stride + kx * dilation - pad;
+                                *a = tap(*a, row, ix, wk);
+                            }
+                        }
+                    }
+                    for (p, &a) in acc.iter().enumerate() {
+                        put(ox + p, a);
+                    }
+                    ox += PIXELS;
+                    continue;
+                }
+                let mut acc = bias;
+                for (wy, &row) in wv.iter().zip(&rows) {
+                    if row.is_null() {
+                        continue;
+                    }
+                    for (kx, &wk) in wy.iter().enumerate() {
+                        if let Some(ix) = column(ox, kx) {
+                            acc = tap(acc, row, ix, wk);
+                        }
+                    }
+                }
+                put(ox, acc);
+                ox += 1;
             }
         }
     }

@@ -403,6 +403,9 @@ impl<T: Q8> Kernel for QuantBinary<T> {
                 x.get(..n).unwrap_or_default(),
                 y.get(..n).unwrap_or_default(),
             );
+            if let QOp::Add(params) = op {
+                return T::add(&params.with_bounds(lo, hi), cx.pool, x, y, out);
+            }
             let chunks =
                 cx.pool
                     .parallel_chunks(out, SAME_SHAPE_CHUNK, &mut [0u8; 0], 0, |k, o, _| {

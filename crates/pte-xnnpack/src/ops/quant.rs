@@ -3,6 +3,9 @@
 //! parameters of quantized addition, so that results agree with upstream's bit for bit
 //! where the same formula applies.
 
+use pte_compute::qelementwise::QAdd;
+use pte_compute::ThreadPool;
+
 /// An 8-bit quantized element type (int8 or uint8).
 pub(crate) trait Q8: Copy + Ord + Send + Sync + bytemuck::Pod + 'static {
     const MIN: i32;
@@ -10,6 +13,14 @@ pub(crate) trait Q8: Copy + Ord + Send + Sync + bytemuck::Pod + 'static {
     fn get(self) -> i32;
     /// From a value already in range.
     fn from_i32(v: i32) -> Self;
+    /// `out = x + y` (same shapes) on the pool's threads.
+    fn add(
+        q: &QAdd,
+        pool: &ThreadPool,
+        x: &[Self],
+        y: &[Self],
+        out: &mut [Self],
+    ) -> Result<(), String>;
 }
 
 impl Q8 for i8 {
@@ -21,6 +32,9 @@ impl Q8 for i8 {
     fn from_i32(v: i32) -> Self {
         v.clamp(-128, 127) as i8
     }
+    fn add(q: &QAdd, pool: &ThreadPool, x: &[i8], y: &[i8], out: &mut [i8]) -> Result<(), String> {
+        q.run_i8(pool, x, y, out).map_err(|e| e.to_string())
+    }
 }
 
 impl Q8 for u8 {
@@ -31,6 +45,9 @@ impl Q8 for u8 {
     }
     fn from_i32(v: i32) -> Self {
         v.clamp(0, 255) as u8
+    }
+    fn add(q: &QAdd, pool: &ThreadPool, x: &[u8], y: &[u8], out: &mut [u8]) -> Result<(), String> {
+        q.run_u8(pool, x, y, out).map_err(|e| e.to_string())
     }
 }
 
@@ -145,6 +162,19 @@ impl AddParams {
             shift,
             output_zero_point: zo,
         })
+    }
+
+    /// The addition with the node's output bounds, for the vectorized loop.
+    pub(crate) fn with_bounds(&self, min: i32, max: i32) -> QAdd {
+        QAdd {
+            bias: self.bias,
+            a_multiplier: self.a_multiplier,
+            b_multiplier: self.b_multiplier,
+            shift: self.shift,
+            zero: self.output_zero_point,
+            min,
+            max,
+        }
     }
 
     /// One element (before the node's clamp), saturated to the type.
