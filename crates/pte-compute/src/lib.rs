@@ -80,7 +80,8 @@
 //!   indirect 12×32 micro-kernel on AVX-512 VNNI (unsigned activations times signed
 //!   weights, requantized in the store; portable elsewhere), stems read by kernel rows
 //!   of a padded copy, depthwise rows over blocks of 16 channels; [`qgemm`]: int8
-//!   products with int32 results for dynamically quantized layers.
+//!   products with int32 results for dynamically quantized layers;
+//!   [`qelementwise`]: XNNPACK's fixed-point 8-bit addition, vectorized.
 //! - [`pooling`]: max pooling on the same window engine (NaN propagating), with
 //!   indices, average pooling (PyTorch's divisors, `ceil_mode`), global average.
 //! - [`elementwise`]: activations, binary operations with a per-channel vector,

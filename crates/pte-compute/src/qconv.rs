@@ -16,8 +16,12 @@
 //!   convolution reads consecutive pixels through strides. Rows of the output are
 //!   split over the pool's threads; the requantization happens in the kernel's store.
 //! - **Depthwise** convolutions (one input channel per group, any multiplier)
-//!   accumulate each tap over a block of channels in 32 bits, a loop compiled per
-//!   instruction set, then requantize the block.
+//!   accumulate each tap over a block of channels in 32 bits, then requantize the
+//!   block. 3×3 and 5×5 ones with multiplier 1 run an AVX-512 row kernel with the
+//!   VNNI layers (16 channels per vector, the last block masked, four pixels at a
+//!   time where every tap is inside the row: 56×56×144 took 0.92 ms as a loop
+//!   compiled per instruction set, 0.55 ms on it); the loop serves other CPUs and
+//!   shapes.
 //!
 //! Weights with a zero point `zw` (per-tensor quint8 filters) multiply by `w - zw`,
 //! which takes nine bits: a regular convolution then splits it into two signed bytes
