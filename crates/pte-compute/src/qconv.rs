@@ -211,6 +211,25 @@ impl QConvNhwc {
                         *b = b.wrapping_sub(za.wrapping_mul(sum));
                     }
                     let (q, j) = (o / Q8_NR, o % Q8_NR);
+                    if dup == 1 {
+                        // Four depth steps at a time, copied as they are (zw = 0 here:
+                        // the general loop below took a quarter of int8 mobilenet_v2's
+                        // time to first output).
+                        for t in 0..taps {
+                            let wt = w.get(t * cig..(t + 1) * cig).unwrap_or_default();
+                            for (p4, src) in wt.chunks(4).enumerate() {
+                                let at = q * panel + ((t * kq + p4) * Q8_NR + j) * 4;
+                                let dst = packed.get_mut(at..at + src.len());
+                                // Whole groups as one 4-byte move, not a memcpy call.
+                                match (dst, <[i8; 4]>::try_from(src)) {
+                                    (Some(d), Ok(four)) => d.copy_from_slice(&four),
+                                    (Some(d), Err(_)) => d.copy_from_slice(src),
+                                    (None, _) => {}
+                                }
+                            }
+                        }
+                        continue;
+                    }
                     for t in 0..taps {
                         for i in 0..cig {
                             // w - zw as signed bytes that add up to it.
