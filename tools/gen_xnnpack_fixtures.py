@@ -454,6 +454,55 @@ def _dynamic_batch():
     )
 
 
+def _inverted_residual(c: int, e: int, k: int = 3, stride: int = 1, act=nn.ReLU6) -> nn.Sequential:
+    h = c * e
+    return nn.Sequential(
+        nn.Conv2d(c, h, 1), nn.BatchNorm2d(h), act(),
+        nn.Conv2d(h, h, k, stride, k // 2, groups=h), nn.BatchNorm2d(h), act(),
+    )
+
+
+class InvertedResiduals(nn.Module):
+    """Inverted residual blocks as mobilenet_v2 and efficientnet build them (pointwise
+    expansion, depthwise, pointwise projection, residual addition), which pte runs as
+    one node band by band: with ReLU6 and SiLU, 3x3 and 5x5, stride 1 and 2, a
+    24-row image (split into bands at 2 threads) and a 6-row one (run layer by layer
+    at 2 threads), a block without a projection whose depthwise output is read twice
+    (a squeeze-excitation gate), and one whose projection is not added."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.e1, self.p1 = _inverted_residual(8, 4), nn.Conv2d(32, 8, 1)
+        self.e2, self.p2 = _inverted_residual(8, 3, k=5, act=nn.SiLU), nn.Conv2d(24, 8, 1)
+        self.e3, self.p3 = _inverted_residual(8, 3, stride=2), nn.Conv2d(24, 12, 1)
+        self.e4 = _inverted_residual(12, 2, stride=2, act=nn.SiLU)
+        self.gate = nn.Linear(24, 24)
+        self.p4 = nn.Conv2d(24, 12, 1)
+        self.e5, self.p5 = _inverted_residual(12, 4), nn.Conv2d(48, 12, 1)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = x + self.p1(self.e1(x))
+        x = self.p2(self.e2(x)) + x
+        x = self.p3(self.e3(x))
+        z = self.e4(x)
+        z = z * torch.sigmoid(self.gate(z.mean(dim=[2, 3])))[:, :, None, None]
+        x = self.p4(z)
+        return x + self.p5(self.e5(x))
+
+
+@fixture("xnn_inverted_residual")
+def _inverted_residuals():
+    m = _calibrate(InvertedResiduals(), torch.randn(4, 3, 24, 24))
+    return XSpec(
+        "Inverted residual blocks (expand, depthwise, project, residual add): ReLU6 and "
+        "SiLU, 3x3 and 5x5, strides 1 and 2, 24- and 6-row images, a gated block.",
+        m,
+        (torch.randn(1, 3, 24, 24),),
+    )
+
+
 class SiluNet(nn.Module):
     """SiLU after a convolution, a depthwise convolution and a linear layer (fused into
     their epilogues by pte), on a graph input, and on a value read twice."""

@@ -344,6 +344,22 @@ pub struct Node {
     pub flags: u32,
     /// A SiLU fused into the node's output (see `fuse.rs`).
     pub fused_silu: bool,
+    /// On a depthwise convolution: the pointwise convolutions (and residual addition)
+    /// fused around it (see `fuse.rs`).
+    pub chain: Option<Box<Chain>>,
+}
+
+/// The nodes fused with a depthwise convolution into one band-by-band chain: the
+/// node then reads the expansion's input (or its own) and a residual (input 3), and
+/// writes the last fused node's output.
+#[derive(Clone, Debug)]
+pub struct Chain {
+    /// A 1×1 convolution producing the depthwise node's input.
+    pub expand: Option<Node>,
+    /// A 1×1 convolution reading its output.
+    pub project: Option<Node>,
+    /// The bounds of an addition of the projection's output and input 3.
+    pub residual: Option<(f32, f32)>,
 }
 
 /// A validated XNNGraph.
@@ -466,6 +482,7 @@ impl Graph {
                     max: f32::INFINITY,
                     flags: 0,
                     fused_silu: false,
+                    chain: None,
                 });
             } else {
                 insert_id(&mut ids, parsed.value.id, values.len())?;
@@ -1108,6 +1125,7 @@ fn read_node(
         max,
         flags: 0,
         fused_silu: false,
+        chain: None,
     };
     // Field reads: errors name the node.
     macro_rules! get {

@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use pte_compute::nhwc::{ConvNhwc, ConvWeights, DeconvNhwc, Geometry};
+use pte_compute::nhwc::{ConvNhwc, ConvWeights, DeconvNhwc, DepthwiseChain, Geometry};
 use pte_compute::qconv::{QConvNhwc, QuantParams};
 use pte_compute::{Activation, Gemm, ThreadPool};
 use pte_runtime::Charge;
@@ -17,10 +17,10 @@ use super::quant::{self, Q8};
 use super::weights::{float_values, int8_values};
 use super::{
     arg, bytes, bytes_mut, describe, f32s, f32s_mut, family, numel, set_shape, shape_of, Family,
-    KResult, Kernel, NodeCx, PResult, Prepared,
+    KResult, Kernel, NodeCx, PResult, PrepareError, Prepared,
 };
 use crate::exec::{Cx, In, Out};
-use crate::graph::{ConvGeometry, Dims, Value};
+use crate::graph::{Chain, ConvGeometry, Dims, Node, Op, Value};
 
 /// Regular or depthwise.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -236,50 +236,16 @@ impl Kernel for FloatConv {
 
 /// Conv2d and DepthwiseConv2d.
 pub(crate) fn convolution(cx: &NodeCx<'_>, g: &ConvGeometry, kind: Kind) -> PResult<Prepared> {
-    let (x, w, b, y) = (cx.input(0)?, cx.input(1)?, cx.opt_input(2)?, cx.output(0)?);
-    let (min, max) = cx.bounds()?;
-    if cx.node.flags != 0 {
-        return Err(format!("unsupported flags {:#x}", cx.node.flags).into());
+    if let Some(chain) = &cx.node.chain {
+        return depthwise_chain(cx, chain);
     }
+    let (x, w, y) = (cx.input(0)?, cx.input(1)?, cx.output(0)?);
     let (_, _, _, cin, cout) = channels(g, kind, w)?;
-    if w.data.is_none() || b.is_some_and(|b| b.data.is_none()) {
-        return Err("convolution weights and bias must be constants".into());
-    }
     match (family(x), family(y)) {
         (Family::Float, Family::Float) => {
-            if b.is_some_and(|b| b.dims.as_slice() != [cout]) {
-                return Err(format!(
-                    "bias dims {:?} for {cout} channels",
-                    b.map(|b| b.dims.clone())
-                )
-                .into());
-            }
-            // The packed weights (panels padded to whole tiles) and the bias.
-            let k = (crate::graph::checked_numel(&w.dims).unwrap_or(0) / cout.max(1)).max(1);
-            let charge = charge(
-                cx,
-                cout.saturating_add(32)
-                    .saturating_mul(k)
-                    .saturating_mul(4)
-                    .saturating_add(cout * 4),
-            )?;
-            Prepared::capturing(
-                FloatConv {
-                    g: *g,
-                    kind,
-                    filter: w.clone(),
-                    bias: b.cloned(),
-                    min,
-                    max,
-                    cin,
-                    cout,
-                    layer: None,
-                    silu: cx.node.fused_silu,
-                    pool: cx.pool.clone(),
-                    _charge: charge,
-                },
-                &[1, 2],
-            )
+            let bounds = cx.bounds()?;
+            let conv = float_conv(cx, g, kind, bounds, cx.node.fused_silu)?;
+            Prepared::capturing(conv, &[1, 2])
         }
         (Family::QInt8, Family::QInt8) => quant_conv::<i8>(cx, g, kind, cin, cout),
         (Family::QUInt8, Family::QUInt8) => quant_conv::<u8>(cx, g, kind, cin, cout),
@@ -290,6 +256,239 @@ pub(crate) fn convolution(cx: &NodeCx<'_>, g: &ConvGeometry, kind: Kind) -> PRes
             describe(y)
         )
         .into()),
+    }
+}
+
+/// The float convolution of node `cx` (its flags, constants and bias checked) with
+/// output `bounds` and a fused SiLU.
+fn float_conv(
+    cx: &NodeCx<'_>,
+    g: &ConvGeometry,
+    kind: Kind,
+    (min, max): (f32, f32),
+    silu: bool,
+) -> PResult<FloatConv> {
+    let (w, b) = (cx.input(1)?, cx.opt_input(2)?);
+    if cx.node.flags != 0 {
+        return Err(format!("unsupported flags {:#x}", cx.node.flags).into());
+    }
+    if min.is_nan() || max.is_nan() || min > max {
+        return Err(format!("output bounds [{min}, {max}] are invalid").into());
+    }
+    let (_, _, _, cin, cout) = channels(g, kind, w)?;
+    if w.data.is_none() || b.is_some_and(|b| b.data.is_none()) {
+        return Err("convolution weights and bias must be constants".into());
+    }
+    if b.is_some_and(|b| b.dims.as_slice() != [cout]) {
+        return Err(format!(
+            "bias dims {:?} for {cout} channels",
+            b.map(|b| b.dims.clone())
+        )
+        .into());
+    }
+    // The packed weights (panels padded to whole tiles) and the bias.
+    let k = (crate::graph::checked_numel(&w.dims).unwrap_or(0) / cout.max(1)).max(1);
+    let charge = charge(
+        cx,
+        cout.saturating_add(32)
+            .saturating_mul(k)
+            .saturating_mul(4)
+            .saturating_add(cout * 4),
+    )?;
+    Ok(FloatConv {
+        g: *g,
+        kind,
+        filter: w.clone(),
+        bias: b.cloned(),
+        min,
+        max,
+        cin,
+        cout,
+        layer: None,
+        silu,
+        pool: cx.pool.clone(),
+        _charge: charge,
+    })
+}
+
+/// A depthwise convolution with the pointwise ones fused around it
+/// ([`crate::graph::Chain`]): band by band on pte-compute's [`DepthwiseChain`] when
+/// the image splits into bands for the pool's threads, else layer by layer through
+/// scratch.
+struct ChainConv {
+    expand: Option<FloatConv>,
+    depthwise: FloatConv,
+    project: Option<FloatConv>,
+    residual: bool,
+    /// Images of the current input shape.
+    batch: usize,
+}
+
+/// Prepares a fused chain (see `fuse.rs`): each layer from its own node.
+fn depthwise_chain(cx: &NodeCx<'_>, chain: &Chain) -> PResult<Prepared> {
+    let layer = |node: &Node, kind: Kind, bounds: (f32, f32), silu: bool| {
+        let (Op::Conv2d(g) | Op::DepthwiseConv2d(g)) = &node.op else {
+            return Err(PrepareError::from("a fused layer is not a convolution"));
+        };
+        let sub = NodeCx { node, ..*cx };
+        float_conv(&sub, g, kind, bounds, silu)
+    };
+    let node = cx.node;
+    let own = (node.min, node.max);
+    let expand = chain
+        .expand
+        .as_ref()
+        .map(|e| layer(e, Kind::Regular, (e.min, e.max), e.fused_silu))
+        .transpose()?;
+    let depthwise = layer(node, Kind::Depthwise, own, node.fused_silu)?;
+    // A residual addition's bounds apply after it, the projection's own being none.
+    let project = chain
+        .project
+        .as_ref()
+        .map(|p| match chain.residual {
+            Some(bounds) => layer(p, Kind::Regular, bounds, false),
+            None => layer(p, Kind::Regular, (p.min, p.max), p.fused_silu),
+        })
+        .transpose()?;
+    let all_float = [cx.input(0)?, cx.output(0)?]
+        .iter()
+        .all(|v| family(v) == Family::Float);
+    if !all_float || (chain.residual.is_some() && project.is_none()) {
+        return Err(
+            "a fused depthwise chain must be float, its residual after a projection".into(),
+        );
+    }
+    if chain.residual.is_some() {
+        cx.input(3)?;
+    }
+    Prepared::capturing(
+        ChainConv {
+            expand,
+            depthwise,
+            project,
+            residual: chain.residual.is_some(),
+            batch: 0,
+        },
+        &[1, 2],
+    )
+}
+
+impl ChainConv {
+    /// The built layers (after `reshape`).
+    fn layers(&self) -> KResult<(Option<&ConvNhwc>, &ConvNhwc, Option<&ConvNhwc>)> {
+        fn built(c: &FloatConv) -> KResult<&ConvNhwc> {
+            c.layer
+                .as_ref()
+                .map(|(l, _)| l)
+                .ok_or_else(|| "not reshaped".into())
+        }
+        Ok((
+            self.expand.as_ref().map(built).transpose()?,
+            built(&self.depthwise)?,
+            self.project.as_ref().map(built).transpose()?,
+        ))
+    }
+
+    /// Scratch (f32 elements) of the layer-by-layer run: the intermediate outputs,
+    /// then the largest layer's own.
+    fn layered_scratch(&self, threads: usize) -> KResult<(usize, usize, usize)> {
+        let (e, d, p) = self.layers()?;
+        let out_len = |l: &ConvNhwc| l.io_len(self.batch).map(|(_, y)| y);
+        let expanded = e.map(out_len).transpose().map_err(|e| e.to_string())?;
+        let filtered = p
+            .map(|_| out_len(d))
+            .transpose()
+            .map_err(|e| e.to_string())?;
+        let mut own = 0;
+        for l in [e, Some(d), p].into_iter().flatten() {
+            own = own.max(l.scratch_len(threads).map_err(|e| e.to_string())?);
+        }
+        Ok((expanded.unwrap_or(0), filtered.unwrap_or(0), own))
+    }
+}
+
+impl Kernel for ChainConv {
+    fn reshape(&mut self, inputs: &[Option<&[usize]>], outputs: &mut [Dims]) -> KResult {
+        let mut dims: Dims = shape_of(inputs, 0)?.iter().copied().collect();
+        let layers = [
+            self.expand.as_mut(),
+            Some(&mut self.depthwise),
+            self.project.as_mut(),
+        ];
+        for layer in layers.into_iter().flatten() {
+            let mut out = [Dims::new()];
+            layer.reshape(&[Some(&dims)], &mut out)?;
+            let [next] = out;
+            dims = next;
+        }
+        if self.residual && shape_of(inputs, 3)? != dims.as_slice() {
+            return Err(format!(
+                "residual {:?} is not shaped as the output {dims:?}",
+                shape_of(inputs, 3)?
+            ));
+        }
+        self.batch = dims.first().copied().unwrap_or(0);
+        set_shape(outputs, 0, &dims)
+    }
+
+    fn scratch_bytes(&self, threads: usize) -> usize {
+        let Ok((e, d, p)) = self.layers() else {
+            return 0;
+        };
+        let chained = DepthwiseChain::new(e, d, p).and_then(|c| c.scratch_len(threads));
+        let layered = self.layered_scratch(threads);
+        match (chained, layered) {
+            (Ok(c), Ok((a, b, own))) => c
+                .max(a.saturating_add(b).saturating_add(own))
+                .saturating_mul(4),
+            _ => usize::MAX / 8,
+        }
+    }
+
+    fn run(&self, cx: &mut Cx<'_>, inputs: &[Option<In<'_>>], outputs: &mut [Out<'_>]) -> KResult {
+        let err = |e: pte_compute::Error| e.to_string();
+        let (e, d, p) = self.layers()?;
+        let chain = DepthwiseChain::new(e, d, p).map_err(err)?;
+        let n = self.batch;
+        let (xl, yl) = chain.io_len(n).map_err(err)?;
+        let x = f32s(arg(inputs, 0)?.bytes, xl)?;
+        let residual = match self.residual {
+            true => Some(f32s(arg(inputs, 3)?.bytes, yl)?),
+            false => None,
+        };
+        let y = f32s_mut(outputs.first_mut().ok_or("no output")?.bytes, yl)?;
+        let threads = cx.pool.threads();
+        if chain.splits_well(n, threads) {
+            let len = chain.scratch_len(threads).map_err(err)?;
+            let scratch = cx
+                .scratch
+                .slice_mut::<f32>(len)
+                .map_err(|e| e.to_string())?;
+            return chain.run(cx.pool, x, n, residual, y, scratch).map_err(err);
+        }
+        let (a_len, b_len, own) = self.layered_scratch(threads)?;
+        let len = a_len.saturating_add(b_len).saturating_add(own);
+        let scratch = cx
+            .scratch
+            .slice_mut::<f32>(len)
+            .map_err(|e| e.to_string())?;
+        let (expanded, rest) = scratch.split_at_mut(a_len.min(len));
+        let (filtered, own) = rest.split_at_mut(b_len.min(rest.len()));
+        let pool = cx.pool;
+        let dw_input: &[f32] = match e {
+            Some(e) => {
+                e.run(pool, x, n, None, expanded, own).map_err(err)?;
+                expanded
+            }
+            None => x,
+        };
+        match p {
+            Some(p) => {
+                d.run(pool, dw_input, n, None, filtered, own).map_err(err)?;
+                p.run(pool, filtered, n, residual, y, own).map_err(err)
+            }
+            None => d.run(pool, dw_input, n, None, y, own).map_err(err),
+        }
     }
 }
 
