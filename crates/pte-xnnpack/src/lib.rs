@@ -25,7 +25,10 @@
 //! exported as `Sigmoid` and `Multiply` runs as one operation, inside the epilogue of
 //! the fp32 convolution or fully connected node producing its input when nothing else
 //! reads that value. A Clamp node merges into the node producing its input, as
-//! XNNPACK's subgraph optimization merges it. 8-bit convolutions and fully connected
+//! XNNPACK's subgraph optimization merges it. An fp32 inverted residual block (1×1
+//! expansion, depthwise, 1×1 projection, residual addition, any of the pointwise
+//! layers at least) becomes one node that runs band by band of rows, its expanded
+//! values kept in cache, as the plain programs' NHWC regions run it. 8-bit convolutions and fully connected
 //! nodes run pte-compute's 8-bit kernels (`pte_compute::qconv`: AVX-512 VNNI products
 //! requantized in their store, depthwise rows over blocks of channels). All prepared
 //! state is charged to the method's memory budget.
