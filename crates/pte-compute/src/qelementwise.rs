@@ -1,4 +1,5 @@
-//! Elementwise arithmetic on 8-bit quantized tensors, in XNNPACK's fixed point.
+//! Elementwise arithmetic on 8-bit quantized tensors: XNNPACK's fixed-point addition,
+//! and the maximum of a pooling window's pixels.
 
 use crate::arch::{multiversion, Isa};
 use crate::error::{self, Result};
@@ -79,6 +80,54 @@ multiversion! {
     }
 }
 
+/// Max pooling of one output pixel: `out[j] = clamp(max_t taps[t][j], lo, hi)`, the
+/// maximum also over `out`'s own values when `accumulate` (a window of more taps than
+/// one call takes). `out` is left as it is when `taps` is empty and not accumulating.
+pub fn max_i8(taps: &[&[i8]], out: &mut [i8], (lo, hi): (i8, i8), accumulate: bool) {
+    max_taps_i8(Isa::best(), taps, out, lo, hi, accumulate);
+}
+
+/// [`max_i8`] on unsigned bytes.
+pub fn max_u8(taps: &[&[u8]], out: &mut [u8], (lo, hi): (u8, u8), accumulate: bool) {
+    max_taps_u8(Isa::best(), taps, out, lo, hi, accumulate);
+}
+
+/// [`max_i8`]'s body: tap by tap over the whole pixel, loops that vectorize (`vpmaxsb`
+/// needs SSE4.1 or AVX2, which the baseline target lacks).
+#[inline(always)]
+fn max_taps<T: Copy + Ord>(taps: &[&[T]], out: &mut [T], lo: T, hi: T, accumulate: bool) {
+    let rest = match (accumulate, taps.split_first()) {
+        (false, Some((first, rest))) => {
+            for (o, &v) in out.iter_mut().zip(*first) {
+                *o = v;
+            }
+            rest
+        }
+        (false, None) => return,
+        (true, _) => taps,
+    };
+    for tap in rest {
+        for (o, &v) in out.iter_mut().zip(*tap) {
+            *o = (*o).max(v);
+        }
+    }
+    for o in out.iter_mut() {
+        *o = (*o).max(lo).min(hi);
+    }
+}
+
+multiversion! {
+    fn max_taps_i8<const FMA: bool>(taps: &[&[i8]], out: &mut [i8], lo: i8, hi: i8, accumulate: bool) {
+        max_taps(taps, out, lo, hi, accumulate);
+    }
+}
+
+multiversion! {
+    fn max_taps_u8<const FMA: bool>(taps: &[&[u8]], out: &mut [u8], lo: u8, hi: u8, accumulate: bool) {
+        max_taps(taps, out, lo, hi, accumulate);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,6 +167,39 @@ mod tests {
                 assert_eq!(i32::from(signed[i]), s, "i8 element {i}");
             }
             assert!(q.run_u8(&pool, &x[..10], &y, &mut out).is_err());
+        }
+    }
+
+    #[test]
+    fn window_maxima_are_clamped_and_accumulate() {
+        let taps: Vec<Vec<i8>> = (0..5)
+            .map(|t| {
+                (0..70)
+                    .map(|j| ((j * 37 + t * 101) % 256) as u8 as i8)
+                    .collect()
+            })
+            .collect();
+        let refs: Vec<&[i8]> = taps.iter().map(Vec::as_slice).collect();
+        let want: Vec<i8> = (0..70)
+            .map(|j| refs.iter().map(|t| t[j]).max().unwrap().clamp(-100, 90))
+            .collect();
+        let mut out = vec![0i8; 70];
+        max_i8(&refs, &mut out, (-100, 90), false);
+        assert_eq!(out, want);
+        // Two calls, the second accumulating.
+        let mut split = vec![0i8; 70];
+        max_i8(&refs[..2], &mut split, (-128, 127), false);
+        max_i8(&refs[2..], &mut split, (-100, 90), true);
+        assert_eq!(split, want);
+        let unsigned: Vec<Vec<u8>> = taps
+            .iter()
+            .map(|t| t.iter().map(|&v| v as u8).collect())
+            .collect();
+        let urefs: Vec<&[u8]> = unsigned.iter().map(Vec::as_slice).collect();
+        let mut out = vec![0u8; 70];
+        max_u8(&urefs, &mut out, (3, 250), false);
+        for (j, &o) in out.iter().enumerate() {
+            assert_eq!(o, urefs.iter().map(|t| t[j]).max().unwrap().clamp(3, 250));
         }
     }
 }

@@ -88,6 +88,9 @@ impl Kernel for Pool {
     }
 }
 
+/// Pixels of a max pooling window combined per call.
+const MAX_POOL_TAPS: usize = 16;
+
 /// Channels an 8-bit average pool sums at once.
 const AVG_BLOCK: usize = 64;
 
@@ -120,19 +123,25 @@ fn quant_pool<T: Q8>(
             match kind {
                 // Max pooling keeps the input's parameters (checked at load).
                 PoolKind::Max => {
-                    let mut any = false;
+                    // The window's pixels, MAX_POOL_TAPS per call.
+                    let mut list: [&[T]; MAX_POOL_TAPS] = [&[]; MAX_POOL_TAPS];
+                    let (mut held, mut any) = (0, false);
                     for (iy, ix) in taps {
-                        let p = pixel(iy, ix);
-                        if any {
-                            o.iter_mut().zip(p).for_each(|(d, &s)| *d = (*d).max(s));
-                        } else {
-                            o.copy_from_slice(p);
-                            any = true;
+                        if let Some(slot) = list.get_mut(held) {
+                            *slot = pixel(iy, ix);
+                            held += 1;
+                        }
+                        if held == MAX_POOL_TAPS {
+                            T::max_taps(&list, o, (q.lo, q.hi), any);
+                            (held, any) = (0, true);
                         }
                     }
-                    for d in o.iter_mut() {
-                        let v = if any { d.get() } else { q.zo };
-                        *d = T::from_i32(v.clamp(q.lo, q.hi));
+                    if held > 0 {
+                        let list = list.get(..held).unwrap_or_default();
+                        T::max_taps(list, o, (q.lo, q.hi), any);
+                    } else if !any {
+                        // An empty window (all padding): the zero point.
+                        o.fill(T::from_i32(q.zo.clamp(q.lo, q.hi)));
                     }
                 }
                 PoolKind::Average => {

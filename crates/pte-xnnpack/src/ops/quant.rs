@@ -3,7 +3,7 @@
 //! parameters of quantized addition, so that results agree with upstream's bit for bit
 //! where the same formula applies.
 
-use pte_compute::qelementwise::QAdd;
+use pte_compute::qelementwise::{self, QAdd};
 use pte_compute::ThreadPool;
 
 /// An 8-bit quantized element type (int8 or uint8).
@@ -21,6 +21,8 @@ pub(crate) trait Q8: Copy + Ord + Send + Sync + bytemuck::Pod + 'static {
         y: &[Self],
         out: &mut [Self],
     ) -> Result<(), String>;
+    /// `out = clamp(max over taps (and out, when accumulating), lo, hi)`.
+    fn max_taps(taps: &[&[Self]], out: &mut [Self], bounds: (i32, i32), accumulate: bool);
 }
 
 impl Q8 for i8 {
@@ -35,6 +37,10 @@ impl Q8 for i8 {
     fn add(q: &QAdd, pool: &ThreadPool, x: &[i8], y: &[i8], out: &mut [i8]) -> Result<(), String> {
         q.run_i8(pool, x, y, out).map_err(|e| e.to_string())
     }
+    fn max_taps(taps: &[&[i8]], out: &mut [i8], (lo, hi): (i32, i32), accumulate: bool) {
+        let bounds = (Self::from_i32(lo), Self::from_i32(hi));
+        qelementwise::max_i8(taps, out, bounds, accumulate);
+    }
 }
 
 impl Q8 for u8 {
@@ -48,6 +54,10 @@ impl Q8 for u8 {
     }
     fn add(q: &QAdd, pool: &ThreadPool, x: &[u8], y: &[u8], out: &mut [u8]) -> Result<(), String> {
         q.run_u8(pool, x, y, out).map_err(|e| e.to_string())
+    }
+    fn max_taps(taps: &[&[u8]], out: &mut [u8], (lo, hi): (i32, i32), accumulate: bool) {
+        let bounds = (Self::from_i32(lo), Self::from_i32(hi));
+        qelementwise::max_u8(taps, out, bounds, accumulate);
     }
 }
 
