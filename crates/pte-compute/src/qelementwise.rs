@@ -35,8 +35,8 @@ impl QAdd {
         v.max(lo).max(self.min).min(hi).min(self.max)
     }
 
-    /// `out = x + y` on signed bytes, split over the pool's threads.
-    pub fn run_i8(&self, pool: &ThreadPool, x: &[i8], y: &[i8], out: &mut [i8]) -> Result {
+    /// `out = x + y` on bytes (signed or unsigned), split over the pool's threads.
+    pub fn run<T: QByte>(&self, pool: &ThreadPool, x: &[T], y: &[T], out: &mut [T]) -> Result {
         let n = out.len();
         error::need("quantized addition operand", x.len().min(y.len()), n)?;
         pool.parallel_chunks(out, CHUNK, &mut [0u8; 0], 0, |k, o, _| {
@@ -45,22 +45,40 @@ impl QAdd {
                 x.get(at..).unwrap_or_default(),
                 y.get(at..).unwrap_or_default(),
             );
-            add_i8(Isa::best(), *self, x, y, o);
+            T::add(*self, x, y, o);
         })
     }
+}
 
-    /// `out = x + y` on unsigned bytes, split over the pool's threads.
-    pub fn run_u8(&self, pool: &ThreadPool, x: &[u8], y: &[u8], out: &mut [u8]) -> Result {
-        let n = out.len();
-        error::need("quantized addition operand", x.len().min(y.len()), n)?;
-        pool.parallel_chunks(out, CHUNK, &mut [0u8; 0], 0, |k, o, _| {
-            let at = k * CHUNK;
-            let (x, y) = (
-                x.get(at..).unwrap_or_default(),
-                y.get(at..).unwrap_or_default(),
-            );
-            add_u8(Isa::best(), *self, x, y, o);
-        })
+/// An 8-bit quantized element: `i8` or `u8`.
+pub trait QByte: Copy + Send + Sync + sealed::Sealed {
+    /// [`QAdd`] over one chunk, on the best instruction set.
+    fn add(q: QAdd, x: &[Self], y: &[Self], out: &mut [Self]);
+    /// [`max_pixel`] on the best instruction set.
+    fn max(taps: &[&[Self]], out: &mut [Self], bounds: (Self, Self), accumulate: bool);
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for i8 {}
+    impl Sealed for u8 {}
+}
+
+impl QByte for i8 {
+    fn add(q: QAdd, x: &[i8], y: &[i8], out: &mut [i8]) {
+        add_i8(Isa::best(), q, x, y, out);
+    }
+    fn max(taps: &[&[i8]], out: &mut [i8], (lo, hi): (i8, i8), accumulate: bool) {
+        max_taps_i8(Isa::best(), taps, out, lo, hi, accumulate);
+    }
+}
+
+impl QByte for u8 {
+    fn add(q: QAdd, x: &[u8], y: &[u8], out: &mut [u8]) {
+        add_u8(Isa::best(), q, x, y, out);
+    }
+    fn max(taps: &[&[u8]], out: &mut [u8], (lo, hi): (u8, u8), accumulate: bool) {
+        max_taps_u8(Isa::best(), taps, out, lo, hi, accumulate);
     }
 }
 
@@ -83,16 +101,11 @@ multiversion! {
 /// Max pooling of one output pixel: `out[j] = clamp(max_t taps[t][j], lo, hi)`, the
 /// maximum also over `out`'s own values when `accumulate` (a window of more taps than
 /// one call takes). `out` is left as it is when `taps` is empty and not accumulating.
-pub fn max_i8(taps: &[&[i8]], out: &mut [i8], (lo, hi): (i8, i8), accumulate: bool) {
-    max_taps_i8(Isa::best(), taps, out, lo, hi, accumulate);
+pub fn max_pixel<T: QByte>(taps: &[&[T]], out: &mut [T], bounds: (T, T), accumulate: bool) {
+    T::max(taps, out, bounds, accumulate);
 }
 
-/// [`max_i8`] on unsigned bytes.
-pub fn max_u8(taps: &[&[u8]], out: &mut [u8], (lo, hi): (u8, u8), accumulate: bool) {
-    max_taps_u8(Isa::best(), taps, out, lo, hi, accumulate);
-}
-
-/// [`max_i8`]'s body: tap by tap over the whole pixel, loops that vectorize (`vpmaxsb`
+/// [`max_pixel`]'s body: tap by tap over the whole pixel, loops that vectorize (`vpmaxsb`
 /// needs SSE4.1 or AVX2, which the baseline target lacks).
 #[inline(always)]
 fn max_taps<T: Copy + Ord>(taps: &[&[T]], out: &mut [T], lo: T, hi: T, accumulate: bool) {
@@ -149,11 +162,11 @@ mod tests {
         for threads in [1, 2] {
             let pool = ThreadPool::new(threads).unwrap();
             let mut out = vec![0u8; n];
-            q.run_u8(&pool, &x, &y, &mut out).unwrap();
+            q.run(&pool, &x, &y, &mut out).unwrap();
             let mut signed = vec![0i8; n];
             let (xs, ys): (Vec<i8>, Vec<i8>) =
                 x.iter().zip(&y).map(|(&a, &b)| (a as i8, b as i8)).unzip();
-            q.run_i8(&pool, &xs, &ys, &mut signed).unwrap();
+            q.run(&pool, &xs, &ys, &mut signed).unwrap();
             for i in 0..n {
                 let want = |a: i32, b: i32, lo: i32, hi: i32| {
                     let acc = q.bias + a * q.a_multiplier + b * q.b_multiplier;
@@ -166,7 +179,7 @@ mod tests {
                 let s = want(i32::from(xs[i]), i32::from(ys[i]), -128, 127);
                 assert_eq!(i32::from(signed[i]), s, "i8 element {i}");
             }
-            assert!(q.run_u8(&pool, &x[..10], &y, &mut out).is_err());
+            assert!(q.run(&pool, &x[..10], &y, &mut out).is_err());
         }
     }
 
@@ -184,12 +197,12 @@ mod tests {
             .map(|j| refs.iter().map(|t| t[j]).max().unwrap().clamp(-100, 90))
             .collect();
         let mut out = vec![0i8; 70];
-        max_i8(&refs, &mut out, (-100, 90), false);
+        max_pixel(&refs, &mut out, (-100, 90), false);
         assert_eq!(out, want);
         // Two calls, the second accumulating.
         let mut split = vec![0i8; 70];
-        max_i8(&refs[..2], &mut split, (-128, 127), false);
-        max_i8(&refs[2..], &mut split, (-100, 90), true);
+        max_pixel(&refs[..2], &mut split, (-128, 127), false);
+        max_pixel(&refs[2..], &mut split, (-100, 90), true);
         assert_eq!(split, want);
         let unsigned: Vec<Vec<u8>> = taps
             .iter()
@@ -197,7 +210,7 @@ mod tests {
             .collect();
         let urefs: Vec<&[u8]> = unsigned.iter().map(Vec::as_slice).collect();
         let mut out = vec![0u8; 70];
-        max_u8(&urefs, &mut out, (3, 250), false);
+        max_pixel(&urefs, &mut out, (3, 250), false);
         for (j, &o) in out.iter().enumerate() {
             assert_eq!(o, urefs.iter().map(|t| t[j]).max().unwrap().clamp(3, 250));
         }

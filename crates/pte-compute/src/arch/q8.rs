@@ -185,13 +185,7 @@ pub(crate) fn q8_microkernel(
         let panels = (b.data.as_ptr(), b.stride, b.count, b.cols);
         // SAFETY: the tile's offset is inside `out` (checked above).
         let c = unsafe { out.as_mut_ptr().add(i0 * rs + j0) };
-        let raw = x86::RawQ8 {
-            bias: post.bias.as_ptr(),
-            scale: post.scale.as_ptr(),
-            zero: post.zero,
-            lo: post.lo,
-            hi: post.hi,
-        };
+        let raw = x86::RawQ8::from(post);
         let shape = (rows, taps, kq);
         // SAFETY: the rows as checked by `IndirectRows`, every other length above,
         // and the CPU has the kernel's features.
@@ -293,13 +287,7 @@ pub(crate) fn q8_depthwise_row<const K: usize>(
     #[cfg(target_arch = "x86_64")]
     {
         let rows = x.rows.map(|r| r.map_or(std::ptr::null(), <[u8]>::as_ptr));
-        let raw = x86::RawQ8 {
-            bias: post.bias.as_ptr(),
-            scale: post.scale.as_ptr(),
-            zero: post.zero,
-            lo: post.lo,
-            hi: post.hi,
-        };
+        let raw = x86::RawQ8::from(post);
         let geometry = (x.w_in, x.stride, x.dilation, x.pad);
         let (w, y, ow) = (weights.as_ptr(), out.as_mut_ptr(), out.len() / c);
         // SAFETY: the CPU has AVX-512 F, BW and VL (VNNI's kernel is available); every
@@ -337,6 +325,18 @@ mod x86 {
         pub zero: i32,
         pub lo: f32,
         pub hi: f32,
+    }
+
+    impl From<&super::Q8Post<'_>> for RawQ8 {
+        fn from(post: &super::Q8Post<'_>) -> Self {
+            RawQ8 {
+                bias: post.bias.as_ptr(),
+                scale: post.scale.as_ptr(),
+                zero: post.zero,
+                lo: post.lo,
+                hi: post.hi,
+            }
+        }
     }
 
     /// # Safety

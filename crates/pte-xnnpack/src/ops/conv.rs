@@ -259,6 +259,19 @@ pub(crate) fn convolution(cx: &NodeCx<'_>, g: &ConvGeometry, kind: Kind) -> PRes
     }
 }
 
+/// Charges the packed f32 weights of a filter `w` with `cout` output channels (panels
+/// padded to whole tiles) and the bias.
+fn float_weights_charge(cx: &NodeCx<'_>, w: &Value, cout: usize) -> PResult<Charge> {
+    let k = (crate::graph::checked_numel(&w.dims).unwrap_or(0) / cout.max(1)).max(1);
+    charge(
+        cx,
+        cout.saturating_add(32)
+            .saturating_mul(k)
+            .saturating_mul(4)
+            .saturating_add(cout * 4),
+    )
+}
+
 /// The float convolution of node `cx` (its flags, constants and bias checked) with
 /// output `bounds` and a fused SiLU.
 fn float_conv(
@@ -286,15 +299,7 @@ fn float_conv(
         )
         .into());
     }
-    // The packed weights (panels padded to whole tiles) and the bias.
-    let k = (crate::graph::checked_numel(&w.dims).unwrap_or(0) / cout.max(1)).max(1);
-    let charge = charge(
-        cx,
-        cout.saturating_add(32)
-            .saturating_mul(k)
-            .saturating_mul(4)
-            .saturating_add(cout * 4),
-    )?;
+    let charge = float_weights_charge(cx, w, cout)?;
     Ok(FloatConv {
         g: *g,
         kind,
@@ -734,14 +739,7 @@ pub(crate) fn deconvolution(cx: &NodeCx<'_>, g: &ConvGeometry) -> PResult<Prepar
         )
         .into());
     }
-    let k = (crate::graph::checked_numel(&w.dims).unwrap_or(0) / cout.max(1)).max(1);
-    let charge = charge(
-        cx,
-        cout.saturating_add(32)
-            .saturating_mul(k)
-            .saturating_mul(4)
-            .saturating_add(cout * 4),
-    )?;
+    let charge = float_weights_charge(cx, w, cout)?;
     Prepared::capturing(
         FloatDeconv {
             g: *g,

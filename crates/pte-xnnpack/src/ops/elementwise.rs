@@ -404,7 +404,8 @@ impl<T: Q8> Kernel for QuantBinary<T> {
                 y.get(..n).unwrap_or_default(),
             );
             if let QOp::Add(params) = op {
-                return T::add(&params.with_bounds(lo, hi), cx.pool, x, y, out);
+                let add = params.with_bounds(lo, hi);
+                return add.run(cx.pool, x, y, out).map_err(|e| e.to_string());
             }
             let chunks =
                 cx.pool

@@ -3,26 +3,21 @@
 //! parameters of quantized addition, so that results agree with upstream's bit for bit
 //! where the same formula applies.
 
-use pte_compute::qelementwise::{self, QAdd};
-use pte_compute::ThreadPool;
+use pte_compute::qelementwise::{self, QAdd, QByte};
 
 /// An 8-bit quantized element type (int8 or uint8).
-pub(crate) trait Q8: Copy + Ord + Send + Sync + bytemuck::Pod + 'static {
+pub(crate) trait Q8: Copy + Ord + Send + Sync + bytemuck::Pod + QByte + 'static {
     const MIN: i32;
     const MAX: i32;
     fn get(self) -> i32;
     /// From a value already in range.
     fn from_i32(v: i32) -> Self;
-    /// `out = x + y` (same shapes) on the pool's threads.
-    fn add(
-        q: &QAdd,
-        pool: &ThreadPool,
-        x: &[Self],
-        y: &[Self],
-        out: &mut [Self],
-    ) -> Result<(), String>;
+
     /// `out = clamp(max over taps (and out, when accumulating), lo, hi)`.
-    fn max_taps(taps: &[&[Self]], out: &mut [Self], bounds: (i32, i32), accumulate: bool);
+    fn max_taps(taps: &[&[Self]], out: &mut [Self], (lo, hi): (i32, i32), accumulate: bool) {
+        let bounds = (Self::from_i32(lo), Self::from_i32(hi));
+        qelementwise::max_pixel(taps, out, bounds, accumulate);
+    }
 }
 
 impl Q8 for i8 {
@@ -34,13 +29,6 @@ impl Q8 for i8 {
     fn from_i32(v: i32) -> Self {
         v.clamp(-128, 127) as i8
     }
-    fn add(q: &QAdd, pool: &ThreadPool, x: &[i8], y: &[i8], out: &mut [i8]) -> Result<(), String> {
-        q.run_i8(pool, x, y, out).map_err(|e| e.to_string())
-    }
-    fn max_taps(taps: &[&[i8]], out: &mut [i8], (lo, hi): (i32, i32), accumulate: bool) {
-        let bounds = (Self::from_i32(lo), Self::from_i32(hi));
-        qelementwise::max_i8(taps, out, bounds, accumulate);
-    }
 }
 
 impl Q8 for u8 {
@@ -51,13 +39,6 @@ impl Q8 for u8 {
     }
     fn from_i32(v: i32) -> Self {
         v.clamp(0, 255) as u8
-    }
-    fn add(q: &QAdd, pool: &ThreadPool, x: &[u8], y: &[u8], out: &mut [u8]) -> Result<(), String> {
-        q.run_u8(pool, x, y, out).map_err(|e| e.to_string())
-    }
-    fn max_taps(taps: &[&[u8]], out: &mut [u8], (lo, hi): (i32, i32), accumulate: bool) {
-        let bounds = (Self::from_i32(lo), Self::from_i32(hi));
-        qelementwise::max_u8(taps, out, bounds, accumulate);
     }
 }
 
