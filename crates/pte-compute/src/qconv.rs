@@ -624,14 +624,8 @@ impl QConvNhwc {
         for i in 0..rows {
             for t in 0..taps {
                 let (ky, kx) = (t / p.kernel[1], t % p.kernel[1]);
-                let iy = (oy * p.stride[0] + ky * p.dilation[0])
-                    .checked_sub(p.padding[0])
-                    .filter(|&v| v < p.input[0]);
-                let ix = (ox * p.stride[1] + kx * p.dilation[1])
-                    .checked_sub(p.padding[1])
-                    .filter(|&v| v < p.input[1]);
-                let at = iy
-                    .zip(ix)
+                let at = p
+                    .input_at([oy, ox], [ky, kx])
                     .map(|(iy, ix)| n_img * image + (iy * p.input[1] + ix) * pixel + g * kc);
                 if let Some(slot) = list.get_mut(t * rows + i) {
                     *slot = at.and_then(|o| x.get(o..o + kc)).unwrap_or(&self.pad_row);
@@ -711,13 +705,9 @@ impl QConvNhwc {
         let mut taps: [&[u8]; MAX_TAPS] = [&[]; MAX_TAPS];
         for (ox, out) in y.chunks_exact_mut(c.max(1)).enumerate() {
             for t in 0..(kh * kw).min(MAX_TAPS) {
-                let iy = (oy * p.stride[0] + (t / kw) * p.dilation[0])
-                    .checked_sub(p.padding[0])
-                    .filter(|&v| v < p.input[0]);
-                let ix = (ox * p.stride[1] + (t % kw) * p.dilation[1])
-                    .checked_sub(p.padding[1])
-                    .filter(|&v| v < p.input[1]);
-                let at = iy.zip(ix).map(|(iy, ix)| (iy * p.input[1] + ix) * cin);
+                let at = p
+                    .input_at([oy, ox], [t / kw, t % kw])
+                    .map(|(iy, ix)| (iy * p.input[1] + ix) * cin);
                 if let Some(s) = taps.get_mut(t) {
                     *s = at.and_then(|a| x.get(a..a + cin)).unwrap_or(&self.pad_row);
                 }

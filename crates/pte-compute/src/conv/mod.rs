@@ -50,6 +50,19 @@ pub struct Conv2dParams {
 }
 
 impl Conv2dParams {
+    /// The input row and column that tap `(ky, kx)` of output pixel `(oy, ox)` reads,
+    /// `None` in the padding.
+    #[inline]
+    pub fn input_at(&self, [oy, ox]: [usize; 2], [ky, kx]: [usize; 2]) -> Option<(usize, usize)> {
+        let iy = (oy * self.stride[0] + ky * self.dilation[0])
+            .checked_sub(self.padding[0])
+            .filter(|&v| v < self.input[0])?;
+        let ix = (ox * self.stride[1] + kx * self.dilation[1])
+            .checked_sub(self.padding[1])
+            .filter(|&v| v < self.input[1])?;
+        Some((iy, ix))
+    }
+
     /// Output height and width, or an error for an invalid geometry.
     pub fn output(&self) -> Result<[usize; 2]> {
         let g = self;

@@ -851,16 +851,9 @@ impl ConvNhwc {
             let (mut ky, mut kx) = (t0 / kw, t0 % kw);
             for t in 0..seg {
                 let o = match gather {
-                    Gather::Taps => {
-                        let iy = (oy * p.stride[0] + ky * p.dilation[0])
-                            .checked_sub(p.padding[0])
-                            .filter(|&v| v < p.input[0]);
-                        let ix = (ox * p.stride[1] + kx * p.dilation[1])
-                            .checked_sub(p.padding[1])
-                            .filter(|&v| v < p.input[1]);
-                        iy.zip(ix)
-                            .map(|(iy, ix)| n * image + (iy * p.input[1] + ix) * p.in_channels)
-                    }
+                    Gather::Taps => p
+                        .input_at([oy, ox], [ky, kx])
+                        .map(|(iy, ix)| n * image + (iy * p.input[1] + ix) * p.in_channels),
                     // Read through strides instead (`indirect_rows`).
                     Gather::Pixel | Gather::Rows { .. } => None,
                 };
