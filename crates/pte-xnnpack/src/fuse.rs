@@ -272,8 +272,6 @@ fn fuse_depthwise_chains(g: &mut Graph) {
         let (x, y) = (*x, y);
         let ok = geo.group_input_channels == 1
             && geo.group_output_channels == 1
-            && geo.dilation[0] == 1
-            && (1..=8).contains(&geo.kernel[0])
             && dn.flags == 0
             && dn.chain.is_none()
             && dn.outputs.len() == 1

@@ -318,8 +318,8 @@ fn float_conv(
 
 /// A depthwise convolution with the pointwise ones fused around it
 /// ([`crate::graph::Chain`]): band by band on pte-compute's [`DepthwiseChain`] when
-/// the image splits into bands for the pool's threads, else layer by layer through
-/// scratch.
+/// it takes the layers and the image splits into bands for the pool's threads, else
+/// layer by layer through scratch.
 struct ChainConv {
     expand: Option<FloatConv>,
     depthwise: FloatConv,
@@ -440,7 +440,8 @@ impl Kernel for ChainConv {
         let Ok((e, d, p)) = self.layers() else {
             return 0;
         };
-        let chained = DepthwiseChain::new(e, d, p).and_then(|c| c.scratch_len(threads));
+        // A chain the compute crate does not take runs layer by layer.
+        let chained = DepthwiseChain::new(e, d, p).map_or(Ok(0), |c| c.scratch_len(threads));
         let layered = self.layered_scratch(threads);
         match (chained, layered) {
             (Ok(c), Ok((a, b, own))) => c
@@ -453,9 +454,9 @@ impl Kernel for ChainConv {
     fn run(&self, cx: &mut Cx<'_>, inputs: &[Option<In<'_>>], outputs: &mut [Out<'_>]) -> KResult {
         let err = |e: pte_compute::Error| e.to_string();
         let (e, d, p) = self.layers()?;
-        let chain = DepthwiseChain::new(e, d, p).map_err(err)?;
         let n = self.batch;
-        let (xl, yl) = chain.io_len(n).map_err(err)?;
+        let xl = e.unwrap_or(d).io_len(n).map_err(err)?.0;
+        let yl = p.unwrap_or(d).io_len(n).map_err(err)?.1;
         let x = f32s(arg(inputs, 0)?.bytes, xl)?;
         let residual = match self.residual {
             true => Some(f32s(arg(inputs, 3)?.bytes, yl)?),
@@ -463,7 +464,8 @@ impl Kernel for ChainConv {
         };
         let y = f32s_mut(outputs.first_mut().ok_or("no output")?.bytes, yl)?;
         let threads = cx.pool.threads();
-        if chain.splits_well(n, threads) {
+        let chain = DepthwiseChain::new(e, d, p).ok();
+        if let Some(chain) = chain.filter(|c| c.splits_well(n, threads)) {
             let len = chain.scratch_len(threads).map_err(err)?;
             let scratch = cx
                 .scratch
