@@ -11,7 +11,10 @@ layout of ``tests/fixtures/`` (see ``tools/README.md``).
 
 ``--models DIR`` writes mobilenet_v2, resnet18 and the transformer encoder of the
 benchmark set, lowered to XNNPACK in float and statically quantized to int8, in the
-same layout (the ignored test ``xnnpack_models_match_upstream`` runs them).
+same layout; ``PTE_XNNPACK_MODELS=DIR cargo test --release -p pte-xnnpack --test
+fixtures`` runs them. The other architectures of ``gen_fixtures.EXTRA_BENCH``
+(``regnet_y_400mf_xnnpack_fp32``, ``..._int8``, ...) are written only when named
+with ``--only``: a check on models the default set does not name.
 
 Same reference environment and seeding as ``tools/gen_fixtures.py`` (whose helpers
 this script uses): every fixture seeds torch and numpy with crc32(name) before
@@ -68,6 +71,9 @@ class XSpec:
     dtype: torch.dtype = torch.float32
     # Tag delegated constants to a .ptd file.
     ptd: bool = False
+    # Statically quantized outputs must equal upstream's quantized values (half a step)
+    # instead of coming within one step.
+    exact: bool = False
     rtol: float = 1e-4
     atol: float = 1e-5
 
@@ -209,7 +215,7 @@ def build(name: str, make: Callable[[], XSpec], out_root: Path) -> Dict[str, Any
 
     rtol, atol = spec.rtol, spec.atol
     if spec.quant == "static" and steps:
-        rtol, atol = 0.0, max(steps) * 1.001
+        rtol, atol = 0.0, max(steps) * (0.5 if spec.exact else 1.001)
     elif spec.quant == "static":
         # The outputs come from float nodes after the last dequantization (a
         # transformer's final layer norm): the spec's float tolerances.
@@ -387,6 +393,37 @@ def _int8_static():
         (torch.randn(1, 3, 16, 16),),
         extra=[(torch.randn(1, 3, 16, 16),)],
         quant="static",
+    )
+
+
+class Means(nn.Module):
+    """Global means of 8-bit values on four scales, as pooling and as mean."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(8, 128, 1) for _ in range(4))
+        with torch.no_grad():
+            for c, f in zip(self.convs, (0.3, 1.0, 3.1, 9.7)):
+                c.weight.mul_(f)
+
+    def forward(self, x):
+        ys = [F.relu(c(x)) for c in self.convs]
+        pooled = [F.adaptive_avg_pool2d(y, 1) for y in ys[:2]]
+        means = [y.mean(dim=(2, 3), keepdim=True) for y in ys[2:]]
+        return torch.cat(pooled + means, dim=1)
+
+
+@fixture("xnn_int8_means")
+def _int8_means():
+    return XSpec(
+        "PT2E static int8 global means (adaptive_avg_pool2d and mean over 14x14) on four "
+        "scales; quantized outputs must equal upstream's exactly: a mean halfway between "
+        "two steps rounds as XNNPACK's sum reduction does.",
+        Means(),
+        (torch.randn(1, 8, 14, 14),),
+        extra=[(torch.randn(1, 8, 14, 14),) for _ in range(5)],
+        quant="static",
+        exact=True,
     )
 
 
@@ -699,9 +736,14 @@ def _bench(name: str, quant: Optional[str]):
     return make
 
 
-for _n in ("mobilenet_v2", "resnet18", "transformer_encoder"):
+for _n in ("mobilenet_v2", "resnet18", "transformer_encoder", *gf.EXTRA_BENCH):
     MODELS[f"{_n}_xnnpack_fp32"] = _bench(_n, None)
     MODELS[f"{_n}_xnnpack_int8"] = _bench(_n, "static")
+
+
+def _is_extra(name: str) -> bool:
+    """The other architectures of gen_fixtures.EXTRA_BENCH, written only when named."""
+    return name.rsplit("_xnnpack_", 1)[0] in gf.EXTRA_BENCH
 
 
 def main() -> int:
@@ -718,6 +760,8 @@ def main() -> int:
         if unknown:
             ap.error(f"unknown fixture(s): {unknown}; known: {names}")
         names = [n for n in names if n in wanted]
+    else:
+        names = [n for n in names if not _is_extra(n)]
     out_root.mkdir(parents=True, exist_ok=True)
     manifest_path = out_root / "manifest.json"
     entries: Dict[str, Any] = {}

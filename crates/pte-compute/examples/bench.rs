@@ -1,6 +1,6 @@
 //! Benchmarks of pte-compute against the `gemm` crate and rayon, printed as tables.
 //!
-//! `cargo run --release -p pte-compute --example bench [peak|gemm|conv|pool|attention|ops|all] [--quick] [--isa avx2|avx512|generic] [--cpu-time]`
+//! `cargo run --release -p pte-compute --example bench [peak|gemm|conv|nhwc|chain|pool|attention|ops|all] [--quick] [--isa avx2|avx512|generic] [--cpu-time]`
 //!
 //! Each figure is the median of several rounds; the rounds of the compared
 //! implementations are interleaved so that machine noise hits them alike.
@@ -861,6 +861,104 @@ fn bench_nhwc(o: &Opts) {
     println!();
 }
 
+/// mobilenet_v2's inverted residual blocks (expand 1×1, depthwise 3×3, project 1×1,
+/// the residual where the shapes allow) run as one `DepthwiseChain` and layer by layer
+/// through memory, on one and two threads.
+fn bench_chain(o: &Opts) {
+    use pte_compute::nhwc::{ConvNhwc, ConvWeights, DepthwiseChain};
+    println!(
+        "## mobilenet_v2 inverted residual blocks, milliseconds (median of {} rounds)\n",
+        o.rounds
+    );
+    println!("| block | MFLOP | chain 1T | layers 1T | chain 2T | layers 2T | chain 1T GFLOP/s |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let g = Gemm::with_isa(o.isa).unwrap();
+    let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
+    let conv = |p: Conv2dParams, act: Activation| {
+        let w = values(p.out_channels * p.in_channels / p.groups * p.kernel[0] * p.kernel[1]);
+        let bias = values(p.out_channels);
+        ConvNhwc::new(&pools[0], g, p, ConvWeights::oihw(&w), Some(&bias), act).unwrap()
+    };
+    let (mut c, mut size) = (32, 112);
+    for (t, out, n, s) in [
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    ] {
+        for i in 0..n {
+            let stride = if i == 0 { s } else { 1 };
+            let hidden = c * t;
+            let relu6 = Activation::RELU6;
+            let expand = (t != 1).then(|| conv(layer(c, hidden, 1, size, 1, 1, 0), relu6));
+            let dw = conv(layer(hidden, hidden, hidden, size, 3, stride, 1), relu6);
+            let osize = (size - 1) / stride + 1;
+            let project = conv(layer(hidden, out, 1, osize, 1, 1, 0), Activation::Identity);
+            let chain = DepthwiseChain::new(expand.as_ref(), &dw, Some(&project)).unwrap();
+            let flops = 2.0
+                * (size * size * c * hidden * usize::from(t != 1)
+                    + osize * osize * hidden * 9
+                    + osize * osize * hidden * out) as f64;
+            let x = values(size * size * c);
+            let residual = (stride == 1 && c == out).then(|| values(osize * osize * out));
+            let residual = residual.as_deref();
+            let mut y = vec![0.0; osize * osize * out];
+            let mut mid = [
+                vec![0.0; size * size * hidden],
+                vec![0.0; osize * osize * hidden],
+            ];
+            let scratch_len = [&dw, &project]
+                .into_iter()
+                .chain(expand.as_ref())
+                .map(|l| l.scratch_len(2).unwrap())
+                .chain([chain.scratch_len(2).unwrap()])
+                .max()
+                .unwrap();
+            let mut scratch = vec![0.0; scratch_len];
+            let mut times = Vec::new();
+            for pool in &pools {
+                let mut fused = || {
+                    chain
+                        .run(pool, &x, 1, residual, &mut y, &mut scratch)
+                        .unwrap()
+                };
+                let t_chain = race(&mut [&mut fused], o.rounds, o.min)[0];
+                let mut layers = || {
+                    let [m0, m1] = &mut mid;
+                    let dw_in = match &expand {
+                        Some(e) => {
+                            e.run(pool, &x, 1, None, m0, &mut scratch).unwrap();
+                            &m0[..]
+                        }
+                        None => &x[..],
+                    };
+                    dw.run(pool, dw_in, 1, None, m1, &mut scratch).unwrap();
+                    project
+                        .run(pool, m1, 1, residual, &mut y, &mut scratch)
+                        .unwrap();
+                };
+                let t_layers = race(&mut [&mut layers], o.rounds, o.min)[0];
+                times.extend([t_chain, t_layers]);
+            }
+            println!(
+                "| {c}→{hidden}→{out} at {size}, stride {stride} | {:.1} | {:.3} | {:.3} | {:.3} | {:.3} | {:.0} |",
+                flops / 1e6,
+                times[0] * 1e3,
+                times[1] * 1e3,
+                times[2] * 1e3,
+                times[3] * 1e3,
+                flops / times[0] / 1e9
+            );
+            c = out;
+            size = osize;
+        }
+    }
+    println!();
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -919,6 +1017,9 @@ fn main() {
     }
     if what == "nhwc" || what == "all" {
         bench_nhwc(&o);
+    }
+    if what == "chain" || what == "all" {
+        bench_chain(&o);
     }
     if what == "attention" || what == "all" {
         bench_attention(&o);

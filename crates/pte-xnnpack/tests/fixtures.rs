@@ -1,6 +1,8 @@
 //! Every XNNPACK-lowered fixture runs through the backend and matches upstream's
 //! recorded outputs: floats within the fixture's tolerance, integer outputs exactly.
-//! `PTE_FIXTURES=a,b` restricts the run to some fixtures.
+//! `PTE_FIXTURES=a,b` restricts the run to some fixtures. `PTE_XNNPACK_MODELS=DIR`
+//! makes the XNNPACK fixture test run the large on-demand models instead
+//! (`tools/gen_xnnpack_fixtures.py --models DIR`, not committed).
 
 use pte_runtime::{npy, BackendRegistry, EValue, LoadOptions, Method, Program, Tensor};
 use pte_testkit::Fixture;
@@ -118,10 +120,16 @@ fn general_fixtures_lowered_to_xnnpack_match_upstream() {
     run_all(&pte_testkit::manifest());
 }
 
-/// The XNNPACK fixtures (`tests/xnnpack`): float, fp16, quantized, .ptd, dynamic shapes.
+/// The XNNPACK fixtures (`tests/xnnpack`): float, fp16, quantized, .ptd, dynamic shapes;
+/// or the on-demand models in `PTE_XNNPACK_MODELS`.
 #[test]
 fn xnnpack_fixtures_match_upstream() {
-    run_all(&pte_testkit::manifest_in(&pte_testkit::xnnpack_dir()));
+    // A relative directory is taken from the workspace root, where the generator ran.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = std::env::var_os("PTE_XNNPACK_MODELS")
+        .map(|d| root.join(d))
+        .unwrap_or_else(pte_testkit::xnnpack_dir);
+    run_all(&pte_testkit::manifest_in(&dir));
 }
 
 /// Passes every delegate to the XNNPACK backend and keeps the workspace it was given.

@@ -372,14 +372,20 @@ impl Kernel for GlobalAvg {
                         i32::from(v)
                     }
                 };
+                // XNNPACK's 8-bit mean is a sum reduction whose int32 total is
+                // converted: the sum of the stored values times (si / so) · (1 / n),
+                // plus zo − (n · zi) · that scale, in f32, rounded to nearest even. A
+                // mean on a tie (k + ½ steps) rounds as that sum does, which is not
+                // always as the exact mean does.
+                let scale = (q.si / q.so) * (1.0 / pixels.max(1) as f32);
+                let offset = q.zo as f32 - (pixels as i64 * i64::from(q.zi)) as f32 * scale;
                 for b in 0..batch {
                     for ch in 0..c {
                         let sum: i64 = (0..pixels)
                             .filter_map(|p| src.get((b * pixels + p) * c + ch))
-                            .map(|&v| i64::from(get(v) - q.zi))
+                            .map(|&v| i64::from(get(v)))
                             .sum();
-                        let mean = sum as f32 / pixels.max(1) as f32;
-                        let v = (quant::rint(mean * q.si / q.so) + q.zo).clamp(q.lo, q.hi);
+                        let v = quant::rint(sum as f32 * scale + offset).clamp(q.lo, q.hi);
                         if let Some(d) = dst.get_mut(b * c + ch) {
                             *d = if q.signed { v as i8 as u8 } else { v as u8 };
                         }
