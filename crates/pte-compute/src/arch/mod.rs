@@ -299,16 +299,24 @@ pub(crate) fn depthwise_row<const K: usize>(
             min,
             max,
         };
-        // SAFETY: AVX2 and FMA are available (Avx2 and Avx512 imply them), and every
-        // length the kernel relies on was checked above.
+        let (rows, w, b, y) = (
+            rows.map(ptr),
+            weights.as_ptr(),
+            bias.as_ptr(),
+            y.as_mut_ptr(),
+        );
+        // Blocks of 16 channels on AVX-512, the rest (8 or none) on AVX2: 0.66-0.95
+        // of the AVX2 kernel's time on mobilenet_v2's and mnasnet's layers, timed in
+        // one process, interleaved.
+        let wide = if isa == Isa::Avx512 { c / 16 * 16 } else { 0 };
+        // SAFETY: the instruction sets are available (Avx512 implies AVX2 and FMA), the
+        // channel ranges are multiples of their lanes within c, and every length the
+        // kernels rely on was checked above.
         unsafe {
-            x86::depthwise_row_avx2::<K>(
-                rows.map(ptr),
-                weights.as_ptr(),
-                bias.as_ptr(),
-                y.as_mut_ptr(),
-                g,
-            );
+            if wide > 0 {
+                x86::dw512::depthwise_row::<K>(rows, w, b, y, g, (0, wide));
+            }
+            x86::dw256::depthwise_row::<K>(rows, w, b, y, g, (wide, c / 8 * 8));
         }
         true
     }

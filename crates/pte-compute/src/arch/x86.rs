@@ -1,5 +1,6 @@
-//! x86-64 GEMM micro-kernels (AVX2+FMA 6×16 and AVX-512F 12×32) and the AVX2 row
-//! kernel of 3×3 and 5×5 depthwise convolutions in NHWC.
+//! x86-64 GEMM micro-kernels (AVX2+FMA 6×16 and AVX-512F 12×32) and the row kernel
+//! of 3×3 and 5×5 depthwise convolutions in NHWC (one source, compiled for 8 and 16
+//! lanes).
 //!
 //! Each keeps `rows × (nr / lanes)` accumulators in vector registers; a step of `p` loads
 //! `nr / lanes` vectors of the B panel and broadcasts each of the `rows` values of the A
@@ -157,255 +158,294 @@ pub(crate) struct DwRow {
     pub max: f32,
 }
 
-/// Where the weight vectors of one block of eight channels come from, tap by tap.
-trait DwTaps: Copy {
-    /// The weights of tap `t` (`ky · K + kx`).
-    ///
-    /// # Safety
-    /// AVX is available and `t < K · K`.
-    unsafe fn tap(self, t: usize) -> __m256;
-}
+/// Generates the depthwise row kernel over `$v` vectors of `$l` lanes in a module of
+/// its own (one source for every vector width).
+macro_rules! depthwise_rows {
+    ($module:ident, $feat:literal, $v:ty, $l:literal, $load:ident, $store:ident,
+     $fmadd:ident, $set1:ident, $zero:ident, $min:ident, $max:ident) => {
+        pub(crate) mod $module {
+            use std::arch::x86_64::*;
 
-/// Registers: the nine vectors of a 3×3 window fit beside four accumulators.
-impl DwTaps for &[__m256; 9] {
-    #[inline(always)]
-    unsafe fn tap(self, t: usize) -> __m256 {
-        // Out of range only against the contract; a zero vector keeps it a safe read.
-        self.get(t)
-            .copied()
-            .unwrap_or(unsafe { _mm256_setzero_ps() })
-    }
-}
+            use super::DwRow;
 
-/// Memory (L1-resident): larger windows would spill a register copy.
-#[derive(Clone, Copy)]
-struct TapsInMemory {
-    /// The block's weights of tap 0; tap `t` is `c · t` floats further.
-    w: *const f32,
-    c: usize,
-}
+            /// Where the weight vectors of one block of channels come from, tap by tap.
+            trait DwTaps: Copy {
+                /// The weights of tap `t` (`ky · K + kx`).
+                ///
+                /// # Safety
+                /// The instruction set is available and `t < K · K`.
+                unsafe fn tap(self, t: usize) -> $v;
+            }
 
-impl DwTaps for TapsInMemory {
-    #[inline(always)]
-    unsafe fn tap(self, t: usize) -> __m256 {
-        // SAFETY: t < K·K and the weights hold K·K·c floats (the caller's contract).
-        unsafe { _mm256_loadu_ps(self.w.add(t * self.c)) }
-    }
-}
+            /// Registers: the nine vectors of a 3×3 window fit beside four accumulators.
+            impl DwTaps for &[$v; 9] {
+                #[inline(always)]
+                unsafe fn tap(self, t: usize) -> $v {
+                    // Out of range only against the contract; a zero vector keeps it a safe read.
+                    self.get(t).copied().unwrap_or(unsafe { $zero() })
+                }
+            }
 
-/// Depthwise K×K convolution (K = 3 or 5) of one output row, channels `0..c / 8 * 8`
-/// in blocks of eight. Pixels go by groups of four whose taps all lie inside the row
-/// (four independent accumulators; at stride 1 or 2 without dilation each input
-/// vector is loaded once and feeds every accumulator that reads it), the others one
-/// at a time with their taps checked; rows in the padding are skipped. A 3×3 block's
-/// nine weight vectors stay in registers while the group is computed; a 5×5 block's
-/// are read from memory.
-///
-/// # Safety
-/// AVX2 and FMA are available. `rows[ky]` is null (a padded row) or points to `w_in *
-/// c` floats; `w` to `K * K * c` (`w[tap * c + ch]`), `bias` to `c`, `y` to `ow * c`.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn depthwise_row_avx2<const K: usize>(
-    rows: [*const f32; K],
-    w: *const f32,
-    bias: *const f32,
-    y: *mut f32,
-    g: DwRow,
-) {
-    let (lo, hi) = (_mm256_set1_ps(g.min), _mm256_set1_ps(g.max));
-    // Pixels whose K taps lie inside the row: ox·s ≥ pad and ox·s + (K-1)d - pad < w_in.
-    let first = g.pad.div_ceil(g.stride);
-    let end = (g.w_in + g.pad)
-        .checked_sub((K - 1) * g.dilation)
-        .map_or(0, |v| v.div_ceil(g.stride))
-        .min(g.ow);
-    let mut ox = 0;
-    while ox < g.ow {
-        if ox >= first && ox + 4 <= end {
-            let ix0 = ox * g.stride - g.pad;
-            for c0 in (0..g.c / 8).map(|b| b * 8) {
-                let at = ix0 * g.c + c0;
-                // SAFETY: c0 + 8 <= c and tap * c + c0 + 8 <= K * K * c; every tap of
-                // the four pixels lies inside its row.
-                let acc = unsafe {
-                    let bv = _mm256_loadu_ps(bias.add(c0));
-                    if K == 3 {
-                        let wv: [__m256; 9] =
-                            std::array::from_fn(|t| _mm256_loadu_ps(w.add(t * g.c + c0)));
-                        dw_group_of::<K, _>(rows, at, g, &wv, bv)
-                    } else {
-                        let taps = TapsInMemory {
-                            w: w.add(c0),
-                            c: g.c,
-                        };
-                        dw_group_of::<K, _>(rows, at, g, taps, bv)
+            /// Memory (L1-resident): larger windows would spill a register copy.
+            #[derive(Clone, Copy)]
+            struct TapsInMemory {
+                /// The block's weights of tap 0; tap `t` is `c · t` floats further.
+                w: *const f32,
+                c: usize,
+            }
+
+            impl DwTaps for TapsInMemory {
+                #[inline(always)]
+                unsafe fn tap(self, t: usize) -> $v {
+                    // SAFETY: t < K·K and the weights hold K·K·c floats (the caller's contract).
+                    unsafe { $load(self.w.add(t * self.c)) }
+                }
+            }
+
+            /// Depthwise K×K convolution (K = 3 or 5) of one output row, channels `c_lo..c_hi`
+            /// in blocks of one vector. Pixels go by groups of four whose taps all lie inside the row
+            /// (four independent accumulators; at stride 1 or 2 without dilation each input
+            /// vector is loaded once and feeds every accumulator that reads it), the others one
+            /// at a time with their taps checked; rows in the padding are skipped. A 3×3 block's
+            /// nine weight vectors stay in registers while the group is computed; a 5×5 block's
+            /// are read from memory.
+            ///
+            /// # Safety
+            /// The instruction set is available; `c_lo` and `c_hi <= c` are multiples of the
+            /// lanes. `rows[ky]` is null (a padded row) or points to `w_in * c` floats; `w` to
+            /// `K * K * c` (`w[tap * c + ch]`), `bias` to `c`, `y` to `ow * c`.
+            #[target_feature(enable = $feat)]
+            pub(crate) unsafe fn depthwise_row<const K: usize>(
+                rows: [*const f32; K],
+                w: *const f32,
+                bias: *const f32,
+                y: *mut f32,
+                g: DwRow,
+                (c_lo, c_hi): (usize, usize),
+            ) {
+                let (lo, hi) = ($set1(g.min), $set1(g.max));
+                // Pixels whose K taps lie inside the row: ox·s ≥ pad and ox·s + (K-1)d - pad < w_in.
+                let first = g.pad.div_ceil(g.stride);
+                let end = (g.w_in + g.pad)
+                    .checked_sub((K - 1) * g.dilation)
+                    .map_or(0, |v| v.div_ceil(g.stride))
+                    .min(g.ow);
+                let mut ox = 0;
+                while ox < g.ow {
+                    if ox >= first && ox + 4 <= end {
+                        let ix0 = ox * g.stride - g.pad;
+                        for c0 in (c_lo..c_hi).step_by($l) {
+                            let at = ix0 * g.c + c0;
+                            // SAFETY: c0 + lanes <= c and tap * c + c0 + lanes <= K * K * c; every tap of
+                            // the four pixels lies inside its row.
+                            let acc = unsafe {
+                                let bv = $load(bias.add(c0));
+                                if K == 3 {
+                                    let wv: [$v; 9] =
+                                        std::array::from_fn(|t| $load(w.add(t * g.c + c0)));
+                                    dw_group_of::<K, _>(rows, at, g, &wv, bv)
+                                } else {
+                                    let taps = TapsInMemory {
+                                        w: w.add(c0),
+                                        c: g.c,
+                                    };
+                                    dw_group_of::<K, _>(rows, at, g, taps, bv)
+                                }
+                            };
+                            for (p, a) in acc.iter().enumerate() {
+                                let v = $min(hi, $max(lo, *a));
+                                // SAFETY: ox + p < ow and c0 + lanes <= c: inside y.
+                                unsafe { $store(y.add((ox + p) * g.c + c0), v) };
+                            }
+                        }
+                        ox += 4;
+                        continue;
                     }
-                };
-                for (p, a) in acc.iter().enumerate() {
-                    let v = _mm256_min_ps(hi, _mm256_max_ps(lo, *a));
-                    // SAFETY: ox + p < ow and c0 + 8 <= c: inside y.
-                    unsafe { _mm256_storeu_ps(y.add((ox + p) * g.c + c0), v) };
+                    // A pixel near the edges, its taps checked: four blocks of channels at a time
+                    // (one accumulator would be a chain of up to K·K dependent multiply-adds,
+                    // bound by their latency), then one.
+                    let mut c0 = c_lo;
+                    while c0 + 4 * $l <= c_hi {
+                        // SAFETY: c0 + 4 lanes <= c, ox < ow; forwarded contract.
+                        unsafe { dw_edge_pixel::<K, 4>(rows, w, bias, y, g, ox, c0) };
+                        c0 += 4 * $l;
+                    }
+                    while c0 + $l <= c_hi {
+                        // SAFETY: c0 + lanes <= c, ox < ow; forwarded contract.
+                        unsafe { dw_edge_pixel::<K, 1>(rows, w, bias, y, g, ox, c0) };
+                        c0 += $l;
+                    }
+                    ox += 1;
                 }
             }
-            ox += 4;
-            continue;
-        }
-        // A pixel near the edges, its taps checked: four blocks of channels at a time
-        // (one accumulator would be a chain of up to K·K dependent multiply-adds,
-        // bound by their latency), then one.
-        let c8 = g.c / 8 * 8;
-        let mut c0 = 0;
-        while c0 + 32 <= c8 {
-            // SAFETY: c0 + 32 <= c, ox < ow; forwarded contract.
-            unsafe { dw_edge_pixel::<K, 4>(rows, w, bias, y, g, ox, c0) };
-            c0 += 32;
-        }
-        while c0 + 8 <= c8 {
-            // SAFETY: c0 + 8 <= c, ox < ow; forwarded contract.
-            unsafe { dw_edge_pixel::<K, 1>(rows, w, bias, y, g, ox, c0) };
-            c0 += 8;
-        }
-        ox += 1;
-    }
-}
 
-/// Output pixel `ox`, channels `c0..c0 + 8·B`, of [`depthwise_row_avx2`], every tap
-/// checked against the row's ends.
-///
-/// # Safety
-/// As [`depthwise_row_avx2`]'s, and `ox < ow`, `c0 + 8·B <= c`.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn dw_edge_pixel<const K: usize, const B: usize>(
-    rows: [*const f32; K],
-    w: *const f32,
-    bias: *const f32,
-    y: *mut f32,
-    g: DwRow,
-    ox: usize,
-    c0: usize,
-) {
-    // SAFETY: c0 + 8·B <= c.
-    let mut acc: [__m256; B] =
-        std::array::from_fn(|b| unsafe { _mm256_loadu_ps(bias.add(c0 + 8 * b)) });
-    for (ky, &row) in rows.iter().enumerate() {
-        if row.is_null() {
-            continue;
-        }
-        for kx in 0..K {
-            let Some(ix) = (ox * g.stride + kx * g.dilation)
-                .checked_sub(g.pad)
-                .filter(|&ix| ix < g.w_in)
-            else {
-                continue;
-            };
-            for (b, a) in acc.iter_mut().enumerate() {
-                // SAFETY: ix < w_in and c0 + 8·B <= c: inside the row and the weights.
+            /// Output pixel `ox`, channels `c0..c0 + lanes·B`, of [`depthwise_row`], every tap
+            /// checked against the row's ends.
+            ///
+            /// # Safety
+            /// As [`depthwise_row`]'s, and `ox < ow`, `c0 + lanes·B <= c`.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            unsafe fn dw_edge_pixel<const K: usize, const B: usize>(
+                rows: [*const f32; K],
+                w: *const f32,
+                bias: *const f32,
+                y: *mut f32,
+                g: DwRow,
+                ox: usize,
+                c0: usize,
+            ) {
+                // SAFETY: c0 + lanes·B <= c.
+                let mut acc: [$v; B] =
+                    std::array::from_fn(|b| unsafe { $load(bias.add(c0 + $l * b)) });
+                for (ky, &row) in rows.iter().enumerate() {
+                    if row.is_null() {
+                        continue;
+                    }
+                    for kx in 0..K {
+                        let Some(ix) = (ox * g.stride + kx * g.dilation)
+                            .checked_sub(g.pad)
+                            .filter(|&ix| ix < g.w_in)
+                        else {
+                            continue;
+                        };
+                        for (b, a) in acc.iter_mut().enumerate() {
+                            // SAFETY: ix < w_in and c0 + lanes·B <= c: inside the row and the weights.
+                            unsafe {
+                                let xv = $load(row.add(ix * g.c + c0 + $l * b));
+                                let wk = $load(w.add((ky * K + kx) * g.c + c0 + $l * b));
+                                *a = $fmadd(xv, wk, *a);
+                            }
+                        }
+                    }
+                }
+                let (lo, hi) = ($set1(g.min), $set1(g.max));
+                for (b, a) in acc.iter().enumerate() {
+                    let v = $min(hi, $max(lo, *a));
+                    // SAFETY: ox < ow and c0 + lanes·B <= c: inside y.
+                    unsafe { $store(y.add(ox * g.c + c0 + $l * b), v) };
+                }
+            }
+
+            /// The group kernel for this row's stride and dilation.
+            ///
+            /// # Safety
+            /// As [`dw_group`]'s and [`dw_group_any`]'s.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            unsafe fn dw_group_of<const K: usize, T: DwTaps>(
+                rows: [*const f32; K],
+                at: usize,
+                g: DwRow,
+                taps: T,
+                bias: $v,
+            ) -> [$v; 4] {
+                // SAFETY: forwarded contract.
                 unsafe {
-                    let xv = _mm256_loadu_ps(row.add(ix * g.c + c0 + 8 * b));
-                    let wk = _mm256_loadu_ps(w.add((ky * K + kx) * g.c + c0 + 8 * b));
-                    *a = _mm256_fmadd_ps(xv, wk, *a);
+                    match (g.stride, g.dilation) {
+                        (1, 1) => dw_group::<K, 1, T>(rows, at, g.c, taps, bias),
+                        (2, 1) => dw_group::<K, 2, T>(rows, at, g.c, taps, bias),
+                        _ => dw_group_any::<K, T>(rows, at, g, taps, bias),
+                    }
                 }
             }
-        }
-    }
-    let (lo, hi) = (_mm256_set1_ps(g.min), _mm256_set1_ps(g.max));
-    for (b, a) in acc.iter().enumerate() {
-        let v = _mm256_min_ps(hi, _mm256_max_ps(lo, *a));
-        // SAFETY: ox < ow and c0 + 8·B <= c: inside y.
-        unsafe { _mm256_storeu_ps(y.add(ox * g.c + c0 + 8 * b), v) };
-    }
-}
 
-/// The group kernel for this row's stride and dilation.
-///
-/// # Safety
-/// As [`dw_group`]'s and [`dw_group_any`]'s.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn dw_group_of<const K: usize, T: DwTaps>(
-    rows: [*const f32; K],
-    at: usize,
-    g: DwRow,
-    taps: T,
-    bias: __m256,
-) -> [__m256; 4] {
-    // SAFETY: forwarded contract.
-    unsafe {
-        match (g.stride, g.dilation) {
-            (1, 1) => dw_group::<K, 1, T>(rows, at, g.c, taps, bias),
-            (2, 1) => dw_group::<K, 2, T>(rows, at, g.c, taps, bias),
-            _ => dw_group_any::<K, T>(rows, at, g, taps, bias),
-        }
-    }
-}
-
-/// Four pixels of a depthwise K×K row at stride `S` without dilation, from the input
-/// offset `at` of the first one's first tap (in floats, within each row): input
-/// pixel `j` feeds pixel `p` through tap `j - p·S`.
-///
-/// # Safety
-/// AVX2 and FMA are available; each non-null row holds 8 floats at `at + j·c` for
-/// `j < 3·S + K`; `taps` has K·K taps.
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn dw_group<const K: usize, const S: usize, T: DwTaps>(
-    rows: [*const f32; K],
-    at: usize,
-    c: usize,
-    taps: T,
-    bias: __m256,
-) -> [__m256; 4] {
-    let mut acc = [bias; 4];
-    for (ky, &row) in rows.iter().enumerate() {
-        if row.is_null() {
-            continue;
-        }
-        for j in 0..3 * S + K {
-            // SAFETY: j < 3·S + K: inside the row.
-            let xv = unsafe { _mm256_loadu_ps(row.add(at + j * c)) };
-            for (p, a) in acc.iter_mut().enumerate() {
-                if let Some(kx) = j.checked_sub(p * S).filter(|&kx| kx < K) {
-                    // SAFETY: ky·K + kx < K·K.
-                    *a = _mm256_fmadd_ps(xv, unsafe { taps.tap(ky * K + kx) }, *a);
+            /// Four pixels of a depthwise K×K row at stride `S` without dilation, from the input
+            /// offset `at` of the first one's first tap (in floats, within each row): input
+            /// pixel `j` feeds pixel `p` through tap `j - p·S`.
+            ///
+            /// # Safety
+            /// The instruction set is available; each non-null row holds a vector at `at + j·c` for
+            /// `j < 3·S + K`; `taps` has K·K taps.
+            #[target_feature(enable = $feat)]
+            #[inline]
+            unsafe fn dw_group<const K: usize, const S: usize, T: DwTaps>(
+                rows: [*const f32; K],
+                at: usize,
+                c: usize,
+                taps: T,
+                bias: $v,
+            ) -> [$v; 4] {
+                let mut acc = [bias; 4];
+                for (ky, &row) in rows.iter().enumerate() {
+                    if row.is_null() {
+                        continue;
+                    }
+                    for j in 0..3 * S + K {
+                        // SAFETY: j < 3·S + K: inside the row.
+                        let xv = unsafe { $load(row.add(at + j * c)) };
+                        for (p, a) in acc.iter_mut().enumerate() {
+                            if let Some(kx) = j.checked_sub(p * S).filter(|&kx| kx < K) {
+                                // SAFETY: ky·K + kx < K·K.
+                                *a = $fmadd(xv, unsafe { taps.tap(ky * K + kx) }, *a);
+                            }
+                        }
+                    }
                 }
+                acc
+            }
+
+            /// [`dw_group`] for any stride and dilation: every tap loaded on its own.
+            ///
+            /// # Safety
+            /// The instruction set is available; each non-null row holds a vector at `at + (p·s +
+            /// kx·d)·c` for `p < 4`, `kx < K`; `taps` has K·K taps.
+            #[target_feature(enable = $feat)]
+            unsafe fn dw_group_any<const K: usize, T: DwTaps>(
+                rows: [*const f32; K],
+                at: usize,
+                g: DwRow,
+                taps: T,
+                bias: $v,
+            ) -> [$v; 4] {
+                let mut acc = [bias; 4];
+                for (ky, &row) in rows.iter().enumerate() {
+                    if row.is_null() {
+                        continue;
+                    }
+                    for kx in 0..K {
+                        // SAFETY: ky·K + kx < K·K.
+                        let wk = unsafe { taps.tap(ky * K + kx) };
+                        for (p, a) in acc.iter_mut().enumerate() {
+                            let ix = p * g.stride + kx * g.dilation;
+                            // SAFETY: inside the row, by the contract.
+                            let xv = unsafe { $load(row.add(at + ix * g.c)) };
+                            *a = $fmadd(xv, wk, *a);
+                        }
+                    }
+                }
+                acc
             }
         }
-    }
-    acc
+    };
 }
 
-/// [`dw_group`] for any stride and dilation: every tap loaded on its own.
-///
-/// # Safety
-/// AVX2 and FMA are available; each non-null row holds 8 floats at `at + (p·s +
-/// kx·d)·c` for `p < 4`, `kx < K`; `taps` has K·K taps.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dw_group_any<const K: usize, T: DwTaps>(
-    rows: [*const f32; K],
-    at: usize,
-    g: DwRow,
-    taps: T,
-    bias: __m256,
-) -> [__m256; 4] {
-    let mut acc = [bias; 4];
-    for (ky, &row) in rows.iter().enumerate() {
-        if row.is_null() {
-            continue;
-        }
-        for kx in 0..K {
-            // SAFETY: ky·K + kx < K·K.
-            let wk = unsafe { taps.tap(ky * K + kx) };
-            for (p, a) in acc.iter_mut().enumerate() {
-                let ix = p * g.stride + kx * g.dilation;
-                // SAFETY: inside the row, by the contract.
-                let xv = unsafe { _mm256_loadu_ps(row.add(at + ix * g.c)) };
-                *a = _mm256_fmadd_ps(xv, wk, *a);
-            }
-        }
-    }
-    acc
-}
+depthwise_rows!(
+    dw256,
+    "avx2,fma",
+    __m256,
+    8,
+    _mm256_loadu_ps,
+    _mm256_storeu_ps,
+    _mm256_fmadd_ps,
+    _mm256_set1_ps,
+    _mm256_setzero_ps,
+    _mm256_min_ps,
+    _mm256_max_ps
+);
+depthwise_rows!(
+    dw512,
+    "avx512f,avx2,fma",
+    __m512,
+    16,
+    _mm512_loadu_ps,
+    _mm512_storeu_ps,
+    _mm512_fmadd_ps,
+    _mm512_set1_ps,
+    _mm512_setzero_ps,
+    _mm512_min_ps,
+    _mm512_max_ps
+);
 
 /// `dst[j·ds + i] = src[i·ss + j]` for `i, j < 8`: an 8 × 8 block of 32-bit values
 /// transposed in registers (unpacks, shuffles, lane permutes; bits moved unchanged).

@@ -24,6 +24,10 @@ const MAX_KERNEL_ROWS: usize = 8;
 /// they hold this many (a row of a 7×7 image is less than one register tile wide).
 const PROJECT_PIXELS: usize = 64;
 
+/// Register tiles of pixels an expanded input row must fill for the chain to run
+/// band by band (see [`DepthwiseChain::splits_well`]).
+const MIN_ROW_TILES: usize = 2;
+
 /// Depthwise output rows per band below which a multi-threaded run does not split
 /// further (each band recomputes `kh - stride` expanded rows).
 const MIN_BAND_ROWS: usize = 8;
@@ -80,13 +84,19 @@ impl<'a> DepthwiseChain<'a> {
         })
     }
 
-    /// Whether `batch` images split into bands for `threads` threads without
-    /// recomputing much: each band expands `kh - stride` rows its neighbour also
-    /// expands, which on a 7×7 image with a 5×5 kernel doubled the expansion at 2
-    /// threads (the layers one by one split better there, their values in cache
-    /// anyway).
+    /// Whether running band by band beats running the layers one by one, for `batch`
+    /// images on `threads` threads. Each band expands `kh - stride` rows its
+    /// neighbour also expands, which on a 7×7 image with a 5×5 kernel doubled the
+    /// expansion at 2 threads. And the expansion multiplies one input row at a time:
+    /// a row narrower than two register tiles leaves the tiles partly empty and
+    /// streams all the expansion's weights once per row (mnasnet's 7×7 blocks, 1152
+    /// channels: 0.73-0.80 ms each band by band). The layers of such small images
+    /// stay in cache one by one anyway.
     pub fn splits_well(&self, batch: usize, threads: usize) -> bool {
-        threads <= 1 || batch * self.depthwise.output_size()[0] >= threads * MIN_BAND_ROWS
+        let wide = self
+            .expand
+            .is_none_or(|e| e.params().input[1] >= MIN_ROW_TILES * e.isa().gemm_tile().0);
+        wide && (threads <= 1 || batch * self.depthwise.output_size()[0] >= threads * MIN_BAND_ROWS)
     }
 
     /// Elements of the chain's input and output for `batch` images.

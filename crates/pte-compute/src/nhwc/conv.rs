@@ -639,6 +639,11 @@ impl ConvNhwc {
         (L2_PANEL_BYTES / panel_bytes).max(1)
     }
 
+    /// The instruction set the convolution's kernels use.
+    pub(crate) fn isa(&self) -> Isa {
+        self.gemm.isa()
+    }
+
     /// Whether this is a 1×1 stride-1 convolution run as a product over pixels.
     pub fn is_pointwise(&self) -> bool {
         matches!(
