@@ -427,6 +427,42 @@ def _int8_means():
     )
 
 
+class Gates(nn.Module):
+    """Per-channel terms repeated over 8-bit pixels: a squeeze-excitation gate (mean,
+    two 1x1 convolutions, sigmoid, product with the pixels), a transformed channel
+    mean added back (on its own scale), and a product with the row second."""
+
+    def __init__(self):
+        super().__init__()
+        from torchvision.ops.misc import SqueezeExcitation
+
+        self.conv = nn.Conv2d(3, 24, 3, padding=1)
+        self.se = SqueezeExcitation(24, 8)
+        self.p1, self.p2, self.p3 = (nn.Conv2d(24, 16, 1) for _ in range(3))
+        self.p4 = nn.Conv2d(24, 24, 1)
+
+    def forward(self, x):
+        y = F.relu(self.conv(x))
+        y = self.se(y)
+        g = y.mean(dim=(2, 3), keepdim=True)
+        return self.p1(self.p4(g) + y) + self.p2(y) * self.p3(g)
+
+
+@fixture("xnn_int8_gates")
+def _int8_gates():
+    m = _calibrate(Gates(), torch.randn(4, 3, 12, 12))
+    return XSpec(
+        "PT2E static int8 products and sums of 24-channel pixels with a per-channel "
+        "row (squeeze-excitation gate, channel mean added), the row as either operand; "
+        "quantized outputs must equal upstream's exactly.",
+        m,
+        (torch.randn(1, 3, 12, 12),),
+        extra=[(torch.randn(1, 3, 12, 12) * 2,)],
+        quant="static",
+        exact=True,
+    )
+
+
 class Mlp(nn.Module):
     def __init__(self, dims=(64, 128, 96, 32)):
         super().__init__()

@@ -1,7 +1,8 @@
-//! Elementwise arithmetic on 8-bit quantized tensors: XNNPACK's fixed-point addition,
-//! and the maximum of a pooling window's pixels.
+//! Elementwise arithmetic on 8-bit quantized tensors: XNNPACK's fixed-point addition
+//! and fp32-requantized multiplication (same shapes, or one operand a row repeated
+//! over the other), and the maximum of a pooling window's pixels.
 
-use crate::arch::{multiversion, Isa};
+use crate::arch::{multiversion, requantize, Isa};
 use crate::error::{self, Result};
 use crate::pool::ThreadPool;
 
@@ -48,12 +49,121 @@ impl QAdd {
             T::add(*self, x, y, o);
         })
     }
+
+    /// The same addition with the operands' roles exchanged.
+    pub fn swapped(self) -> QAdd {
+        QAdd {
+            a_multiplier: self.b_multiplier,
+            b_multiplier: self.a_multiplier,
+            ..self
+        }
+    }
+
+    /// `out = x + row` with `row` repeated over `x`'s rows of `row.len()` elements (the
+    /// row is the operand b), split over the pool's threads.
+    pub fn run_rows<T: QByte>(
+        &self,
+        pool: &ThreadPool,
+        x: &[T],
+        row: &[T],
+        out: &mut [T],
+    ) -> Result {
+        by_rows(pool, x, row, out, |x, row, o| T::add(*self, x, row, o))
+    }
+}
+
+/// XNNPACK's quantized multiplication: `(a - a_zero) · (b - b_zero)` requantized in
+/// fp32 by `scale` (the operands' scales over the output's), rounded half to even,
+/// plus `zero`, clamped to `min..=max`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QMul {
+    pub a_zero: i32,
+    pub b_zero: i32,
+    pub scale: f32,
+    pub zero: i32,
+    pub min: i32,
+    pub max: i32,
+}
+
+impl QMul {
+    /// One element (the bounds within the type's range).
+    #[inline(always)]
+    pub fn apply(&self, a: i32, b: i32) -> i32 {
+        let bounds = ((self.min - self.zero) as f32, (self.max - self.zero) as f32);
+        requantize(
+            (a - self.a_zero) * (b - self.b_zero),
+            self.scale,
+            bounds,
+            self.zero,
+        )
+    }
+
+    /// The same multiplication with the operands' roles exchanged.
+    pub fn swapped(self) -> QMul {
+        QMul {
+            a_zero: self.b_zero,
+            b_zero: self.a_zero,
+            ..self
+        }
+    }
+
+    /// `out = x · y` on same-shape bytes, split over the pool's threads.
+    pub fn run<T: QByte>(&self, pool: &ThreadPool, x: &[T], y: &[T], out: &mut [T]) -> Result {
+        let n = out.len();
+        error::need("quantized multiplication operand", x.len().min(y.len()), n)?;
+        pool.parallel_chunks(out, CHUNK, &mut [0u8; 0], 0, |k, o, _| {
+            let at = k * CHUNK;
+            let (x, y) = (
+                x.get(at..).unwrap_or_default(),
+                y.get(at..).unwrap_or_default(),
+            );
+            T::mul(*self, x, y, o);
+        })
+    }
+
+    /// `out = x · row` with `row` repeated over `x`'s rows (a squeeze-excitation gate
+    /// on NHWC pixels), split over the pool's threads.
+    pub fn run_rows<T: QByte>(
+        &self,
+        pool: &ThreadPool,
+        x: &[T],
+        row: &[T],
+        out: &mut [T],
+    ) -> Result {
+        by_rows(pool, x, row, out, |x, row, o| T::mul(*self, x, row, o))
+    }
+}
+
+/// `f(x_row, row, out_row)` for every row of `row.len()` elements, whole rows per task.
+fn by_rows<T: Copy + Send + Sync>(
+    pool: &ThreadPool,
+    x: &[T],
+    row: &[T],
+    out: &mut [T],
+    f: impl Fn(&[T], &[T], &mut [T]) + Sync,
+) -> Result {
+    let (n, w) = (out.len(), row.len());
+    error::need("quantized operand", x.len(), n)?;
+    if w == 0 || !n.is_multiple_of(w) {
+        return Err(error::Error::InvalidParameter {
+            what: format!("{n} elements are not rows of {w}"),
+        });
+    }
+    let chunk = (CHUNK / w).max(1) * w;
+    pool.parallel_chunks(out, chunk, &mut [0u8; 0], 0, |k, o, _| {
+        let x = x.get(k * chunk..).unwrap_or_default();
+        for (o, x) in o.chunks_mut(w).zip(x.chunks(w)) {
+            f(x, row, o);
+        }
+    })
 }
 
 /// An 8-bit quantized element: `i8` or `u8`.
 pub trait QByte: Copy + Send + Sync + sealed::Sealed {
     /// [`QAdd`] over one chunk, on the best instruction set.
     fn add(q: QAdd, x: &[Self], y: &[Self], out: &mut [Self]);
+    /// [`QMul`] over one chunk, on the best instruction set.
+    fn mul(q: QMul, x: &[Self], y: &[Self], out: &mut [Self]);
     /// [`max_pixel`] on the best instruction set.
     fn max(taps: &[&[Self]], out: &mut [Self], bounds: (Self, Self), accumulate: bool);
 }
@@ -68,6 +178,9 @@ impl QByte for i8 {
     fn add(q: QAdd, x: &[i8], y: &[i8], out: &mut [i8]) {
         add_i8(Isa::best(), q, x, y, out);
     }
+    fn mul(q: QMul, x: &[i8], y: &[i8], out: &mut [i8]) {
+        mul_i8(Isa::best(), q, x, y, out);
+    }
     fn max(taps: &[&[i8]], out: &mut [i8], (lo, hi): (i8, i8), accumulate: bool) {
         max_taps_i8(Isa::best(), taps, out, lo, hi, accumulate);
     }
@@ -76,6 +189,9 @@ impl QByte for i8 {
 impl QByte for u8 {
     fn add(q: QAdd, x: &[u8], y: &[u8], out: &mut [u8]) {
         add_u8(Isa::best(), q, x, y, out);
+    }
+    fn mul(q: QMul, x: &[u8], y: &[u8], out: &mut [u8]) {
+        mul_u8(Isa::best(), q, x, y, out);
     }
     fn max(taps: &[&[u8]], out: &mut [u8], (lo, hi): (u8, u8), accumulate: bool) {
         max_taps_u8(Isa::best(), taps, out, lo, hi, accumulate);
@@ -86,6 +202,22 @@ multiversion! {
     fn add_i8<const FMA: bool>(q: QAdd, x: &[i8], y: &[i8], out: &mut [i8]) {
         for ((o, &a), &b) in out.iter_mut().zip(x).zip(y) {
             *o = q.apply(i32::from(a), i32::from(b), (-128, 127)) as i8;
+        }
+    }
+}
+
+multiversion! {
+    fn mul_i8<const FMA: bool>(q: QMul, x: &[i8], y: &[i8], out: &mut [i8]) {
+        for ((o, &a), &b) in out.iter_mut().zip(x).zip(y) {
+            *o = q.apply(i32::from(a), i32::from(b)).clamp(-128, 127) as i8;
+        }
+    }
+}
+
+multiversion! {
+    fn mul_u8<const FMA: bool>(q: QMul, x: &[u8], y: &[u8], out: &mut [u8]) {
+        for ((o, &a), &b) in out.iter_mut().zip(x).zip(y) {
+            *o = q.apply(i32::from(a), i32::from(b)).clamp(0, 255) as u8;
         }
     }
 }
@@ -181,6 +313,87 @@ mod tests {
             }
             assert!(q.run(&pool, &x[..10], &y, &mut out).is_err());
         }
+    }
+
+    #[test]
+    fn multiplications_match_the_float_definition_same_shape_and_by_rows() {
+        let q = QMul {
+            a_zero: -7,
+            b_zero: 12,
+            scale: 0.0123,
+            zero: -3,
+            min: -120,
+            max: 100,
+        };
+        // XNNPACK's definition: the product in int32, times the scale in f32, rounded
+        // half to even after clamping, plus the zero point.
+        let want = |a: i32, b: i32, q: QMul| {
+            let v = ((a - q.a_zero) * (b - q.b_zero)) as f32 * q.scale;
+            let lo = (q.min - q.zero) as f32;
+            let hi = (q.max - q.zero) as f32;
+            v.clamp(lo, hi).round_ties_even() as i32 + q.zero
+        };
+        let (rows, w) = (1500, 40);
+        let n = rows * w;
+        let x: Vec<i8> = (0..n).map(|i| (i * 37 % 251) as u8 as i8).collect();
+        let y: Vec<i8> = (0..n).map(|i| (i * 91 % 241) as u8 as i8).collect();
+        let row = &y[..w];
+        for threads in [1, 2] {
+            let pool = ThreadPool::new(threads).unwrap();
+            let mut out = vec![0i8; n];
+            q.run(&pool, &x, &y, &mut out).unwrap();
+            for i in 0..n {
+                let e = want(i32::from(x[i]), i32::from(y[i]), q);
+                assert_eq!(i32::from(out[i]), e, "element {i}");
+            }
+            // The row as operand b, then as operand a (the swapped multiplication).
+            q.run_rows(&pool, &x, row, &mut out).unwrap();
+            let mut swapped = vec![0i8; n];
+            q.swapped().run_rows(&pool, &x, row, &mut swapped).unwrap();
+            for i in 0..n {
+                let (a, b) = (i32::from(x[i]), i32::from(row[i % w]));
+                assert_eq!(i32::from(out[i]), want(a, b, q), "row element {i}");
+                assert_eq!(i32::from(swapped[i]), want(b, a, q), "swapped {i}");
+            }
+            let u: Vec<u8> = x.iter().map(|&v| v as u8).collect();
+            let ur: Vec<u8> = row.iter().map(|&v| v as u8).collect();
+            let qu = QMul {
+                min: 3,
+                max: 250,
+                zero: 128,
+                ..q
+            };
+            let mut out_u = vec![0u8; n];
+            qu.run_rows(&pool, &u, &ur, &mut out_u).unwrap();
+            for i in 0..n {
+                let e = want(i32::from(u[i]), i32::from(ur[i % w]), qu);
+                assert_eq!(i32::from(out_u[i]), e.clamp(0, 255), "u8 element {i}");
+            }
+            assert!(q.run_rows(&pool, &x[..n - 1], row, &mut out).is_err());
+            assert!(q.run_rows(&pool, &x, &y[..w + 1], &mut out).is_err());
+        }
+    }
+
+    #[test]
+    fn additions_by_rows_repeat_the_row() {
+        let q = QAdd {
+            bias: 1 << 19,
+            a_multiplier: 700_000,
+            b_multiplier: 300_000,
+            shift: 20,
+            zero: 5,
+            min: -128,
+            max: 127,
+        };
+        let (rows, w) = (700, 48);
+        let x: Vec<i8> = (0..rows * w).map(|i| (i * 37 % 251) as u8 as i8).collect();
+        let row: Vec<i8> = (0..w).map(|i| (i * 91 % 241) as u8 as i8).collect();
+        let tiled: Vec<i8> = (0..rows * w).map(|i| row[i % w]).collect();
+        let pool = ThreadPool::new(2).unwrap();
+        let (mut by_rows, mut full) = (vec![0i8; rows * w], vec![0i8; rows * w]);
+        q.run_rows(&pool, &x, &row, &mut by_rows).unwrap();
+        q.run(&pool, &x, &tiled, &mut full).unwrap();
+        assert_eq!(by_rows, full);
     }
 
     #[test]

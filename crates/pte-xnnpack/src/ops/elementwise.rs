@@ -9,6 +9,7 @@
 use pte_compute::broadcast::Broadcast;
 use pte_compute::elementwise::Activation;
 use pte_compute::elementwise::BinaryOp as BinaryFn;
+use pte_compute::qelementwise::QMul;
 use pte_compute::unary::UnaryFn;
 use pte_compute::Isa;
 
@@ -297,12 +298,7 @@ struct QuantBinary<T> {
 #[derive(Clone, Copy)]
 enum QOp {
     Add(AddParams),
-    Mul {
-        za: i32,
-        zb: i32,
-        scale: f32,
-        requant: Requant,
-    },
+    Mul(QMul),
     /// Minimum / maximum on dequantized values (rare in quantized graphs).
     MinMax {
         min: bool,
@@ -382,12 +378,7 @@ impl<T: Q8> Kernel for QuantBinary<T> {
         let f = |p: T, q: T| {
             let v = match op {
                 QOp::Add(params) => params.apply::<T>(p.get(), q.get()),
-                QOp::Mul {
-                    za,
-                    zb,
-                    scale,
-                    requant,
-                } => requant.apply((p.get() - za) * (q.get() - zb), scale),
+                QOp::Mul(mul) => mul.apply(p.get(), q.get()),
                 QOp::MinMax { min, a, b, o } => {
                     let fa = a.0 * (p.get() - a.1) as f32;
                     let fb = b.0 * (q.get() - b.1) as f32;
@@ -397,15 +388,44 @@ impl<T: Q8> Kernel for QuantBinary<T> {
             };
             T::from_i32(v.clamp(lo, hi))
         };
+        if let Some((w, a_is_row)) = row_broadcast(&self.out_shape, &self.a_shape, &self.b_shape) {
+            // One operand a row repeated over the other (a squeeze-excitation gate, a
+            // per-channel term): row by row, split over the threads.
+            let (full, row) = if a_is_row { (y, x) } else { (x, y) };
+            let (full, row) = (
+                full.get(..n).unwrap_or_default(),
+                row.get(..w).unwrap_or_default(),
+            );
+            match op {
+                QOp::Add(params) => {
+                    let add = params.with_bounds(lo, hi);
+                    let add = if a_is_row { add.swapped() } else { add };
+                    return add
+                        .run_rows(cx.pool, full, row, out)
+                        .map_err(|e| e.to_string());
+                }
+                QOp::Mul(mul) => {
+                    let mul = if a_is_row { mul.swapped() } else { mul };
+                    return mul
+                        .run_rows(cx.pool, full, row, out)
+                        .map_err(|e| e.to_string());
+                }
+                QOp::MinMax { .. } => {}
+            }
+        }
         if self.a_shape == self.out_shape && self.b_shape == self.out_shape {
             // No broadcast (a residual addition): one pass, split over the threads.
             let (x, y) = (
                 x.get(..n).unwrap_or_default(),
                 y.get(..n).unwrap_or_default(),
             );
-            if let QOp::Add(params) = op {
-                let add = params.with_bounds(lo, hi);
-                return add.run(cx.pool, x, y, out).map_err(|e| e.to_string());
+            match op {
+                QOp::Add(params) => {
+                    let add = params.with_bounds(lo, hi);
+                    return add.run(cx.pool, x, y, out).map_err(|e| e.to_string());
+                }
+                QOp::Mul(mul) => return mul.run(cx.pool, x, y, out).map_err(|e| e.to_string()),
+                QOp::MinMax { .. } => {}
             }
             let chunks =
                 cx.pool
@@ -435,6 +455,28 @@ impl<T: Q8> Kernel for QuantBinary<T> {
     }
 }
 
+/// Row lengths below which a repeated row takes the general broadcast (a call per row
+/// would cost more than the row).
+const MIN_ROW: usize = 8;
+
+/// When one operand has the output's shape and the other is one of its rows repeated
+/// (`[1, 1, 1, C]` against `[N, H, W, C]`): the row's length, and whether the row is
+/// operand a.
+fn row_broadcast(out: &[usize], a: &[usize], b: &[usize]) -> Option<(usize, bool)> {
+    let row = |s: &[usize]| {
+        let tail = s.get(s.iter().take_while(|&&d| d == 1).count()..)?;
+        let w = numel(tail);
+        (out.ends_with(tail) && w >= MIN_ROW && w < numel(out)).then_some(w)
+    };
+    if a == out {
+        row(b).map(|w| (w, false))
+    } else if b == out {
+        row(a).map(|w| (w, true))
+    } else {
+        None
+    }
+}
+
 /// Elements of a same-shape 8-bit binary node per task.
 const SAME_SHAPE_CHUNK: usize = 16 * 1024;
 
@@ -453,12 +495,14 @@ fn quant_binary<T: Q8>(cx: &NodeCx<'_>, op: BinaryOp) -> PResult<Prepared> {
                     .ok_or("input to output scale ratios are outside 2^-10 .. 2^8")?,
             )
         }
-        BinaryOp::Multiply => QOp::Mul {
-            za: qa.1,
-            zb: qb.1,
+        BinaryOp::Multiply => QOp::Mul(QMul {
+            a_zero: qa.1,
+            b_zero: qb.1,
             scale: qa.0 * qb.0 / qo.0,
-            requant: Requant::new(qo.1, T::MIN, T::MAX),
-        },
+            zero: qo.1,
+            min: lo,
+            max: hi,
+        }),
         BinaryOp::Minimum | BinaryOp::Maximum => QOp::MinMax {
             min: op == BinaryOp::Minimum,
             a: qa,
