@@ -94,6 +94,23 @@ macro_rules! per_fn {
                 }
                 Activation::Tanh => each!($out, $x, $min, $max, |v| math::tanh::<$fma>(v)),
                 Activation::Gelu => each!($out, $x, $min, $max, |v| math::gelu::<$fma>(v)),
+                // A constant activation per loop: the match in `act` folds away and the
+                // loop vectorizes (a hardswish matched per element took 1.6 ns).
+                Activation::HardSwish => {
+                    each!($out, $x, $min, $max, |v| act::<$fma>(
+                        Activation::HardSwish,
+                        v
+                    ))
+                }
+                Activation::HardSigmoid => {
+                    each!($out, $x, $min, $max, |v| act::<$fma>(
+                        Activation::HardSigmoid,
+                        v
+                    ))
+                }
+                Activation::Silu => {
+                    each!($out, $x, $min, $max, |v| act::<$fma>(Activation::Silu, v))
+                }
                 other => each!($out, $x, $min, $max, |v| act::<$fma>(other, v)),
             },
             UnaryFn::Abs => each!($out, $x, $min, $max, |v: f32| v.abs()),

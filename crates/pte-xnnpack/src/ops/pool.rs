@@ -365,33 +365,54 @@ impl Kernel for GlobalAvg {
             Some(q) => {
                 let src = bytes(x.bytes, numel(x.dims))?;
                 let dst = bytes_mut(out.bytes, batch * c)?;
-                let get = |v: u8| {
-                    if q.signed {
-                        i32::from(v as i8)
-                    } else {
-                        i32::from(v)
-                    }
-                };
-                // XNNPACK's 8-bit mean is a sum reduction whose int32 total is
-                // converted: the sum of the stored values times (si / so) · (1 / n),
-                // plus zo − (n · zi) · that scale, in f32, rounded to nearest even. A
-                // mean on a tie (k + ½ steps) rounds as that sum does, which is not
-                // always as the exact mean does.
-                let scale = (q.si / q.so) * (1.0 / pixels.max(1) as f32);
-                let offset = q.zo as f32 - (pixels as i64 * i64::from(q.zi)) as f32 * scale;
-                for b in 0..batch {
-                    for ch in 0..c {
-                        let sum: i64 = (0..pixels)
-                            .filter_map(|p| src.get((b * pixels + p) * c + ch))
-                            .map(|&v| i64::from(get(v)))
-                            .sum();
-                        let v = quant::rint(sum as f32 * scale + offset).clamp(q.lo, q.hi);
-                        if let Some(d) = dst.get_mut(b * c + ch) {
-                            *d = if q.signed { v as i8 as u8 } else { v as u8 };
-                        }
-                    }
+                if q.signed {
+                    quantized_means::<i8>(
+                        q,
+                        bytemuck::cast_slice(src),
+                        bytemuck::cast_slice_mut(dst),
+                        (batch, pixels, c),
+                    );
+                } else {
+                    quantized_means::<u8>(q, src, dst, (batch, pixels, c));
                 }
                 Ok(())
+            }
+        }
+    }
+}
+
+/// Channels whose sums one pass over the pixels accumulates (on the stack).
+const MEAN_CHANNELS: usize = 256;
+
+/// The 8-bit means over the pixels of `batch` images of `pixels` × `c` values, as
+/// XNNPACK's sum reduction computes them: the sum of the stored values times (si /
+/// so) · (1 / n), plus zo − (n · zi) · that scale, in f32, rounded to nearest even. A
+/// mean on a tie (k + ½ steps) rounds as that sum does, which is not always as the
+/// exact mean does. Sums run pixel by pixel over blocks of channels (a loop that
+/// vectorizes).
+fn quantized_means<T: Q8>(
+    q: QuantMap,
+    src: &[T],
+    dst: &mut [T],
+    (batch, pixels, c): (usize, usize, usize),
+) {
+    let scale = (q.si / q.so) * (1.0 / pixels.max(1) as f32);
+    let offset = q.zo as f32 - (pixels as i64 * i64::from(q.zi)) as f32 * scale;
+    for b in 0..batch {
+        for c0 in (0..c).step_by(MEAN_CHANNELS) {
+            let w = MEAN_CHANNELS.min(c - c0);
+            let mut sums = [0i32; MEAN_CHANNELS];
+            for p in 0..pixels {
+                let at = (b * pixels + p) * c + c0;
+                let row = src.get(at..at + w).unwrap_or_default();
+                for (s, &v) in sums.iter_mut().zip(row) {
+                    *s = s.wrapping_add(v.get());
+                }
+            }
+            let out = dst.get_mut(b * c + c0..b * c + c0 + w).unwrap_or_default();
+            for (d, &sum) in out.iter_mut().zip(&sums) {
+                let v = quant::rint(sum as f32 * scale + offset).clamp(q.lo, q.hi);
+                *d = T::from_i32(v);
             }
         }
     }
