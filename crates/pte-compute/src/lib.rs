@@ -71,7 +71,8 @@
 //!   are fused. Weights are packed once by [`Conv2d::new`]. [`ConvTranspose2d`]: one
 //!   product per image and group with the transposed weights packed once, then
 //!   col2im (output padding, groups, dilation).
-//! - [`nhwc`]: convolution (indirect products, depthwise, Winograd F(4×4, 3×3) and
+//! - [`nhwc`]: convolution (indirect products, depthwise rows of 16 channels per
+//!   AVX-512 vector or 8 per AVX2 one, Winograd F(4×4, 3×3) and
 //!   F(2×2, 3×3) for regular 3×3 stride-1 layers on images large enough), transposed
 //!   convolution and pooling on channels-last images, for the XNNPACK delegate and for
 //!   chains of convolutions the kernels keep channels last; [`layout`] converts at the
@@ -81,7 +82,9 @@
 //!   weights, requantized in the store; portable elsewhere), stems read by kernel rows
 //!   of a padded copy, depthwise rows over blocks of 16 channels; [`qgemm`]: int8
 //!   products with int32 results for dynamically quantized layers;
-//!   [`qelementwise`]: XNNPACK's fixed-point 8-bit addition, vectorized.
+//!   [`qelementwise`]: XNNPACK's fixed-point 8-bit addition and fp32-requantized
+//!   multiplication (same shapes, or a row repeated over the other operand) and the
+//!   window maximum, vectorized.
 //! - [`pooling`]: max pooling on the same window engine (NaN propagating), with
 //!   indices, average pooling (PyTorch's divisors, `ceil_mode`), global average.
 //! - [`elementwise`]: activations, binary operations with a per-channel vector,
