@@ -28,14 +28,15 @@ macro_rules! seeds {
 }
 
 /// XNNPACK-lowered programs upstream exported: float, fp16, static and dynamic int8,
-/// 4-bit, dynamic shapes, every node family, fused inverted residual blocks.
+/// 4-bit, dynamic shapes, every node family, fused inverted residual blocks, 8-bit
+/// means and repeated-row products.
 const SEEDS: &[&[u8]] = &seeds![
     "xnnpack"/"xnn_convnet", "xnnpack"/"xnn_convnet_f16", "xnnpack"/"xnn_linear_clamp",
     "xnnpack"/"xnn_transformer_block", "xnnpack"/"xnn_int8_static", "xnnpack"/"xnn_int8_dynamic",
     "xnnpack"/"xnn_int4_groupwise", "xnnpack"/"xnn_dynamic_batch", "xnnpack"/"xnn_ops_unary",
     "xnnpack"/"xnn_ops_unary_f16", "xnnpack"/"xnn_ops_binary", "xnnpack"/"xnn_ops_shape",
     "xnnpack"/"xnn_ops_spatial", "xnnpack"/"xnn_ops_spatial_f16", "xnnpack"/"xnn_silu",
-    "xnnpack"/"xnn_inverted_residual",
+    "xnnpack"/"xnn_inverted_residual", "xnnpack"/"xnn_int8_means", "xnnpack"/"xnn_int8_gates",
     "fixtures"/"xnnpack_linear_conv", "fixtures"/"xnnpack_partial",
 ];
 

@@ -584,20 +584,23 @@ fn resnet18() -> Vec<Layer> {
     v
 }
 
+/// mobilenet_v2's stages: expansion, output channels, blocks, first stride.
+const MOBILENET_V2_BLOCKS: [(usize, usize, usize, usize); 7] = [
+    (1, 16, 1, 1),
+    (6, 24, 2, 2),
+    (6, 32, 3, 2),
+    (6, 64, 4, 2),
+    (6, 96, 3, 1),
+    (6, 160, 3, 2),
+    (6, 320, 1, 1),
+];
+
 /// torchvision mobilenet_v2's convolutions at 224x224.
 fn mobilenet_v2() -> Vec<Layer> {
     let mut v = Vec::new();
     push(&mut v, layer(3, 32, 1, 224, 3, 2, 1));
     let (mut c, mut size) = (32, 112);
-    for (t, out, n, s) in [
-        (1, 16, 1, 1),
-        (6, 24, 2, 2),
-        (6, 32, 3, 2),
-        (6, 64, 4, 2),
-        (6, 96, 3, 1),
-        (6, 160, 3, 2),
-        (6, 320, 1, 1),
-    ] {
+    for (t, out, n, s) in MOBILENET_V2_BLOCKS {
         for i in 0..n {
             let stride = if i == 0 { s } else { 1 };
             let hidden = c * t;
@@ -883,15 +886,7 @@ fn bench_chain(o: &Opts) {
         ConvNhwc::new(&pools[0], g, p, ConvWeights::oihw(&w), Some(&bias), act).unwrap()
     };
     let (mut c, mut size) = (32, 112);
-    for (t, out, n, s) in [
-        (1, 16, 1, 1),
-        (6, 24, 2, 2),
-        (6, 32, 3, 2),
-        (6, 64, 4, 2),
-        (6, 96, 3, 1),
-        (6, 160, 3, 2),
-        (6, 320, 1, 1),
-    ] {
+    for (t, out, n, s) in MOBILENET_V2_BLOCKS {
         for i in 0..n {
             let stride = if i == 0 { s } else { 1 };
             let hidden = c * t;

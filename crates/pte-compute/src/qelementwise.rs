@@ -38,16 +38,7 @@ impl QAdd {
 
     /// `out = x + y` on bytes (signed or unsigned), split over the pool's threads.
     pub fn run<T: QByte>(&self, pool: &ThreadPool, x: &[T], y: &[T], out: &mut [T]) -> Result {
-        let n = out.len();
-        error::need("quantized addition operand", x.len().min(y.len()), n)?;
-        pool.parallel_chunks(out, CHUNK, &mut [0u8; 0], 0, |k, o, _| {
-            let at = k * CHUNK;
-            let (x, y) = (
-                x.get(at..).unwrap_or_default(),
-                y.get(at..).unwrap_or_default(),
-            );
-            T::add(*self, x, y, o);
-        })
+        by_chunks(pool, x, y, out, |x, y, o| T::add(*self, x, y, o))
     }
 
     /// The same addition with the operands' roles exchanged.
@@ -109,16 +100,7 @@ impl QMul {
 
     /// `out = x · y` on same-shape bytes, split over the pool's threads.
     pub fn run<T: QByte>(&self, pool: &ThreadPool, x: &[T], y: &[T], out: &mut [T]) -> Result {
-        let n = out.len();
-        error::need("quantized multiplication operand", x.len().min(y.len()), n)?;
-        pool.parallel_chunks(out, CHUNK, &mut [0u8; 0], 0, |k, o, _| {
-            let at = k * CHUNK;
-            let (x, y) = (
-                x.get(at..).unwrap_or_default(),
-                y.get(at..).unwrap_or_default(),
-            );
-            T::mul(*self, x, y, o);
-        })
+        by_chunks(pool, x, y, out, |x, y, o| T::mul(*self, x, y, o))
     }
 
     /// `out = x · row` with `row` repeated over `x`'s rows (a squeeze-excitation gate
@@ -132,6 +114,25 @@ impl QMul {
     ) -> Result {
         by_rows(pool, x, row, out, |x, row, o| T::mul(*self, x, row, o))
     }
+}
+
+/// `f(x, y, out)` over same-shape chunks of [`CHUNK`] elements, one per task.
+fn by_chunks<T: Copy + Send + Sync>(
+    pool: &ThreadPool,
+    x: &[T],
+    y: &[T],
+    out: &mut [T],
+    f: impl Fn(&[T], &[T], &mut [T]) + Sync,
+) -> Result {
+    error::need("quantized operand", x.len().min(y.len()), out.len())?;
+    pool.parallel_chunks(out, CHUNK, &mut [0u8; 0], 0, |k, o, _| {
+        let at = k * CHUNK;
+        f(
+            x.get(at..).unwrap_or_default(),
+            y.get(at..).unwrap_or_default(),
+            o,
+        );
+    })
 }
 
 /// `f(x_row, row, out_row)` for every row of `row.len()` elements, whole rows per task.

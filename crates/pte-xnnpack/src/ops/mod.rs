@@ -241,9 +241,13 @@ pub(crate) fn bytes_mut(b: &mut [u8], n: usize) -> KResult<&mut [u8]> {
         .ok_or_else(|| format!("data holds fewer than {n} bytes"))
 }
 
-/// Number of elements of dims (overflow already excluded when shapes were planned).
+/// Number of elements of dims, `usize::MAX` when that overflows (shapes are checked
+/// when memory is planned, after the nodes reshape).
 pub(crate) fn numel(dims: &[usize]) -> usize {
-    dims.iter().product()
+    // Saturating: a count no buffer can hold fails the length checks that follow.
+    dims.iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .unwrap_or(usize::MAX)
 }
 
 /// Input `pos` at run time.

@@ -62,7 +62,7 @@ impl Kernel for Copy {
 
     fn run(&self, _cx: &mut Cx<'_>, inputs: &[Option<In<'_>>], outputs: &mut [Out<'_>]) -> KResult {
         let x = arg(inputs, 0)?;
-        let n = numel(x.dims) * self.width;
+        let n = numel(x.dims).saturating_mul(self.width);
         let out = outputs.first_mut().ok_or("no output")?;
         bytes_mut(out.bytes, n)?.copy_from_slice(bytes(x.bytes, n)?);
         Ok(())
@@ -150,9 +150,11 @@ fn simplify(dims: &[usize], perm: &[usize]) -> (Dims, Dims) {
         .iter()
         .map(|&g| {
             groups.get(g).map_or(1, |v| {
-                v.iter()
+                let group: Dims = v
+                    .iter()
                     .map(|&d| dims.get(d).copied().unwrap_or(1))
-                    .product()
+                    .collect();
+                numel(&group)
             })
         })
         .collect();
@@ -187,10 +189,10 @@ impl Kernel for Transpose {
     fn run(&self, cx: &mut Cx<'_>, inputs: &[Option<In<'_>>], outputs: &mut [Out<'_>]) -> KResult {
         let x = arg(inputs, 0)?;
         let n = numel(x.dims);
-        let src = bytes(x.bytes, n * self.width)?;
+        let src = bytes(x.bytes, n.saturating_mul(self.width))?;
         let dst = bytes_mut(
             outputs.first_mut().ok_or("no output")?.bytes,
-            n * self.width,
+            n.saturating_mul(self.width),
         )?;
         permute(cx, src, dst, &self.dims, &self.sperm, self.width);
         Ok(())
@@ -362,7 +364,7 @@ impl Kernel for Slice {
     fn run(&self, _cx: &mut Cx<'_>, inputs: &[Option<In<'_>>], outputs: &mut [Out<'_>]) -> KResult {
         let x = arg(inputs, 0)?;
         let w = self.width;
-        let src = bytes(x.bytes, numel(x.dims) * w)?;
+        let src = bytes(x.bytes, numel(x.dims).saturating_mul(w))?;
         let n = numel(&self.len);
         let dst = bytes_mut(outputs.first_mut().ok_or("no output")?.bytes, n * w)?;
         if n == 0 {
@@ -455,7 +457,7 @@ impl Kernel for Pad {
         for e in dst.chunks_exact_mut(w) {
             e.copy_from_slice(fill);
         }
-        let src = bytes(x.bytes, numel(x.dims) * w)?;
+        let src = bytes(x.bytes, numel(x.dims).saturating_mul(w))?;
         let rank = x.dims.len();
         if numel(x.dims) == 0 {
             return Ok(());
@@ -567,12 +569,12 @@ impl Kernel for Concat {
         let outer = numel(dims.get(..self.axis).unwrap_or_default());
         let inner = numel(dims.get(self.axis + 1..).unwrap_or_default()) * w;
         let out_row = dims.get(self.axis).copied().unwrap_or(0) * inner;
-        let dst = bytes_mut(out.bytes, numel(dims) * w)?;
+        let dst = bytes_mut(out.bytes, numel(dims).saturating_mul(w))?;
         let mut col = 0usize;
         for k in 0..inputs.len() {
             let x = arg(inputs, k)?;
             let row = x.dims.get(self.axis).copied().unwrap_or(0) * inner;
-            let src = bytes(x.bytes, numel(x.dims) * w)?;
+            let src = bytes(x.bytes, numel(x.dims).saturating_mul(w))?;
             for o in 0..outer {
                 let d = o * out_row + col;
                 dst.get_mut(d..d + row)
@@ -766,6 +768,10 @@ mod tests {
         assert_eq!((d.as_slice(), p.as_slice()), (&[3, 20][..], &[1, 0][..]));
         let (d, p) = simplify(&[2, 3], &[0, 1]);
         assert_eq!((d.as_slice(), p.as_slice()), (&[6][..], &[0][..]));
+        // Merged dims whose product overflows (a hostile payload; found by fuzzing)
+        // saturate, and the run's length checks refuse them.
+        let (d, _) = simplify(&[usize::MAX / 2, 3, 7], &[2, 0, 1]);
+        assert_eq!(d.as_slice(), &[usize::MAX, 7][..]);
     }
 
     #[test]
