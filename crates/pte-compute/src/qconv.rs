@@ -530,7 +530,9 @@ impl QConvNhwc {
         let [oh, ow] = self.out;
         let [hp, wp] = self.copied_size();
         let image = hp * wp * pixel;
-        let mut list: [&[u8]; MAX_TAPS * Q8_MR] = [&[]; MAX_TAPS * Q8_MR];
+        // The gathered rows, for `Gather::Taps` only: filled in (15 KiB) on first use,
+        // not on every call.
+        let mut lists = None;
         for (g, packed) in panels.iter().enumerate() {
             for q0 in (0..count).step_by(block) {
                 let n = block.min(count - q0);
@@ -591,7 +593,11 @@ impl QConvNhwc {
                             }
                         }
                         Gather::Taps => {
-                            self.tap_rows(x, g, r0 + r, rows, &mut list);
+                            let list = lists.get_or_insert_with(|| {
+                                let list: [&[u8]; MAX_TAPS * Q8_MR] = [&[]; MAX_TAPS * Q8_MR];
+                                list
+                            });
+                            self.tap_rows(x, g, r0 + r, rows, list);
                             let list = list.get(..taps * rows).unwrap_or_default();
                             let a = IndirectRows::new(list, rows, taps, kc)?;
                             arch::q8_microkernel(self.kernel, &a, &run, yc, place, &post)?;

@@ -757,8 +757,10 @@ impl ConvNhwc {
         } else {
             (groups, 1)
         };
-        let mut at = [None; INDIRECT_TAPS * MAX_MR];
-        let mut a: [&[f32]; INDIRECT_TAPS * MAX_MR] = [&[]; INDIRECT_TAPS * MAX_MR];
+        // The gathered rows' offsets and slices, for `Gather::Taps` only: filled in
+        // (12 KiB) on first use, not on every call (1×1 products in bands of a few
+        // rows call here often: the fill took a tenth of their time).
+        let mut lists = None;
         for go in 0..outer {
             for q0 in cols.clone().step_by(block) {
                 let count = block.min(cols.end - q0);
@@ -803,11 +805,15 @@ impl ConvNhwc {
                             }
                             continue;
                         }
-                        self.gather_offsets(gather, r0 + r, rows, (t0, seg), &mut at);
+                        let (at, a) = lists.get_or_insert_with(|| {
+                            let a: [&[f32]; INDIRECT_TAPS * MAX_MR] = [&[]; INDIRECT_TAPS * MAX_MR];
+                            ([None; INDIRECT_TAPS * MAX_MR], a)
+                        });
+                        self.gather_offsets(gather, r0 + r, rows, (t0, seg), at);
                         for g in go..go + inner {
                             let Some(b) = weights.get(g) else { continue };
                             // This tile's rows for taps t0..t0 + seg, in group g.
-                            for (slot, &o) in a.iter_mut().zip(&at).take(seg * rows) {
+                            for (slot, &o) in a.iter_mut().zip(at.iter()).take(seg * rows) {
                                 let o = o.map(|o: usize| o + g * cig);
                                 *slot = o.and_then(|o| x.get(o..o + k)).unwrap_or(zero);
                             }
