@@ -317,6 +317,13 @@ enum Source<'a, T> {
     /// Row `i` of tap `t` starts at `a[t · tap + i · row]`: a stem convolution's
     /// pixels in one output row, a fixed distance apart in its padded input.
     Strided { a: &'a [T], row: usize, tap: usize },
+    /// Row `i` of tap `t` starts at `a[taps[t] + i · row]`: a grouped convolution's
+    /// pixels in one output row, in its padded input, each tap a fixed offset.
+    Table {
+        a: &'a [T],
+        row: usize,
+        taps: &'a [usize],
+    },
 }
 
 /// The rows of one tile of an indirect product, checked once: `taps · rows` rows of
@@ -374,6 +381,34 @@ impl<'a, T> IndirectRows<'a, T> {
         }
     }
 
+    /// Rows at fixed offsets in `a`: row `i` of tap `t` starts at `taps[t] + i · row`
+    /// (one tap per offset); checks that every row ends inside `a`.
+    pub(crate) fn table(
+        a: &'a [T],
+        rows: usize,
+        taps: &'a [usize],
+        kc: usize,
+        row: usize,
+    ) -> Result<Self> {
+        let end = (|| {
+            rows.checked_sub(1)?
+                .checked_mul(row)?
+                .checked_add(*taps.iter().max()?)?
+                .checked_add(kc)
+        })();
+        match end {
+            Some(end) if end <= a.len() && taps.len() <= MAX_ROW_TAPS && rows <= MAX_MR => {
+                Ok(Self {
+                    source: Source::Table { a, row, taps },
+                    rows,
+                    taps: taps.len(),
+                    kc,
+                })
+            }
+            _ => Err(Self::invalid(rows, taps.len(), kc, a.len())),
+        }
+    }
+
     fn invalid(rows: usize, taps: usize, kc: usize, given: usize) -> Error {
         Error::InvalidParameter {
             what: format!("indirect rows: {taps} taps x {rows} rows of depth {kc}, {given} given"),
@@ -390,6 +425,7 @@ impl<'a, T> IndirectRows<'a, T> {
         match self.source {
             Source::List(a) => a.get(t * self.rows + i).copied(),
             Source::Strided { a, row, tap } => a.get(t * tap + i * row..),
+            Source::Table { a, row, taps } => taps.get(t).and_then(|&o| a.get(o + i * row..)),
         }
         .unwrap_or_default()
     }
@@ -411,15 +447,21 @@ impl<T: Copy + 'static> IndirectRows<'_, T> {
                 row,
                 tap,
             }),
+            Source::Table { a, row, taps } => Ptrs::Table(TablePtrs {
+                a: a.as_ptr(),
+                row,
+                taps: taps.as_ptr(),
+            }),
         }
     }
 }
 
-/// [`IndirectRows`] as raw pointers, of either source.
+/// [`IndirectRows`] as raw pointers, of any source.
 #[cfg(target_arch = "x86_64")]
 pub(crate) enum Ptrs<T: 'static> {
     List(ListPtrs<T>),
     Strided(StridedPtrs<T>),
+    Table(TablePtrs<T>),
 }
 
 /// A checked [`IndirectRows`] as the x86 kernels read it.
@@ -461,6 +503,25 @@ impl<T: Copy> RowPtrs<T> for StridedPtrs<T> {
     unsafe fn row(self, t: usize, i: usize, _rows: usize) -> *const T {
         // SAFETY: checked by `IndirectRows::strided` for every such row.
         unsafe { self.a.add(t * self.tap + i * self.row) }
+    }
+}
+
+/// [`Source::Table`]'s start, row distance and tap offsets.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(crate) struct TablePtrs<T> {
+    a: *const T,
+    row: usize,
+    taps: *const usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<T: Copy> RowPtrs<T> for TablePtrs<T> {
+    #[inline(always)]
+    unsafe fn row(self, t: usize, i: usize, _rows: usize) -> *const T {
+        // SAFETY: t is below the table's taps and every such row was checked by
+        // `IndirectRows::table`.
+        unsafe { self.a.add(*self.taps.add(t) + i * self.row) }
     }
 }
 
@@ -563,6 +624,14 @@ pub(crate) fn indirect_microkernel(
                             a: a.as_ptr(),
                             row,
                             tap,
+                        };
+                        call(isa, shape, a, panels, (cp, rs), accumulate, raw);
+                    }
+                    Source::Table { a, row, taps } => {
+                        let a = TablePtrs {
+                            a: a.as_ptr(),
+                            row,
+                            taps: taps.as_ptr(),
                         };
                         call(isa, shape, a, panels, (cp, rs), accumulate, raw);
                     }
@@ -688,7 +757,7 @@ mod tests {
     }
 
     #[test]
-    fn strided_rows_are_the_rows_they_name() {
+    fn strided_and_table_rows_are_the_rows_they_name() {
         let src: Vec<f32> = (0..400).map(|v| (v % 11) as f32 * 0.5 - 2.0).collect();
         for isa in Isa::available() {
             let (mr, nr) = isa.gemm_tile();
@@ -705,16 +774,19 @@ mod tests {
                 let list: Vec<&[f32]> = (0..taps)
                     .flat_map(|t| (0..rows).map(move |i| &s[3 + t * tap + i * row..]))
                     .collect();
-                let mut outs = [vec![0f32; rows * 2 * nr], vec![0f32; rows * 2 * nr]];
+                let mut outs = [(); 3].map(|_| vec![0f32; rows * 2 * nr]);
+                let offsets: Vec<usize> = (0..taps).map(|t| t * tap).collect();
                 let sources = [
                     IndirectRows::new(&list, rows, taps, kc).unwrap(),
                     IndirectRows::strided(&src[3..], rows, taps, kc, (row, tap)).unwrap(),
+                    IndirectRows::table(&src[3..], rows, &offsets, kc, row).unwrap(),
                 ];
                 for (out, a) in outs.iter_mut().zip(&sources) {
                     let mut c = MatMut::row_major(out, rows, 2 * nr).unwrap();
                     indirect_microkernel(isa, a, &run, &mut c, (0, 0), false, None).unwrap();
                 }
                 assert_eq!(outs[0], outs[1], "{isa:?} rows {rows} taps {taps}");
+                assert_eq!(outs[0], outs[2], "{isa:?} rows {rows} taps {taps}, table");
                 assert!(outs[0].iter().any(|&v| v != 0.0));
             }
             // The last row of the last tap must end inside the slice.
@@ -724,6 +796,12 @@ mod tests {
             assert!(IndirectRows::strided(&src, 0, 1, kc, (row, tap)).is_err());
             assert!(IndirectRows::strided(&src, 1, 0, kc, (row, tap)).is_err());
             assert!(IndirectRows::strided(&src, 2, 1, 1, (usize::MAX, 0)).is_err());
+            // A table's farthest tap bounds its rows, in any order.
+            let offsets = [2 * tap, 0, tap];
+            assert!(IndirectRows::table(&src[..end], 12, &offsets, kc, row).is_ok());
+            assert!(IndirectRows::table(&src[..end - 1], 12, &offsets, kc, row).is_err());
+            assert!(IndirectRows::table(&src, 1, &[], kc, row).is_err());
+            assert!(IndirectRows::table(&src, 2, &[usize::MAX], 1, 1).is_err());
         }
     }
 }

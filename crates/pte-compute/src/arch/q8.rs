@@ -195,6 +195,8 @@ pub(crate) fn q8_microkernel(
                 (Q8Kernel::Vnni, Ptrs::Strided(p)) => x86::vnni(shape, p, panels, c, rs, raw),
                 (_, Ptrs::List(p)) => x86::avx2(shape, p, panels, c, rs, raw),
                 (_, Ptrs::Strided(p)) => x86::avx2(shape, p, panels, c, rs, raw),
+                (Q8Kernel::Vnni, Ptrs::Table(p)) => x86::vnni(shape, p, panels, c, rs, raw),
+                (_, Ptrs::Table(p)) => x86::avx2(shape, p, panels, c, rs, raw),
             }
         }
         return Ok(());
