@@ -167,6 +167,18 @@ pub trait QByte: Copy + Send + Sync + sealed::Sealed {
     fn mul(q: QMul, x: &[Self], y: &[Self], out: &mut [Self]);
     /// [`max_pixel`] on the best instruction set.
     fn max(taps: &[&[Self]], out: &mut [Self], bounds: (Self, Self), accumulate: bool);
+    /// `out = clamp(round(x · inv_scale), lo, hi) + zero` (`lo`, `hi`: the type's range
+    /// less `zero`), ties to even; NaN becomes the type's lowest value, as XNNPACK's
+    /// max and min give. On the best instruction set.
+    fn quantize(x: &[f32], out: &mut [Self], inv_scale: f32, zero: i32);
+    /// `out = (x - zero) · scale`, on the best instruction set.
+    fn dequantize(x: &[Self], out: &mut [f32], scale: f32, zero: i32);
+}
+
+/// One value of [`QByte::quantize`], before the zero point: `lo`, `hi` bound it.
+#[inline(always)]
+fn quantized(v: f32, inv_scale: f32, (lo, hi): (f32, f32)) -> i32 {
+    crate::arch::round_small((v * inv_scale).max(lo).min(hi))
 }
 
 mod sealed {
@@ -185,6 +197,13 @@ impl QByte for i8 {
     fn max(taps: &[&[i8]], out: &mut [i8], (lo, hi): (i8, i8), accumulate: bool) {
         max_taps_i8(Isa::best(), taps, out, lo, hi, accumulate);
     }
+    fn quantize(x: &[f32], out: &mut [i8], inv_scale: f32, zero: i32) {
+        let bounds = ((-128 - zero) as f32, (127 - zero) as f32);
+        quantize_i8(Isa::best(), x, out, inv_scale, bounds, zero);
+    }
+    fn dequantize(x: &[i8], out: &mut [f32], scale: f32, zero: i32) {
+        dequantize_i8(Isa::best(), x, out, scale, zero);
+    }
 }
 
 impl QByte for u8 {
@@ -196,6 +215,45 @@ impl QByte for u8 {
     }
     fn max(taps: &[&[u8]], out: &mut [u8], (lo, hi): (u8, u8), accumulate: bool) {
         max_taps_u8(Isa::best(), taps, out, lo, hi, accumulate);
+    }
+    fn quantize(x: &[f32], out: &mut [u8], inv_scale: f32, zero: i32) {
+        let bounds = ((0 - zero) as f32, (255 - zero) as f32);
+        quantize_u8(Isa::best(), x, out, inv_scale, bounds, zero);
+    }
+    fn dequantize(x: &[u8], out: &mut [f32], scale: f32, zero: i32) {
+        dequantize_u8(Isa::best(), x, out, scale, zero);
+    }
+}
+
+multiversion! {
+    fn quantize_i8<const FMA: bool>(x: &[f32], out: &mut [i8], inv_scale: f32, bounds: (f32, f32), zero: i32) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = (quantized(v, inv_scale, bounds) + zero) as i8;
+        }
+    }
+}
+
+multiversion! {
+    fn quantize_u8<const FMA: bool>(x: &[f32], out: &mut [u8], inv_scale: f32, bounds: (f32, f32), zero: i32) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = (quantized(v, inv_scale, bounds) + zero) as u8;
+        }
+    }
+}
+
+multiversion! {
+    fn dequantize_i8<const FMA: bool>(x: &[i8], out: &mut [f32], scale: f32, zero: i32) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = (i32::from(v) - zero) as f32 * scale;
+        }
+    }
+}
+
+multiversion! {
+    fn dequantize_u8<const FMA: bool>(x: &[u8], out: &mut [f32], scale: f32, zero: i32) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = (i32::from(v) - zero) as f32 * scale;
+        }
     }
 }
 
@@ -277,6 +335,45 @@ multiversion! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conversions_round_ties_to_even_and_saturate() {
+        // Enough values for the vector loops and a remainder.
+        let base = [
+            0.5,
+            1.5,
+            2.5,
+            -0.5,
+            -2.5,
+            200.0,
+            -200.0,
+            f32::NAN,
+            f32::INFINITY,
+            -1e9,
+        ];
+        let x: Vec<f32> = base.iter().cycle().take(37).copied().collect();
+        let mut q = vec![0i8; x.len()];
+        i8::quantize(&x, &mut q, 1.0, 10);
+        let want = [10, 12, 12, 10, 8, 127, -128, -128, 127, -128];
+        for (i, (&v, &w)) in q.iter().zip(want.iter().cycle()).enumerate() {
+            assert_eq!(v, w, "i8 value {i}: {}", x[i]);
+        }
+        let mut u = vec![0u8; x.len()];
+        u8::quantize(&x, &mut u, 2.0, 128);
+        let want = [129, 131, 133, 127, 123, 255, 0, 0, 255, 0];
+        for (i, (&v, &w)) in u.iter().zip(want.iter().cycle()).enumerate() {
+            assert_eq!(v, w, "u8 value {i}: {}", x[i]);
+        }
+        let mut f = vec![0f32; x.len()];
+        i8::dequantize(&q, &mut f, 0.25, 10);
+        for (i, (&v, &b)) in f.iter().zip(&q).enumerate() {
+            assert_eq!(v, (f32::from(b) - 10.0) * 0.25, "i8 value {i}");
+        }
+        u8::dequantize(&u, &mut f, 0.5, 128);
+        for (i, (&v, &b)) in f.iter().zip(&u).enumerate() {
+            assert_eq!(v, (f32::from(b) - 128.0) * 0.5, "u8 value {i}");
+        }
+    }
 
     #[test]
     fn additions_match_the_scalar_definition_on_every_thread_count() {

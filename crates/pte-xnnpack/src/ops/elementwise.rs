@@ -696,26 +696,16 @@ impl Kernel for Convert {
 }
 
 fn quantize<T: Q8>(cx: &Cx<'_>, x: &[f32], out: &mut [T], inv_scale: f32, zp: i32) -> KResult {
-    let (lo, hi) = ((T::MIN - zp) as f32, (T::MAX - zp) as f32);
     split(cx, out, |start, o| {
-        for (o, &v) in o.iter_mut().zip(x.get(start..).unwrap_or_default()) {
-            let s = (v * inv_scale).max(lo).min(hi);
-            // NaN quantizes to the zero point (max/min above pass NaN through).
-            let q = if s.is_nan() {
-                0
-            } else {
-                pte_compute::qconv::round_small(s)
-            };
-            *o = T::from_i32(q + zp);
-        }
+        let x = x.get(start..start + o.len()).unwrap_or_default();
+        T::quantize(x, o, inv_scale, zp);
     })
 }
 
 fn dequantize<T: Q8>(cx: &Cx<'_>, x: &[T], out: &mut [f32], scale: f32, zp: i32) -> KResult {
     split(cx, out, |start, o| {
-        for (o, &v) in o.iter_mut().zip(x.get(start..).unwrap_or_default()) {
-            *o = (v.get() - zp) as f32 * scale;
-        }
+        let x = x.get(start..start + o.len()).unwrap_or_default();
+        T::dequantize(x, o, scale, zp);
     })
 }
 

@@ -221,6 +221,22 @@ fn permute(cx: &Cx<'_>, src: &[u8], dst: &mut [u8], dims: &[usize], perm: &[usiz
             dims.get(1).copied().unwrap_or(1),
             dims.get(2).copied().unwrap_or(1),
         ),
+        // [A, B, C] -> [B, A, C]: whole runs of C elements move (a channel shuffle's
+        // groups in NCHW order); one copy per run.
+        (3, [1, 0, 2]) => {
+            let [a, b, c] = [0, 1, 2].map(|k| dims.get(k).copied().unwrap_or(1));
+            let run = c.saturating_mul(w);
+            let runs = dst.chunks_exact_mut(run.max(1)).take(a.saturating_mul(b));
+            for (k, out) in runs.enumerate() {
+                // Output run (j, i) is input run (i, j).
+                let (j, i) = (k / a.max(1), k % a.max(1));
+                let at = (i * b + j) * run;
+                if let Some(s) = src.get(at..at + run) {
+                    out.copy_from_slice(s);
+                }
+            }
+            return;
+        }
         _ => {
             generic_permute(src, dst, dims, perm, w);
             return;
@@ -785,8 +801,16 @@ mod tests {
             [3, 2, 1, 0],
             [1, 0, 3, 2],
             [0, 1, 3, 2],
+            // Merges to [1, 0, 2]: whole runs move.
+            [1, 0, 2, 3],
         ] {
             let (d, p) = simplify(&dims, &perm);
+            if perm == [1, 0, 2, 3] {
+                assert_eq!(
+                    (d.as_slice(), p.as_slice()),
+                    (&[2, 3, 20][..], &[1, 0, 2][..])
+                );
+            }
             let mut dst = vec![0u8; bytes.len()];
             let pool = pte_compute::ThreadPool::new(1).unwrap();
             let budget = pte_runtime::MemoryBudget::new(1 << 20);
