@@ -97,7 +97,8 @@ fn interleave<T: bytemuck::Pod>(
 /// of one band of input rows before the next: the input is read through `TILE` streams
 /// at a time (reading all rows at once, up to hundreds of channels, defeated the
 /// prefetchers: 1.6 GB/s on 96 channels of 112 × 112), and each output row receives a
-/// cache line per band. Whole tiles of 32-bit values go through register transposes.
+/// cache line per band. Whole tiles of 32-bit values go through register transposes,
+/// of bytes through 64-bit word transposes; matrices of 2-4 rows interleave instead.
 fn transpose_rows<T: bytemuck::Pod>(
     isa: Isa,
     x: &[T],
@@ -129,8 +130,19 @@ fn transpose_rows<T: bytemuck::Pod>(
                 let at = r0 * cols + c0 + j0;
                 if rb == TILE
                     && jb == TILE
-                    && (tile_32(isa, src, (at, cols), dst, (j0 * rows + r0, rows))
-                        || tile_8(src, (at, cols), dst, (j0 * rows + r0, rows)))
+                    && (tile::<T, u32>(
+                        src,
+                        (at, cols),
+                        dst,
+                        (j0 * rows + r0, rows),
+                        |s, ss, d, ds| arch::transpose8x8(isa, s, ss, d, ds),
+                    ) || tile::<T, u8>(
+                        src,
+                        (at, cols),
+                        dst,
+                        (j0 * rows + r0, rows),
+                        transpose_bytes_8x8,
+                    ))
                 {
                     continue;
                 }
@@ -149,54 +161,32 @@ fn transpose_rows<T: bytemuck::Pod>(
     }
 }
 
-/// A whole `TILE × TILE` tile of 32-bit values, from `src[s0..]` (rows `ss` apart) to
-/// `dst[d0..]` (rows `ds` apart), as four 8 × 8 register transposes; false (the caller
-/// copies the tile) for other element sizes or when the CPU has no such kernel.
-fn tile_32<T: bytemuck::Pod>(
-    isa: Isa,
+/// A whole `TILE × TILE` tile of `T` seen as `U` (of the same size), from `src[s0..]`
+/// (rows `ss` apart) to `dst[d0..]` (rows `ds` apart), as four 8 × 8 transposes by
+/// `eight`: register transposes for 32-bit values, 64-bit word transposes for bytes
+/// (the 8-bit NCHW/NHWC conversions at the edges of quantized delegates went value by
+/// value: about 1 ns a byte). False (the caller copies the tile) for other element
+/// sizes or when `eight` declines.
+fn tile<T: bytemuck::Pod, U: bytemuck::Pod>(
     src: &[T],
     (s0, ss): (usize, usize),
     dst: &mut [T],
     (d0, ds): (usize, usize),
+    eight: impl Fn(&[U], usize, &mut [U], usize) -> bool,
 ) -> bool {
-    if std::mem::size_of::<T>() != 4 {
+    if std::mem::size_of::<T>() != std::mem::size_of::<U>() {
         return false;
     }
     let (Ok(src), Ok(dst)) = (
-        bytemuck::try_cast_slice::<T, u32>(src),
-        bytemuck::try_cast_slice_mut::<T, u32>(dst),
+        bytemuck::try_cast_slice::<T, U>(src),
+        bytemuck::try_cast_slice_mut::<T, U>(dst),
     ) else {
         return false;
     };
     [(0, 0), (0, 8), (8, 0), (8, 8)].into_iter().all(|(i, j)| {
         let s = src.get(s0 + i * ss + j..).unwrap_or_default();
         let d = dst.get_mut(d0 + j * ds + i..).unwrap_or_default();
-        arch::transpose8x8(isa, s, ss, d, ds)
-    })
-}
-
-/// A whole `TILE × TILE` tile of bytes, like [`tile_32`], as four 8 × 8 transposes of
-/// 64-bit words (the 8-bit NCHW/NHWC conversions at the edges of quantized delegates
-/// went value by value: about 1 ns a byte); false for other element sizes.
-fn tile_8<T: bytemuck::Pod>(
-    src: &[T],
-    (s0, ss): (usize, usize),
-    dst: &mut [T],
-    (d0, ds): (usize, usize),
-) -> bool {
-    if std::mem::size_of::<T>() != 1 {
-        return false;
-    }
-    let (Ok(src), Ok(dst)) = (
-        bytemuck::try_cast_slice::<T, u8>(src),
-        bytemuck::try_cast_slice_mut::<T, u8>(dst),
-    ) else {
-        return false;
-    };
-    [(0, 0), (0, 8), (8, 0), (8, 8)].into_iter().all(|(i, j)| {
-        let s = src.get(s0 + i * ss + j..).unwrap_or_default();
-        let d = dst.get_mut(d0 + j * ds + i..).unwrap_or_default();
-        transpose_bytes_8x8(s, ss, d, ds)
+        eight(s, ss, d, ds)
     })
 }
 
@@ -284,13 +274,16 @@ mod tests {
         }
     }
 
-    /// Elements of other sizes take the element-wise path; 32-bit ones keep every bit
-    /// (NaN payloads included) through the register transposes.
+    /// Elements of 16 and 64 bits take the element-wise path, bytes the word tiles;
+    /// 32-bit ones keep every bit (NaN payloads included) through the register
+    /// transposes.
     #[test]
     fn every_element_size_is_moved_whole() {
-        fn check<T: bytemuck::Pod + Send + Sync + PartialEq + std::fmt::Debug>(of: fn(usize) -> T) {
+        fn check<T: bytemuck::Pod + Send + Sync + PartialEq + std::fmt::Debug>(
+            of: fn(usize) -> T,
+            (batch, c, p): (usize, usize, usize),
+        ) {
             let pool = ThreadPool::new(2).unwrap();
-            let (batch, c, p) = (2, 40, 1000);
             let x: Vec<T> = (0..batch * c * p).map(of).collect();
             let mut y = vec![of(0); x.len()];
             transpose(&pool, &x, batch, c, p, &mut y).unwrap();
@@ -302,22 +295,12 @@ mod tests {
                 }
             }
         }
-        check(|i| i as u8);
-        check(|i| i as u16);
-        check(|i| 0x7fc0_0000 | i as u32);
-        check(|i| (i as u64) << 33 | 1);
+        let shape = (2, 40, 1000);
+        check(|i| i as u8, shape);
+        check(|i| i as u16, shape);
+        check(|i| 0x7fc0_0000 | i as u32, shape);
+        check(|i| (i as u64) << 33 | 1, shape);
         // A channel shuffle of bytes: many matrices of two rows.
-        let pool = ThreadPool::new(2).unwrap();
-        let (batch, c, p) = (784, 2, 58);
-        let x: Vec<u8> = (0..batch * c * p).map(|i| (i * 7) as u8).collect();
-        let mut y = vec![0; x.len()];
-        transpose(&pool, &x, batch, c, p, &mut y).unwrap();
-        for n in 0..batch {
-            for ch in 0..c {
-                for px in 0..p {
-                    assert_eq!(y[n * c * p + px * c + ch], x[n * c * p + ch * p + px]);
-                }
-            }
-        }
+        check(|i| (i * 7) as u8, (784, 2, 58));
     }
 }

@@ -80,7 +80,7 @@
 //! - [`qconv`]: 8-bit NHWC convolutions with XNNPACK's quantized semantics: an
 //!   indirect 12×32 micro-kernel on AVX-512 VNNI (unsigned activations times signed
 //!   weights, requantized in the store; portable elsewhere), stems read by kernel rows
-//!   of a padded copy, depthwise rows over blocks of 16 channels; [`qgemm`]: int8
+//!   and grouped convolutions by fixed tap offsets of a padded copy, depthwise rows over blocks of 16 channels; [`qgemm`]: int8
 //!   products with int32 results for dynamically quantized layers;
 //!   [`qelementwise`]: XNNPACK's fixed-point 8-bit addition and fp32-requantized
 //!   multiplication (same shapes, or a row repeated over the other operand) and the

@@ -19,10 +19,10 @@
 //!   at 7×7×512 the product is faster (the transformed weights, 16/9 as large, cost
 //!   more to stream than the multiplications they save).
 //! - Depthwise convolutions (one input and one output channel per group): 3×3 and 5×5
-//!   with channels a multiple of eight on a hand-written row kernel (eight channels per
-//!   vector, a row of pixels per pass, inner pixels by groups of four, edge pixels by
-//!   four channel blocks), other windows per pixel with 16 channels accumulated in
-//!   registers per tap. A channel multiplier above 1 runs as a grouped product.
+//!   with channels a multiple of eight on a hand-written row kernel (16 or 8 channels
+//!   per vector, one block of channels slid along the row at a time, inner pixels by
+//!   groups of four, edge pixels one by one with their taps checked), other windows
+//!   per pixel with 16 channels accumulated in registers per tap. A channel multiplier above 1 runs as a grouped product.
 //!
 //! Measured against the two NHWC convolutions this module replaced (one per caller)
 //! on mobilenet_v2 and resnet18 layers and two stems, at 1 and 2 threads: 2-3× faster
