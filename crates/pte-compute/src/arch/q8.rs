@@ -297,10 +297,20 @@ pub(crate) fn q8_depthwise_row<const K: usize>(
         // `out` `ow · c` bytes (checked above); the kernel reads only columns below
         // `w_in`.
         unsafe {
-            if signed {
-                x86::depthwise_row::<K, true>(rows, w, c, raw, za, geometry, (y, ow));
-            } else {
-                x86::depthwise_row::<K, false>(rows, w, c, raw, za, geometry, (y, ow));
+            // Stride 1 and 2 without dilation as constants, so that the taps pixels of
+            // a group share are loaded and widened once; 0: the row's own.
+            let y = (y, ow);
+            match (signed, x.stride, x.dilation) {
+                (true, 1, 1) => x86::depthwise_row::<K, true, 1>(rows, w, c, raw, za, geometry, y),
+                (true, 2, 1) => x86::depthwise_row::<K, true, 2>(rows, w, c, raw, za, geometry, y),
+                (true, ..) => x86::depthwise_row::<K, true, 0>(rows, w, c, raw, za, geometry, y),
+                (false, 1, 1) => {
+                    x86::depthwise_row::<K, false, 1>(rows, w, c, raw, za, geometry, y)
+                }
+                (false, 2, 1) => {
+                    x86::depthwise_row::<K, false, 2>(rows, w, c, raw, za, geometry, y)
+                }
+                (false, ..) => x86::depthwise_row::<K, false, 0>(rows, w, c, raw, za, geometry, y),
             }
         }
         true
@@ -602,10 +612,11 @@ mod x86 {
     ///
     /// # Safety
     /// AVX-512 F, BW and VL are available; each non-null row holds `w_in · c` bytes, `w`
-    /// `K² · c` values, the post `c`, `y` `ow · c` bytes; `stride > 0`.
+    /// `K² · c` values, the post `c`, `y` `ow · c` bytes; `stride > 0`; `S` is 0, or the
+    /// stride with a dilation of 1.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn depthwise_row<const K: usize, const SIGNED: bool>(
+    pub(super) unsafe fn depthwise_row<const K: usize, const SIGNED: bool, const S: usize>(
         rows: [*const u8; K],
         w: *const i32,
         c: usize,
@@ -614,6 +625,8 @@ mod x86 {
         (w_in, stride, dilation, pad): (usize, usize, usize, usize),
         (y, ow): (*mut u8, usize),
     ) {
+        // S > 0: the stride is S and the dilation 1 (the caller's match), as constants.
+        let (stride, dilation) = if S > 0 { (S, 1) } else { (stride, dilation) };
         let zav = _mm512_set1_epi32(za);
         let (lo, hi) = (_mm512_set1_ps(post.lo), _mm512_set1_ps(post.hi));
         let zero = _mm512_set1_epi32(post.zero);
