@@ -8,23 +8,33 @@ pub struct AllocError {
     pub bytes: usize,
 }
 
-/// A byte buffer whose start is 16-byte aligned, so that it can be viewed as any element
-/// type (upstream requires program and tensor data to be aligned to `max_align_t`).
+/// A byte buffer whose start is aligned to a cache line (64 bytes), so that it can be
+/// viewed as any element type (upstream requires program and tensor data to be aligned
+/// to `max_align_t`) and 512-bit vectors at 64-byte offsets never straddle two lines
+/// (the allocator's 16-byte alignment split every such load and store in two).
 ///
 /// Every constructor that takes a size is fallible: a size that comes from a file or an
 /// input must never abort the process. New memory is zeroed lazily by the allocator
 /// (`alloc_zeroed`), so a large buffer costs resident memory only where it is written.
 #[derive(Clone, Default)]
 pub struct AlignedBuf {
-    words: Vec<u128>,
+    words: Vec<Line>,
     len: usize,
 }
 
-fn zeroed_words(words: usize, bytes: usize) -> Result<Vec<u128>, AllocError> {
+/// The unit of allocation: one cache line.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+struct Line([u8; LINE]);
+
+/// Bytes in a [`Line`].
+const LINE: usize = 64;
+
+fn zeroed_words(words: usize, bytes: usize) -> Result<Vec<Line>, AllocError> {
     if words == 0 {
         return Ok(Vec::new());
     }
-    bytemuck::allocation::try_zeroed_slice_box::<u128>(words)
+    bytemuck::allocation::try_zeroed_slice_box::<Line>(words)
         .map(Vec::from)
         .map_err(|()| AllocError { bytes })
 }
@@ -33,7 +43,7 @@ impl AlignedBuf {
     /// A zeroed buffer of `len` bytes.
     pub fn try_zeroed(len: usize) -> Result<Self, AllocError> {
         Ok(AlignedBuf {
-            words: zeroed_words(len.div_ceil(16), len)?,
+            words: zeroed_words(len.div_ceil(LINE), len)?,
             len,
         })
     }
@@ -48,7 +58,7 @@ impl AlignedBuf {
     /// Sets the length to `len` bytes, keeping the contents that fit. Growing past the
     /// allocation reallocates (new bytes are zero); shrinking keeps the allocation.
     pub fn try_resize(&mut self, len: usize) -> Result<(), AllocError> {
-        let words = len.div_ceil(16);
+        let words = len.div_ceil(LINE);
         if words > self.words.len() {
             let mut grown = zeroed_words(words, len)?;
             if let Some(head) = grown.get_mut(..self.words.len()) {
@@ -77,7 +87,7 @@ impl AlignedBuf {
 
     /// Bytes allocated (at least `len`).
     pub fn capacity(&self) -> usize {
-        self.words.len().saturating_mul(16)
+        self.words.len().saturating_mul(LINE)
     }
 
     /// The bytes.
@@ -118,10 +128,14 @@ mod tests {
         let mut b = AlignedBuf::try_from_bytes(&[1, 2, 3]).unwrap();
         b.try_resize(40).unwrap();
         assert_eq!(&b[..4], &[1, 2, 3, 0]);
-        assert_eq!(b.as_bytes().as_ptr() as usize % 16, 0);
+        assert_eq!(b.as_bytes().as_ptr() as usize % 64, 0);
+        // Large enough for the allocator to map pages (whose blocks start 16 bytes in).
+        b.try_resize(4 << 20).unwrap();
+        assert_eq!(&b[..4], &[1, 2, 3, 0]);
+        assert_eq!(b.as_bytes().as_ptr() as usize % 64, 0);
         b.try_resize(2).unwrap();
         assert_eq!(b.as_bytes(), &[1, 2]);
-        assert!(b.capacity() >= 40);
+        assert!(b.capacity() >= 4 << 20);
         b.release();
         assert_eq!(b.capacity(), 0);
     }

@@ -356,7 +356,8 @@ impl<'a, T> IndirectRows<'a, T> {
     }
 
     /// Rows at fixed distances in `a`: row `i` of tap `t` starts at `t · tap + i ·
-    /// row`; checks that the last one ends inside `a`.
+    /// row`; checks that the last one ends inside `a`. Any number of rows: a strip
+    /// that the float kernel takes tile by tile.
     pub(crate) fn strided(
         a: &'a [T],
         rows: usize,
@@ -371,7 +372,7 @@ impl<'a, T> IndirectRows<'a, T> {
                 .checked_add(kc)
         })();
         match end {
-            Some(end) if end <= a.len() && taps <= MAX_ROW_TAPS && rows <= MAX_MR => Ok(Self {
+            Some(end) if end <= a.len() && taps <= MAX_ROW_TAPS => Ok(Self {
                 source: Source::Strided { a, row, tap },
                 rows,
                 taps,
@@ -382,7 +383,8 @@ impl<'a, T> IndirectRows<'a, T> {
     }
 
     /// Rows at fixed offsets in `a`: row `i` of tap `t` starts at `taps[t] + i · row`
-    /// (one tap per offset); checks that every row ends inside `a`.
+    /// (one tap per offset); checks that every row ends inside `a`. Any number of rows,
+    /// as [`Self::strided`].
     pub(crate) fn table(
         a: &'a [T],
         rows: usize,
@@ -397,14 +399,12 @@ impl<'a, T> IndirectRows<'a, T> {
                 .checked_add(kc)
         })();
         match end {
-            Some(end) if end <= a.len() && taps.len() <= MAX_ROW_TAPS && rows <= MAX_MR => {
-                Ok(Self {
-                    source: Source::Table { a, row, taps },
-                    rows,
-                    taps: taps.len(),
-                    kc,
-                })
-            }
+            Some(end) if end <= a.len() && taps.len() <= MAX_ROW_TAPS => Ok(Self {
+                source: Source::Table { a, row, taps },
+                rows,
+                taps: taps.len(),
+                kc,
+            }),
             _ => Err(Self::invalid(rows, taps.len(), kc, a.len())),
         }
     }
@@ -418,6 +418,28 @@ impl<'a, T> IndirectRows<'a, T> {
     /// The values of each row the product reads.
     pub(crate) fn depth(&self) -> usize {
         self.kc
+    }
+
+    /// Rows `r0..r0 + n` of a strip (clamped to its rows); a list is never split.
+    fn rows_from(&self, r0: usize, n: usize) -> Self {
+        let source = match self.source {
+            Source::List(a) => Source::List(a),
+            Source::Strided { a, row, tap } => Source::Strided {
+                a: a.get(r0 * row..).unwrap_or_default(),
+                row,
+                tap,
+            },
+            Source::Table { a, row, taps } => Source::Table {
+                a: a.get(r0 * row..).unwrap_or_default(),
+                row,
+                taps,
+            },
+        };
+        Self {
+            source,
+            rows: n.min(self.rows.saturating_sub(r0)),
+            ..*self
+        }
     }
 
     /// Row `i` of tap `t` (empty past the checked ones).
@@ -556,8 +578,12 @@ pub(crate) fn indirect_microkernel(
         .and_then(|q| q.checked_mul(b.stride))
         .zip(panel_len)
         .and_then(|(start, len)| start.checked_add(len));
+    // A list gives one tile's rows; strided and table sources may give a strip of
+    // any length, taken tile by tile below after one check of the whole strip (the
+    // checks cost as much as a short tile's multiplications).
+    let strip = !matches!(source, Source::List(_));
     let ok = rows >= 1
-        && rows <= mr
+        && (strip || rows <= mr)
         && b_len.is_some_and(|l| b.data.len() >= l)
         && post.is_none_or(|p| match p.bias {
             TileBias::Cols(v) => width.is_some_and(|w| v.len() >= w),
@@ -611,38 +637,57 @@ pub(crate) fn indirect_microkernel(
                 }
             }
             let panels = (b.data.as_ptr(), b.stride, b.count, b.cols);
-            let shape = (rows, taps, kc);
-            // SAFETY: the rows as checked by `IndirectRows`, the rest above.
+            // SAFETY: the rows as checked by `IndirectRows`, the rest above; tile `r0`
+            // of a strip is its rows `r0..r0 + n` (checked with the strip) and the
+            // output rows as many below `cp` (inside the checked tile).
             unsafe {
                 match source {
                     Source::List(a) => {
                         let a = ListPtrs(a.as_ptr().cast());
-                        call(isa, shape, a, panels, (cp, rs), accumulate, raw);
+                        call(isa, (rows, taps, kc), a, panels, (cp, rs), accumulate, raw);
                     }
                     Source::Strided { a, row, tap } => {
-                        let a = StridedPtrs {
-                            a: a.as_ptr(),
-                            row,
-                            tap,
-                        };
-                        call(isa, shape, a, panels, (cp, rs), accumulate, raw);
+                        for r0 in (0..rows).step_by(mr) {
+                            let a = StridedPtrs {
+                                a: a.as_ptr().add(r0 * row),
+                                row,
+                                tap,
+                            };
+                            let shape = (mr.min(rows - r0), taps, kc);
+                            let c = (cp.add(r0 * rs), rs);
+                            call(isa, shape, a, panels, c, accumulate, raw);
+                        }
                     }
-                    Source::Table { a, row, taps } => {
-                        let a = TablePtrs {
-                            a: a.as_ptr(),
-                            row,
-                            taps: taps.as_ptr(),
-                        };
-                        call(isa, shape, a, panels, (cp, rs), accumulate, raw);
+                    Source::Table {
+                        a,
+                        row,
+                        taps: offsets,
+                    } => {
+                        for r0 in (0..rows).step_by(mr) {
+                            let a = TablePtrs {
+                                a: a.as_ptr().add(r0 * row),
+                                row,
+                                taps: offsets.as_ptr(),
+                            };
+                            let shape = (mr.min(rows - r0), taps, kc);
+                            let c = (cp.add(r0 * rs), rs);
+                            call(isa, shape, a, panels, c, accumulate, raw);
+                        }
                     }
                 }
             }
         }
-        _ => match nr {
-            8 => portable::<8>(rows_in, b, c, (i, j), accumulate, post),
-            32 => portable::<32>(rows_in, b, c, (i, j), accumulate, post),
-            _ => portable::<16>(rows_in, b, c, (i, j), accumulate, post),
-        },
+        _ => {
+            for r0 in (0..rows).step_by(mr) {
+                let tile = rows_in.rows_from(r0, mr);
+                let at = (i + r0, j);
+                match nr {
+                    8 => portable::<8>(&tile, b, c, at, accumulate, post),
+                    32 => portable::<32>(&tile, b, c, at, accumulate, post),
+                    _ => portable::<16>(&tile, b, c, at, accumulate, post),
+                }
+            }
+        }
     }
     Ok(())
 }
@@ -802,6 +847,67 @@ mod tests {
             assert!(IndirectRows::table(&src[..end - 1], 12, &offsets, kc, row).is_err());
             assert!(IndirectRows::table(&src, 1, &[], kc, row).is_err());
             assert!(IndirectRows::table(&src, 2, &[usize::MAX], 1, 1).is_err());
+        }
+    }
+
+    #[test]
+    fn strips_are_their_tiles_one_after_another() {
+        let src: Vec<f32> = (0..3000).map(|v| (v % 13) as f32 * 0.25 - 1.5).collect();
+        for isa in Isa::available() {
+            let (mr, nr) = isa.gemm_tile();
+            let (kc, row, tap, taps) = (5, 7, 300, 2);
+            let b: Vec<f32> = (0..2 * taps * kc * nr)
+                .map(|v| (v % 7) as f32 - 3.0)
+                .collect();
+            let bias: Vec<f32> = (0..2 * nr).map(|v| v as f32 * 0.5).collect();
+            let run = PanelRun {
+                data: &b,
+                stride: taps * kc * nr,
+                count: 2,
+                cols: nr - 1,
+            };
+            let post = Post {
+                bias: TileBias::Cols(&bias),
+                min: -30.0,
+                max: 30.0,
+            };
+            let offsets: Vec<usize> = (0..taps).map(|t| t * tap).collect();
+            for rows in [mr + 1, 2 * mr, 2 * mr + 5, 3 * mr + 1] {
+                let s = src.as_slice();
+                let mut want = vec![1f32; rows * 2 * nr];
+                let mut c = MatMut::row_major(&mut want, rows, 2 * nr).unwrap();
+                for r0 in (0..rows).step_by(mr) {
+                    let n = mr.min(rows - r0);
+                    let list: Vec<&[f32]> = (0..taps)
+                        .flat_map(|t| (r0..r0 + n).map(move |i| &s[t * tap + i * row..]))
+                        .collect();
+                    let a = IndirectRows::new(&list, n, taps, kc).unwrap();
+                    indirect_microkernel(isa, &a, &run, &mut c, (r0, 0), true, Some(&post))
+                        .unwrap();
+                }
+                let strips = [
+                    IndirectRows::strided(s, rows, taps, kc, (row, tap)).unwrap(),
+                    IndirectRows::table(s, rows, &offsets, kc, row).unwrap(),
+                ];
+                for a in &strips {
+                    let mut got = vec![1f32; rows * 2 * nr];
+                    let mut c = MatMut::row_major(&mut got, rows, 2 * nr).unwrap();
+                    indirect_microkernel(isa, a, &run, &mut c, (0, 0), true, Some(&post)).unwrap();
+                    assert_eq!(got, want, "{isa:?} strip of {rows} rows");
+                    // The whole strip must fit the output.
+                    let mut short = vec![0f32; (rows - 1) * 2 * nr];
+                    let mut c = MatMut::row_major(&mut short, rows - 1, 2 * nr).unwrap();
+                    assert!(
+                        indirect_microkernel(isa, a, &run, &mut c, (0, 0), false, None).is_err()
+                    );
+                }
+                // A list holds one tile.
+                let list: Vec<&[f32]> = vec![s; taps * rows];
+                let mut c = MatMut::row_major(&mut want, rows, 2 * nr).unwrap();
+                let call = IndirectRows::new(&list, rows, taps, kc)
+                    .and_then(|a| indirect_microkernel(isa, &a, &run, &mut c, (0, 0), false, None));
+                assert!(call.is_err());
+            }
         }
     }
 }

@@ -770,8 +770,14 @@ impl ConvNhwc {
                     accumulate,
                     clamp: (min, max),
                 };
-                for r in (0..rows_here).step_by(mr) {
-                    let rows = mr.min(rows_here - r);
+                // Pixels and kernel rows are read at fixed distances: one call takes a
+                // strip of tiles. Gathered taps are listed tile by tile.
+                let strip = match gather {
+                    Gather::Pixel | Gather::Rows { .. } => STRIP_TILES * mr,
+                    Gather::Taps => mr,
+                };
+                for r in (0..rows_here).step_by(strip) {
+                    let rows = strip.min(rows_here - r);
                     for t0 in (0..taps).step_by(INDIRECT_TAPS) {
                         let seg = INDIRECT_TAPS.min(taps - t0);
                         let taps = (t0, seg, taps);
@@ -950,6 +956,12 @@ const MIN_SEGMENT: usize = 8;
 
 /// Largest mr of any micro-kernel.
 const MAX_MR: usize = 12;
+
+/// Register tiles one call of the micro-kernel takes down a strip of pixels (the
+/// call's checks and set-up cost as much as a tile of a thin product: a fifth of a
+/// stem convolution's time); the activation after the product then finds the strip
+/// still in cache.
+const STRIP_TILES: usize = 8;
 
 /// Tasks a convolution's rows are split into per thread: enough that a thread the
 /// system holds back (a shared machine) delays a small part of the layer while the
