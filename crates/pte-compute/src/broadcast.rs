@@ -55,6 +55,32 @@ multiversion! {
     }
 }
 
+multiversion! {
+    /// `op(x, y)` where one operand is a whole matrix (as long as `out`) and the other
+    /// one row of it, repeated: `y` is the row when `row_is_y`, else `x`.
+    fn run_rows<const FMA: bool>(op: BinaryOp, out: &mut [f32], x: &[f32], y: &[f32], row_is_y: bool, min: f32, max: f32) {
+        macro_rules! body {
+            ($f:expr) => {{
+                let f = $f;
+                let (whole, row) = if row_is_y { (x, y) } else { (y, x) };
+                let n = row.len().max(1);
+                for (o, w) in out.chunks_exact_mut(n).zip(whole.chunks_exact(n)) {
+                    if row_is_y {
+                        for ((o, &a), &b) in o.iter_mut().zip(w).zip(row) {
+                            *o = clamp(f(a, b), min, max);
+                        }
+                    } else {
+                        for ((o, &a), &b) in o.iter_mut().zip(row).zip(w) {
+                            *o = clamp(f(a, b), min, max);
+                        }
+                    }
+                }
+            }};
+        }
+        per_binary_op!(op, body)
+    }
+}
+
 /// `out = clamp(op(x, y), min, max)` for operands of the same length.
 pub fn same(
     isa: Isa,
@@ -253,6 +279,23 @@ impl Broadcast {
             self.x_strides.last().copied().unwrap_or(0),
             self.y_strides.last().copied().unwrap_or(0),
         );
+        // A matrix and one of its rows (a per-channel scale of NHWC pixels): one call
+        // for all rows; per row, the call cost more than a row of 16 channels.
+        let outer_strides = (self.x_strides.first(), self.y_strides.first());
+        if let ([_], (Some(&xo), Some(&yo)), (1, 1)) = (outer, outer_strides, (xi, yi)) {
+            let whole = start..start + out.len();
+            let rows = match (xo, yo) {
+                (o, 0) if o == inner => x.get(whole).zip(y.get(..inner)).map(|(a, b)| (a, b, true)),
+                (0, o) if o == inner => {
+                    x.get(..inner).zip(y.get(whole)).map(|(a, b)| (a, b, false))
+                }
+                _ => None,
+            };
+            if let Some((a, b, row_is_y)) = rows {
+                run_rows(isa, op, out, a, b, row_is_y, min, max);
+                return Ok(());
+            }
+        }
         // The outer index, on the stack (the rank is at most `MAX_DIMS`): a call
         // allocates nothing.
         let mut index = [0usize; MAX_DIMS];
@@ -390,7 +433,24 @@ mod tests {
                 }
             }
         }
-        // Parts of whole runs, as threads would split the output, give the same.
+        // Parts of whole runs, as threads would split the output, give the same; a
+        // matrix and its row (either side) are taken in one call per part.
+        for isa in Isa::available() {
+            for (xs, ys) in [(&[6usize, 8][..], &[8usize][..]), (&[8], &[6, 8])] {
+                let x: Vec<f32> = (0..xs.iter().product()).map(|i| i as f32 - 20.0).collect();
+                let y: Vec<f32> = (0..ys.iter().product())
+                    .map(|i| i as f32 * 0.5 + 1.0)
+                    .collect();
+                let (_, want) = reference(&x, xs, &y, ys, BinaryOp::Div);
+                let b = Broadcast::new(xs, ys).unwrap();
+                let mut parts = vec![0.0; 48];
+                for (k, part) in parts.chunks_mut(16).enumerate() {
+                    b.run_part(isa, BinaryOp::Div, k * 16, part, &x, &y, -100.0, 100.0)
+                        .unwrap();
+                }
+                assert_eq!(parts, want, "{isa:?} {xs:?} {ys:?}");
+            }
+        }
         for isa in Isa::available() {
             let (xs, ys) = ([3usize, 4, 5], [4usize, 1]);
             let x: Vec<f32> = (0..60).map(|i| i as f32 * 0.25 - 3.0).collect();

@@ -42,6 +42,11 @@ pub enum UnaryFn {
     LeakyRelu { slope: f32 },
     /// An activation of [`crate::elementwise`] (identity, sigmoid, tanh, GELU, ...).
     Act(Activation),
+    /// Hardswish as XNNPACK computes it, `x · clamp(x · ⅙ + ½, 0, 1)` with one fused
+    /// multiply-add: PyTorch's function (`x · clamp(x + 3, 0, 6) / 6`, kept by
+    /// [`Activation::HardSwish`]) rounded otherwise, and without its division, which
+    /// made the node three times as slow as upstream's.
+    HardSwishFused,
 }
 
 impl UnaryFn {
@@ -81,6 +86,7 @@ fn eval<const FMA: bool>(f: UnaryFn, x: f32) -> f32 {
             }
         }
         UnaryFn::Act(a) => act::<FMA>(a, x),
+        UnaryFn::HardSwishFused => x * clamp(crate::arch::madd::<FMA>(x, 1.0 / 6.0, 0.5), 0.0, 1.0),
     }
 }
 
@@ -118,6 +124,10 @@ macro_rules! per_fn {
             UnaryFn::Square => each!($out, $x, $min, $max, |v: f32| v * v),
             UnaryFn::Sqrt => each!($out, $x, $min, $max, |v: f32| v.sqrt()),
             UnaryFn::Exp => each!($out, $x, $min, $max, |v| math::exp::<$fma>(v)),
+            UnaryFn::HardSwishFused => each!($out, $x, $min, $max, |v| eval::<$fma>(
+                UnaryFn::HardSwishFused,
+                v
+            )),
             other => each!($out, $x, $min, $max, |v| eval::<$fma>(other, v)),
         }
     };
@@ -175,6 +185,7 @@ mod tests {
             UnaryFn::Act(Activation::Tanh),
             UnaryFn::Act(Activation::Gelu),
             UnaryFn::Act(Activation::HardSwish),
+            UnaryFn::HardSwishFused,
         ];
         for isa in Isa::available() {
             for f in fns {
@@ -186,6 +197,10 @@ mod tests {
                     if f == UnaryFn::Act(Activation::Gelu) {
                         // Absolute in units of |x| (see `math`), each side.
                         tol += 5e-7 * v.abs();
+                    }
+                    if f == UnaryFn::HardSwishFused {
+                        // The fused and the plain multiply-add round `x/6 + 1/2` apart.
+                        tol += f32::EPSILON * v.abs();
                     }
                     assert!(
                         (o - want).abs() <= tol || (o.is_nan() && want.is_nan()),
@@ -208,5 +223,20 @@ mod tests {
         assert_eq!(UnaryFn::Rsqrt.apply_scalar(4.0), 0.5);
         assert_eq!(UnaryFn::Floor.apply_scalar(-1.5), -2.0);
         assert_eq!(UnaryFn::Ceil.apply_scalar(-1.5), -1.0);
+        // Hardswish: zero up to -3, the identity from 3, PyTorch's values within a
+        // rounding between (XNNPACK's formula).
+        let hs = UnaryFn::HardSwishFused;
+        assert_eq!(hs.apply_scalar(-3.5), -0.0);
+        assert_eq!(hs.apply_scalar(-3.0), -0.0);
+        assert_eq!(hs.apply_scalar(3.0), 3.0);
+        assert_eq!(hs.apply_scalar(7.25), 7.25);
+        assert!(hs.apply_scalar(f32::NAN).is_nan());
+        for x in [-2.5f32, -1.0, 0.3, 1.0, 2.9] {
+            let torch = UnaryFn::Act(Activation::HardSwish).apply_scalar(x);
+            assert!(
+                (hs.apply_scalar(x) - torch).abs() <= 2.0 * f32::EPSILON * x.abs(),
+                "{x}"
+            );
+        }
     }
 }
