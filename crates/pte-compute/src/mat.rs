@@ -290,6 +290,18 @@ impl<'a> MatMut<'a> {
         Some(unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i * self.rs + j0), len) })
     }
 
+    /// Rows `i0..i0 + n` as one slice when they are contiguous (`cs == 1` and rows
+    /// `cols` apart), clipped to the view; None otherwise.
+    pub(crate) fn rows_run(&mut self, i0: usize, n: usize) -> Option<&mut [f32]> {
+        if self.cs != 1 || self.rs != self.cols || i0 >= self.rows {
+            return None;
+        }
+        let len = n.min(self.rows - i0).checked_mul(self.cols)?;
+        // SAFETY: whole in-view rows, contiguous since rows are `cols` apart; no other
+        // view can hold them (views only split this one's rows and columns apart).
+        Some(unsafe { std::slice::from_raw_parts_mut(self.ptr.add(i0 * self.rs), len) })
+    }
+
     /// The tile at (i, j) of `rows × cols` elements with contiguous columns, as a raw
     /// pointer and row stride for a micro-kernel; None unless the tile is inside the
     /// view and `cs == 1`.
@@ -327,6 +339,21 @@ impl<'a> MatParts<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn contiguous_rows_come_as_one_run() {
+        let mut data: Vec<f32> = (0..12).map(|v| v as f32).collect();
+        let mut m = MatMut::row_major(&mut data, 3, 4).unwrap();
+        assert_eq!(
+            m.rows_run(1, 5).unwrap(),
+            &[4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0]
+        );
+        assert!(m.rows_run(3, 1).is_none());
+        // Rows of a column split are not contiguous.
+        let (mut left, _) = m.split_at_col(2);
+        assert!(left.rows_run(0, 1).is_none());
+        assert_eq!(left.row_run(1, 0, 2).unwrap(), &[4.0, 5.0]);
+    }
 
     #[test]
     fn views_are_checked() {

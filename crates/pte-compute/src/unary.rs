@@ -42,11 +42,6 @@ pub enum UnaryFn {
     LeakyRelu { slope: f32 },
     /// An activation of [`crate::elementwise`] (identity, sigmoid, tanh, GELU, ...).
     Act(Activation),
-    /// Hardswish as XNNPACK computes it, `x · clamp(x · ⅙ + ½, 0, 1)` with one fused
-    /// multiply-add: PyTorch's function (`x · clamp(x + 3, 0, 6) / 6`, kept by
-    /// [`Activation::HardSwish`]) rounded otherwise, and without its division, which
-    /// made the node three times as slow as upstream's.
-    HardSwishFused,
 }
 
 impl UnaryFn {
@@ -86,7 +81,6 @@ fn eval<const FMA: bool>(f: UnaryFn, x: f32) -> f32 {
             }
         }
         UnaryFn::Act(a) => act::<FMA>(a, x),
-        UnaryFn::HardSwishFused => x * clamp(crate::arch::madd::<FMA>(x, 1.0 / 6.0, 0.5), 0.0, 1.0),
     }
 }
 
@@ -108,6 +102,12 @@ macro_rules! per_fn {
                         v
                     ))
                 }
+                Activation::HardSwishFused => {
+                    each!($out, $x, $min, $max, |v| act::<$fma>(
+                        Activation::HardSwishFused,
+                        v
+                    ))
+                }
                 Activation::HardSigmoid => {
                     each!($out, $x, $min, $max, |v| act::<$fma>(
                         Activation::HardSigmoid,
@@ -124,10 +124,6 @@ macro_rules! per_fn {
             UnaryFn::Square => each!($out, $x, $min, $max, |v: f32| v * v),
             UnaryFn::Sqrt => each!($out, $x, $min, $max, |v: f32| v.sqrt()),
             UnaryFn::Exp => each!($out, $x, $min, $max, |v| math::exp::<$fma>(v)),
-            UnaryFn::HardSwishFused => each!($out, $x, $min, $max, |v| eval::<$fma>(
-                UnaryFn::HardSwishFused,
-                v
-            )),
             other => each!($out, $x, $min, $max, |v| eval::<$fma>(other, v)),
         }
     };
@@ -185,7 +181,7 @@ mod tests {
             UnaryFn::Act(Activation::Tanh),
             UnaryFn::Act(Activation::Gelu),
             UnaryFn::Act(Activation::HardSwish),
-            UnaryFn::HardSwishFused,
+            UnaryFn::Act(Activation::HardSwishFused),
         ];
         for isa in Isa::available() {
             for f in fns {
@@ -198,7 +194,7 @@ mod tests {
                         // Absolute in units of |x| (see `math`), each side.
                         tol += 5e-7 * v.abs();
                     }
-                    if f == UnaryFn::HardSwishFused {
+                    if f == UnaryFn::Act(Activation::HardSwishFused) {
                         // The fused and the plain multiply-add round `x/6 + 1/2` apart.
                         tol += f32::EPSILON * v.abs();
                     }
@@ -225,7 +221,7 @@ mod tests {
         assert_eq!(UnaryFn::Ceil.apply_scalar(-1.5), -1.0);
         // Hardswish: zero up to -3, the identity from 3, PyTorch's values within a
         // rounding between (XNNPACK's formula).
-        let hs = UnaryFn::HardSwishFused;
+        let hs = UnaryFn::Act(Activation::HardSwishFused);
         assert_eq!(hs.apply_scalar(-3.5), -0.0);
         assert_eq!(hs.apply_scalar(-3.0), -0.0);
         assert_eq!(hs.apply_scalar(3.0), 3.0);

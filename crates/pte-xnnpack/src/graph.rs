@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use planus::ReadAsRoot;
+use pte_compute::elementwise::Activation;
 use pte_runtime::{NamedData, SharedBytes};
 use smallvec::SmallVec;
 
@@ -342,8 +343,8 @@ pub struct Node {
     pub max: f32,
     /// The schema's flags field.
     pub flags: u32,
-    /// A SiLU fused into the node's output (see `fuse.rs`).
-    pub fused_silu: bool,
+    /// An activation (SiLU, hardswish) fused into the node's output (see `fuse.rs`).
+    pub fused: Option<Activation>,
     /// On a depthwise convolution: the pointwise convolutions (and residual addition)
     /// fused around it (see `fuse.rs`).
     pub chain: Option<Box<Chain>>,
@@ -481,7 +482,7 @@ impl Graph {
                     min: f32::NEG_INFINITY,
                     max: f32::INFINITY,
                     flags: 0,
-                    fused_silu: false,
+                    fused: None,
                     chain: None,
                 });
             } else {
@@ -1124,7 +1125,7 @@ fn read_node(
         min,
         max,
         flags: 0,
-        fused_silu: false,
+        fused: None,
         chain: None,
     };
     // Field reads: errors name the node.

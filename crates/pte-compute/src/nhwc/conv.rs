@@ -834,9 +834,15 @@ impl ConvNhwc {
                     }
                     let complete = go + 1 == outer && q0 + block >= cols.end;
                     if complete && rest != Activation::Identity {
-                        for i in r..r + rows {
-                            if let Some(row) = c.row_run(i, 0, c.cols()) {
-                                elementwise::activate(isa, row, rest);
+                        // The strip at once when its rows are contiguous (a call per
+                        // row of 16 channels cost more than the activation).
+                        if let Some(run) = c.rows_run(r, rows) {
+                            elementwise::activate(isa, run, rest);
+                        } else {
+                            for i in r..r + rows {
+                                if let Some(row) = c.row_run(i, 0, c.cols()) {
+                                    elementwise::activate(isa, row, rest);
+                                }
                             }
                         }
                     }

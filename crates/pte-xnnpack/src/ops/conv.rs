@@ -123,7 +123,7 @@ struct FloatConv {
     cout: usize,
     layer: Option<(ConvNhwc, [usize; 2])>,
     /// A SiLU fused into the output.
-    silu: bool,
+    fused: Option<Activation>,
     /// The method's threads, to pack the weights on.
     pool: Arc<ThreadPool>,
     _charge: Charge,
@@ -174,16 +174,16 @@ impl FloatConv {
             geo.conv2d(groups * cig, groups * cog, groups),
             weights,
             bias.as_deref(),
-            activation(self.min, self.max, self.silu),
+            activation(self.min, self.max, self.fused),
         )
         .map_err(|e| e.to_string())
     }
 }
 
-/// The activation of a float layer: its output bounds, or a fused SiLU.
-pub(crate) fn activation(min: f32, max: f32, silu: bool) -> Activation {
-    if silu {
-        Activation::Silu
+/// The activation of a float layer: its output bounds, or a fused activation.
+pub(crate) fn activation(min: f32, max: f32, fused: Option<Activation>) -> Activation {
+    if let Some(a) = fused {
+        a
     } else if min == f32::NEG_INFINITY && max == f32::INFINITY {
         Activation::Identity
     } else {
@@ -244,7 +244,7 @@ pub(crate) fn convolution(cx: &NodeCx<'_>, g: &ConvGeometry, kind: Kind) -> PRes
     match (family(x), family(y)) {
         (Family::Float, Family::Float) => {
             let bounds = cx.bounds()?;
-            let conv = float_conv(cx, g, kind, bounds, cx.node.fused_silu)?;
+            let conv = float_conv(cx, g, kind, bounds, cx.node.fused)?;
             Prepared::capturing(conv, &[1, 2])
         }
         (Family::QInt8, Family::QInt8) => quant_conv::<i8>(cx, g, kind, cin, cout),
@@ -279,7 +279,7 @@ fn float_conv(
     g: &ConvGeometry,
     kind: Kind,
     (min, max): (f32, f32),
-    silu: bool,
+    fused: Option<Activation>,
 ) -> PResult<FloatConv> {
     let (w, b) = (cx.input(1)?, cx.opt_input(2)?);
     if cx.node.flags != 0 {
@@ -310,7 +310,7 @@ fn float_conv(
         cin,
         cout,
         layer: None,
-        silu,
+        fused,
         pool: cx.pool.clone(),
         _charge: charge,
     })
@@ -331,28 +331,28 @@ struct ChainConv {
 
 /// Prepares a fused chain (see `fuse.rs`): each layer from its own node.
 fn depthwise_chain(cx: &NodeCx<'_>, chain: &Chain) -> PResult<Prepared> {
-    let layer = |node: &Node, kind: Kind, bounds: (f32, f32), silu: bool| {
+    let layer = |node: &Node, kind: Kind, bounds: (f32, f32), fused: Option<Activation>| {
         let (Op::Conv2d(g) | Op::DepthwiseConv2d(g)) = &node.op else {
             return Err(PrepareError::from("a fused layer is not a convolution"));
         };
         let sub = NodeCx { node, ..*cx };
-        float_conv(&sub, g, kind, bounds, silu)
+        float_conv(&sub, g, kind, bounds, fused)
     };
     let node = cx.node;
     let own = (node.min, node.max);
     let expand = chain
         .expand
         .as_ref()
-        .map(|e| layer(e, Kind::Regular, (e.min, e.max), e.fused_silu))
+        .map(|e| layer(e, Kind::Regular, (e.min, e.max), e.fused))
         .transpose()?;
-    let depthwise = layer(node, Kind::Depthwise, own, node.fused_silu)?;
+    let depthwise = layer(node, Kind::Depthwise, own, node.fused)?;
     // A residual addition's bounds apply after it, the projection's own being none.
     let project = chain
         .project
         .as_ref()
         .map(|p| match chain.residual {
-            Some(bounds) => layer(p, Kind::Regular, bounds, false),
-            None => layer(p, Kind::Regular, (p.min, p.max), p.fused_silu),
+            Some(bounds) => layer(p, Kind::Regular, bounds, None),
+            None => layer(p, Kind::Regular, (p.min, p.max), p.fused),
         })
         .transpose()?;
     let all_float = [cx.input(0)?, cx.output(0)?]

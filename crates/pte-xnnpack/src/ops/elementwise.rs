@@ -41,7 +41,7 @@ fn unary_fn(op: UnaryOp) -> UnaryFn {
         UnaryOp::Tanh => UnaryFn::Act(Activation::Tanh),
         UnaryOp::Sigmoid => UnaryFn::Act(Activation::Sigmoid),
         UnaryOp::Gelu => UnaryFn::Act(Activation::Gelu),
-        UnaryOp::Hardswish => UnaryFn::HardSwishFused,
+        UnaryOp::Hardswish => UnaryFn::Act(Activation::HardSwishFused),
         UnaryOp::Elu { alpha } => UnaryFn::Elu { alpha },
         UnaryOp::LeakyRelu { slope } => UnaryFn::LeakyRelu { slope },
         UnaryOp::Clamp => UnaryFn::Act(Activation::Identity),

@@ -10,6 +10,7 @@
 //!   float per row and channel (and block), plus the float bias.
 
 use pte_compute::conv::Conv2dParams;
+use pte_compute::elementwise::Activation;
 use pte_compute::qconv::{QConvNhwc, QuantParams};
 use pte_compute::qgemm::{qgemm, PackedI8, Rows};
 use pte_compute::{Bias, Epilogue, Gemm, Lhs, MatMut, MatRef, PackedB, Rhs};
@@ -82,7 +83,7 @@ struct FloatFc {
     min: f32,
     max: f32,
     /// A SiLU fused into the output.
-    silu: bool,
+    fused: Option<Activation>,
     _charge: Charge,
 }
 
@@ -149,7 +150,7 @@ impl Kernel for FloatFc {
         let epi = Epilogue {
             accumulate: false,
             bias,
-            activation: super::conv::activation(self.min, self.max, self.silu),
+            activation: super::conv::activation(self.min, self.max, self.fused),
         };
         self.gemm
             .run(
@@ -232,7 +233,7 @@ fn float_fc(cx: &NodeCx<'_>, transpose: bool) -> PResult<Prepared> {
             bias,
             min,
             max,
-            silu: cx.node.fused_silu,
+            fused: cx.node.fused,
             _charge: charge,
         },
         &captured,
