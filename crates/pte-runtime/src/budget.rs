@@ -158,8 +158,9 @@ impl std::fmt::Debug for Charge {
     }
 }
 
-/// A 16-byte aligned byte buffer whose allocation is charged to a budget: grows fallibly,
-/// never past the budget, and gives its memory back when released or dropped.
+/// A cache-line (64-byte) aligned byte buffer whose allocation is charged to a budget:
+/// grows fallibly, never past the budget, and gives its memory back when released or
+/// dropped.
 #[derive(Debug)]
 pub struct Buffer {
     buf: AlignedBuf,
@@ -220,7 +221,7 @@ impl Buffer {
             .as_mut_bytes()
             .get_mut(..nbytes)
             .unwrap_or_default();
-        // The buffer is 16-byte aligned and `T` (a tensor element type) needs at most
+        // The buffer is 64-byte aligned and `T` (a tensor element type) needs at most
         // 16; a misfit would only yield an empty slice, never undefined behaviour.
         Ok(bytemuck::try_cast_slice_mut(bytes).unwrap_or_default())
     }
