@@ -23,7 +23,7 @@ pub(crate) const MAX_ROW_TAPS: usize = 81;
 const MAX_MR: usize = 12;
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(super) mod x86 {
     use std::arch::x86_64::*;
 
     use super::super::RawPost;
@@ -185,7 +185,7 @@ mod x86 {
     /// `n` values are readable from `p`; nothing past them is touched.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn avx2_load_first(p: *const f32, n: usize) -> __m256 {
+    pub(in crate::arch) unsafe fn avx2_load_first(p: *const f32, n: usize) -> __m256 {
         // SAFETY: the caller's contract; masked lanes do not fault.
         unsafe {
             if n >= 8 {
@@ -202,7 +202,7 @@ mod x86 {
     /// `n` values are writable from `p`; nothing past them is touched.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    unsafe fn avx2_store_first(p: *mut f32, n: usize, v: __m256) {
+    pub(in crate::arch) unsafe fn avx2_store_first(p: *mut f32, n: usize, v: __m256) {
         // SAFETY: the caller's contract; masked lanes do not fault.
         unsafe {
             if n >= 8 {
@@ -226,7 +226,7 @@ mod x86 {
     /// `n` values are readable from `p`; nothing past them is touched.
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[inline]
-    unsafe fn avx512_load_first(p: *const f32, n: usize) -> __m512 {
+    pub(in crate::arch) unsafe fn avx512_load_first(p: *const f32, n: usize) -> __m512 {
         // SAFETY: the caller's contract; masked lanes do not fault.
         unsafe { _mm512_maskz_loadu_ps(avx512_mask(n), p) }
     }
@@ -237,7 +237,7 @@ mod x86 {
     /// `n` values are writable from `p`; nothing past them is touched.
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[inline]
-    unsafe fn avx512_store_first(p: *mut f32, n: usize, v: __m512) {
+    pub(in crate::arch) unsafe fn avx512_store_first(p: *mut f32, n: usize, v: __m512) {
         // SAFETY: the caller's contract; masked lanes do not fault.
         unsafe { _mm512_mask_storeu_ps(p, avx512_mask(n), v) }
     }

@@ -18,6 +18,7 @@
 #[cfg(target_arch = "aarch64")]
 mod aarch64;
 mod generic;
+mod grouped;
 mod indirect;
 mod lanes;
 mod q8;
@@ -30,6 +31,10 @@ pub(crate) use lanes::Avx2;
 pub(crate) use lanes::Wide;
 pub(crate) use lanes::{Lanes, Scalar};
 
+pub(crate) use grouped::{
+    grouped_interleaves, grouped_microkernel, interleave_vectors, GroupedOut, GroupedRows,
+    GROUPED_MR,
+};
 pub(crate) use indirect::{
     depthwise_pixels, indirect_microkernel, IndirectRows, PanelRun, PixelTaps,
     MAX_ROW_TAPS as Q8_MAX_TAPS, MAX_TAPS as INDIRECT_TAPS,

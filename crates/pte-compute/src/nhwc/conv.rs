@@ -14,8 +14,10 @@ use crate::mat::{MatMut, MatRef, MAX_PARTS};
 use crate::pool::FirstError;
 use crate::pool::ThreadPool;
 
+mod grouped;
 mod winograd;
 
+use grouped::Grouped;
 use winograd::{Variant, Winograd};
 
 enum Algo {
@@ -33,6 +35,9 @@ enum Algo {
     /// is copied with its padding, so that a whole kernel row of a pixel's receptive
     /// field is one run of `kw · c_in` values for the indirect micro-kernel.
     Rows { weights: PackedB },
+    /// Few output channels per group: blocks of groups on the interleaved kernel
+    /// ([`grouped`]).
+    Grouped(Grouped),
 }
 
 /// How the indirect micro-kernel's segments cover a receptive field.
@@ -97,6 +102,8 @@ impl ConvNhwc {
                 arranged.extend((0..cout).map(|o| weights.at((o, t, 0), taps, 1, cout)));
             }
             Algo::Depthwise { weights: arranged }
+        } else if Grouped::applies(gemm.isa(), &p) {
+            Algo::Grouped(Grouped::new(gemm.isa(), &p, &weights)?)
         } else {
             let mut packed = Vec::with_capacity(p.groups);
             let mut reordered = Vec::new();
@@ -166,6 +173,7 @@ impl ConvNhwc {
             Algo::Depthwise { weights } => weights.len() * 4,
             Algo::Rows { weights } => weights.bytes(),
             Algo::Winograd(w) => w.bytes(),
+            Algo::Grouped(g) => g.bytes(),
         };
         w + (self.bias.len() + self.zero.len()) * 4
     }
@@ -180,7 +188,8 @@ impl ConvNhwc {
         self.out
     }
 
-    /// "pointwise", "indirect", "depthwise", "rows", "winograd-2x2" or "winograd-4x4".
+    /// "pointwise", "indirect", "depthwise", "rows", "grouped", "winograd-2x2" or
+    /// "winograd-4x4".
     pub fn algorithm(&self) -> &'static str {
         match &self.algo {
             Algo::Gemm {
@@ -189,6 +198,7 @@ impl ConvNhwc {
             Algo::Gemm { .. } => "indirect",
             Algo::Depthwise { .. } => "depthwise",
             Algo::Rows { .. } => "rows",
+            Algo::Grouped(_) => "grouped",
             Algo::Winograd(w) => w.name(),
         }
     }
@@ -203,6 +213,7 @@ impl ConvNhwc {
         match &self.algo {
             Algo::Gemm { .. } | Algo::Depthwise { .. } => Ok(0),
             Algo::Winograd(w) => w.scratch_len(&self.gemm, &self.p, threads),
+            Algo::Grouped(g) => g.scratch_len(),
             // One image with its padding.
             Algo::Rows { .. } => {
                 let p = &self.p;
@@ -366,6 +377,16 @@ impl ConvNhwc {
             }
             Algo::Winograd(w) => {
                 self.run_winograd(w, pool, input, batch, residual, output, scratch)
+            }
+            Algo::Grouped(g) => {
+                if let Some(r) = residual {
+                    output.copy_from_slice(r);
+                }
+                let (clamp, rest) = self.clamp_and_rest(residual.is_some());
+                let x = input.get(..x_len).unwrap_or_default();
+                let epilogue = (clamp, rest, residual.is_some());
+                let io = (x, output, scratch);
+                g.run(pool, self.isa(), p, self.out, io, &self.bias, epilogue)
             }
             Algo::Gemm { weights, pointwise } => {
                 if let Some(r) = residual {

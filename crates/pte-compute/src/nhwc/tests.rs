@@ -159,6 +159,66 @@ fn convolutions_match_a_direct_loop() {
             false,
         ),
         ([6, 5], [1, 1], [2, 2], [1, 1], [0; 4], 1, 6, 4, false),
+        // The interleaved grouped kernel: 8, 4, 2 and 16 output channels per group
+        // (2, 4, 8 and 1 groups per 512-bit vector), group counts that leave a last
+        // block short, input channels per group other than the outputs', stride 2,
+        // dilation, asymmetric padding, and outputs wider than a tile.
+        (
+            [14, 15],
+            [3, 3],
+            [2, 2],
+            [1, 1],
+            [1, 1, 1, 1],
+            6,
+            8,
+            8,
+            false,
+        ),
+        (
+            [5, 17],
+            [3, 3],
+            [1, 1],
+            [2, 1],
+            [2, 0, 1, 1],
+            7,
+            3,
+            4,
+            false,
+        ),
+        (
+            [6, 6],
+            [3, 3],
+            [1, 2],
+            [1, 1],
+            [1, 1, 1, 1],
+            12,
+            5,
+            2,
+            false,
+        ),
+        (
+            [7, 5],
+            [1, 3],
+            [1, 1],
+            [1, 1],
+            [0, 1, 0, 1],
+            3,
+            16,
+            16,
+            false,
+        ),
+        ([4, 4], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 5, 2, 8, false),
+        (
+            [6, 7],
+            [3, 3],
+            [2, 2],
+            [1, 1],
+            [1, 1, 1, 1],
+            10,
+            4,
+            4,
+            false,
+        ),
         ([7, 9], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 37, 1, 1, true),
         ([8, 8], [3, 3], [2, 2], [1, 1], [0, 1, 1, 0], 20, 1, 1, true),
         ([6, 6], [5, 5], [1, 1], [2, 2], [4, 4, 4, 4], 5, 1, 1, true),
@@ -511,6 +571,43 @@ fn deconvolution_matches_a_scatter() {
         }
         for (a, e) in y.iter().zip(&want) {
             assert!((a - (*e as f32).clamp(-1.5, 1.5)).abs() < 1e-4);
+        }
+    }
+}
+
+#[test]
+fn few_output_channels_per_group_take_the_interleaved_kernel() {
+    let pool = ThreadPool::new(1).unwrap();
+    let g = Geometry {
+        input: [6, 6],
+        kernel: [3, 3],
+        stride: [1, 1],
+        dilation: [1, 1],
+        padding: [1; 4],
+    };
+    for isa in Isa::available() {
+        let gemm = Gemm::with_isa(isa).unwrap();
+        for (groups, cig, cog) in [(13, 8, 8), (6, 8, 8), (12, 5, 2), (3, 16, 16), (2, 8, 24)] {
+            let w = data(groups * cog * 9 * cig, 2);
+            let p = g.conv2d(groups * cig, groups * cog, groups);
+            let act = crate::Activation::Identity;
+            let conv = ConvNhwc::new(&pool, gemm, p, ConvWeights::ohwi(&w), None, act).unwrap();
+            // A vector of outputs holds whole groups.
+            let lanes = match isa {
+                Isa::Avx512 => 16,
+                Isa::Avx2 => 8,
+                _ => 0,
+            };
+            let want = if lanes > 0 && lanes % cog == 0 {
+                "grouped"
+            } else {
+                "indirect"
+            };
+            assert_eq!(
+                conv.algorithm(),
+                want,
+                "{isa:?} {groups} groups {cig} -> {cog}"
+            );
         }
     }
 }
