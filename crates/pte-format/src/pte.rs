@@ -261,6 +261,22 @@ impl<'a> Pte<'a> {
         }
     }
 
+    /// Every entry of the program's own named data, key and bytes, in file order.
+    pub fn named_data_entries(&self) -> Result<Vec<(&'a str, &'a [u8])>> {
+        let Some(named) = self.program.named_data()? else {
+            return Ok(Vec::new());
+        };
+        let mut entries = Vec::with_capacity(named.len());
+        for (i, entry) in named.iter().enumerate() {
+            let entry = entry?;
+            let key = entry
+                .key()?
+                .ok_or_else(|| FormatError::missing(format!("named_data[{i}].key")))?;
+            entries.push((key, self.segment(entry.segment_index()? as usize)?));
+        }
+        Ok(entries)
+    }
+
     /// Looks up an entry of the program's own named data (used by delegates).
     pub fn named_data(&self, key: &str) -> Result<Option<&'a [u8]>> {
         let Some(named) = self.program.named_data()? else {

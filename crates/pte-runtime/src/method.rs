@@ -1,6 +1,7 @@
 //! A loaded method: its values, planned memory, prepared kernels and delegates, and the
 //! instruction loop.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -193,21 +194,44 @@ fn value_index(v: i64, n: usize, what: impl Fn() -> String) -> Result<u32> {
         })
 }
 
+/// A named entry's file (`None`: the program, else a `.ptd`) and bytes, by key.
+type NameIndex<'p> = HashMap<&'p str, (Option<usize>, &'p [u8])>;
+
 struct DataNames<'p> {
     program: &'p Program,
     pte: &'p Pte<'p>,
     ptds: &'p [Ptd<'p>],
+    /// Every key and where its bytes are, the first of each key in lookup order (the `.ptd` files, then the program), built
+    /// on the first lookup: a scan per lookup made loading quadratic in the number
+    /// of named constants.
+    index: OnceLock<NameIndex<'p>>,
+}
+
+impl<'p> DataNames<'p> {
+    fn index(&self) -> &NameIndex<'p> {
+        self.index.get_or_init(|| {
+            let mut index = HashMap::new();
+            for (i, ptd) in self.ptds.iter().enumerate() {
+                for e in ptd.entries().unwrap_or_default() {
+                    index.entry(e.key).or_insert((Some(i), e.data));
+                }
+            }
+            for (key, data) in self.pte.named_data_entries().unwrap_or_default() {
+                index.entry(key).or_insert((None, data));
+            }
+            index
+        })
+    }
 }
 
 impl NamedData for DataNames<'_> {
     fn get(&self, key: &str) -> Option<SharedBytes> {
-        for (ptd, source) in self.ptds.iter().zip(&self.program.data) {
-            if let Ok(Some(e)) = ptd.get(key) {
-                return SharedBytes::within(source, e.data);
-            }
-        }
-        let data = self.pte.named_data(key).ok().flatten()?;
-        SharedBytes::within(&self.program.bytes, data)
+        let &(file, data) = self.index().get(key)?;
+        let source = match file {
+            Some(i) => self.program.data.get(i)?,
+            None => &self.program.bytes,
+        };
+        SharedBytes::within(source, data)
     }
 }
 
@@ -379,6 +403,7 @@ impl Method {
             program,
             pte: &pte,
             ptds: &ptds,
+            index: OnceLock::new(),
         };
         // Each delegate's calls, with their arguments as declared.
         let mut calls: Vec<Vec<DelegateCall>> = vec![Vec::new(); delegate_refs.len()];

@@ -507,7 +507,8 @@ struct QuantConv<T> {
     kind: Kind,
     cin: usize,
     cout: usize,
-    weights: Vec<i8>,
+    /// The weights, read (in place when int8) as the layer is built.
+    filter: Value,
     zw: i32,
     za: i32,
     bias: Vec<i32>,
@@ -541,8 +542,8 @@ impl<T: Q8> QuantConv<T> {
             output_min: min,
             output_max: max,
         };
-        QConvNhwc::new(p, self.kind == Kind::Depthwise, &self.weights, &q)
-            .map_err(|e| e.to_string())
+        let (weights, _) = int8_values(&self.filter, "filter").map_err(|e| format!("{e:?}"))?;
+        QConvNhwc::new(p, self.kind == Kind::Depthwise, &weights, &q).map_err(|e| e.to_string())
     }
 }
 
@@ -602,7 +603,7 @@ fn quant_conv<T: Q8>(
         .zip(y.per_tensor())
         .ok_or("8-bit activations need per-tensor parameters")?;
     let (weights, zw) = int8_values(w, "filter")?;
-    // The weights kept and their prepared copy (depthwise: widened to 32 bits; else
+    // The weights (a copy unless int8) and their prepared copy (depthwise: widened to 32 bits; else
     // panels of 32 channels, each tap's depth padded to four after up to three copies
     // of each channel for a weight zero point), the bias and scales.
     let taps = u(g.kernel[0]).saturating_mul(u(g.kernel[1]));
@@ -634,7 +635,7 @@ fn quant_conv<T: Q8>(
             kind,
             cin,
             cout,
-            weights,
+            filter: w.clone(),
             zw,
             za,
             bias: quant_bias(b, cout)?,
