@@ -37,6 +37,9 @@ pub enum Error {
     /// A size computation overflowed `usize`.
     #[error("size of {what} overflows")]
     SizeOverflow { what: &'static str },
+    /// The allocator could not give `len` elements for `what`.
+    #[error("out of memory for {what} ({len} elements)")]
+    OutOfMemory { what: &'static str, len: usize },
     /// A parameter is out of its domain (zero stride, kernel larger than the input...).
     #[error("invalid parameter: {what}")]
     InvalidParameter { what: String },

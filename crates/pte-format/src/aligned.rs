@@ -34,9 +34,7 @@ fn zeroed_words(words: usize, bytes: usize) -> Result<Vec<Line>, AllocError> {
     if words == 0 {
         return Ok(Vec::new());
     }
-    bytemuck::allocation::try_zeroed_slice_box::<Line>(words)
-        .map(Vec::from)
-        .map_err(|()| AllocError { bytes })
+    pte_alloc::try_zeroed_vec::<Line>(words).ok_or(AllocError { bytes })
 }
 
 impl AlignedBuf {

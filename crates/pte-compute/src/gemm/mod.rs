@@ -103,7 +103,11 @@ impl Panels {
         let len = pack::packed_len(lines, depth, w).ok_or(Error::SizeOverflow {
             what: "packed operand",
         })?;
-        let mut buf = vec![0.0; error::add(len, ALIGN, "packed operand")?];
+        let total = error::add(len, ALIGN, "packed operand")?;
+        let mut buf = pte_alloc::try_zeroed_vec::<f32>(total).ok_or(Error::OutOfMemory {
+            what: "packed operand",
+            len: total,
+        })?;
         let offset = buf.as_ptr().align_offset(ALIGN * 4).min(ALIGN - 1);
         let panel = depth * w;
         if let Some(dst) = buf.get_mut(offset..offset + len).filter(|_| panel > 0) {
