@@ -173,6 +173,9 @@ pub trait QByte: Copy + Send + Sync + sealed::Sealed {
     fn quantize(x: &[f32], out: &mut [Self], inv_scale: f32, zero: i32);
     /// `out = (x - zero) · scale`, on the best instruction set.
     fn dequantize(x: &[Self], out: &mut [f32], scale: f32, zero: i32);
+    /// `sums[j] += row[j]` for each row of `x` (`stride` values apart, the last one
+    /// possibly shorter), wrapping: column sums of a mean, on the best instruction set.
+    fn column_sums(sums: &mut [i32], x: &[Self], stride: usize);
 }
 
 /// One value of [`QByte::quantize`], before the zero point: `lo`, `hi` bound it.
@@ -204,6 +207,9 @@ impl QByte for i8 {
     fn dequantize(x: &[i8], out: &mut [f32], scale: f32, zero: i32) {
         dequantize_i8(Isa::best(), x, out, scale, zero);
     }
+    fn column_sums(sums: &mut [i32], x: &[i8], stride: usize) {
+        column_sums_i8(Isa::best(), sums, x, stride);
+    }
 }
 
 impl QByte for u8 {
@@ -222,6 +228,29 @@ impl QByte for u8 {
     }
     fn dequantize(x: &[u8], out: &mut [f32], scale: f32, zero: i32) {
         dequantize_u8(Isa::best(), x, out, scale, zero);
+    }
+    fn column_sums(sums: &mut [i32], x: &[u8], stride: usize) {
+        column_sums_u8(Isa::best(), sums, x, stride);
+    }
+}
+
+multiversion! {
+    fn column_sums_i8<const FMA: bool>(sums: &mut [i32], x: &[i8], stride: usize) {
+        for row in x.chunks(stride.max(1)) {
+            for (s, &v) in sums.iter_mut().zip(row) {
+                *s = s.wrapping_add(i32::from(v));
+            }
+        }
+    }
+}
+
+multiversion! {
+    fn column_sums_u8<const FMA: bool>(sums: &mut [i32], x: &[u8], stride: usize) {
+        for row in x.chunks(stride.max(1)) {
+            for (s, &v) in sums.iter_mut().zip(row) {
+                *s = s.wrapping_add(i32::from(v));
+            }
+        }
     }
 }
 
