@@ -27,6 +27,8 @@ pub(crate) struct GroupedRows<'a> {
 /// block of fewer groups stores fewer), row `i` at `c[i · rs..]`, with the bias of
 /// those channels and a clamp; `accumulate` adds the values already there (a
 /// residual) before the bias.
+// Only the x86 kernels read the epilogue (other architectures have none).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct GroupedOut<'a> {
     pub c: &'a mut [f32],
     pub cols: usize,
