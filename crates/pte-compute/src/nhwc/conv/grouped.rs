@@ -125,8 +125,8 @@ impl Grouped {
         let copy = scratch
             .get_mut(..needed)
             .ok_or(error::Error::ScratchTooSmall { len, needed })?;
-        let cig = p.channels_per_group().0;
-        let (cout, cog, lanes) = (p.out_channels, p.channels_per_group().1, isa.lanes());
+        let (cig, cog) = p.channels_per_group();
+        let (cout, lanes) = (p.out_channels, isa.lanes());
         let (block_in, block_w) = (self.q * cig, self.taps.len() * cig * lanes);
         let [oh, ow] = out;
         let tiles = (oh * ow).div_ceil(GROUPED_MR);
