@@ -277,20 +277,6 @@ impl<'a> Pte<'a> {
         Ok(entries)
     }
 
-    /// Looks up an entry of the program's own named data (used by delegates).
-    pub fn named_data(&self, key: &str) -> Result<Option<&'a [u8]>> {
-        let Some(named) = self.program.named_data()? else {
-            return Ok(None);
-        };
-        for entry in named.iter() {
-            let entry = entry?;
-            if entry.key()? == Some(key) {
-                return self.segment(entry.segment_index()? as usize).map(Some);
-            }
-        }
-        Ok(None)
-    }
-
     /// Checks, once at open, every index and offset that names another part of the file.
     fn check_indices(&self) -> Result<()> {
         let p = self.program;

@@ -201,9 +201,9 @@ struct DataNames<'p> {
     program: &'p Program,
     pte: &'p Pte<'p>,
     ptds: &'p [Ptd<'p>],
-    /// Every key and where its bytes are, the first of each key in lookup order (the `.ptd` files, then the program), built
-    /// on the first lookup: a scan per lookup made loading quadratic in the number
-    /// of named constants.
+    /// Every key and where its bytes are, the first of each key in lookup order (the
+    /// `.ptd` files, then the program), built on the first lookup: a scan per lookup
+    /// made loading quadratic in the number of named constants.
     index: OnceLock<NameIndex<'p>>,
 }
 

@@ -603,9 +603,9 @@ fn quant_conv<T: Q8>(
         .zip(y.per_tensor())
         .ok_or("8-bit activations need per-tensor parameters")?;
     let (weights, zw) = int8_values(w, "filter")?;
-    // The weights (a copy unless int8) and their prepared copy (depthwise: widened to 32 bits; else
-    // panels of 32 channels, each tap's depth padded to four after up to three copies
-    // of each channel for a weight zero point), the bias and scales.
+    // The weights (a copy unless int8) and their prepared copy (depthwise: widened to
+    // 32 bits; else panels of 32 channels, each tap's depth padded to four after up to
+    // three copies of each channel for a weight zero point), the bias and scales.
     let taps = u(g.kernel[0]).saturating_mul(u(g.kernel[1]));
     let prepared = match kind {
         Kind::Depthwise => weights.len().saturating_mul(4),
