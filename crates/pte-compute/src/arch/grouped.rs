@@ -5,7 +5,8 @@
 //! copied with the same interleave (channel `i` of the `q` groups side by side), so
 //! that each depth step broadcasts `q` adjacent input values as one pattern and every
 //! lane does useful work. A tile puts its accumulators back in channel order once,
-//! before its store.
+//! before its store. The 8-bit VNNI kernel (`q8.rs`) interleaves the same way, four
+//! bytes at a time; its input copy and lane orders are here.
 
 use super::Isa;
 use crate::error::{Error, Result};
@@ -154,6 +155,70 @@ pub(crate) fn interleave_vectors(isa: Isa, q: usize, dst: &mut [f32], src: &[f32
     0
 }
 
+/// Interleaves the 4-byte quads of blocks of `q` groups from `src` into `dst` as the
+/// interleaved 8-bit kernel reads them, each byte shifted by `flip` (XOR): in a block
+/// of `block` quads (`q` groups of `block / q`), quad `p` of group `g` goes from `g ·
+/// block / q + p` to `p · q + g`. Pixels are `dst_pixel` bytes apart in `dst` (whole
+/// blocks) and `src_pixel` in `src` (as many or fewer: a last block's missing groups
+/// read `fill`, unshifted). Returns false, with nothing written, without AVX-512 or
+/// where the shapes do not fit a vector's permutation; the caller copies instead.
+pub(crate) fn interleave_quads(
+    (q, block): (usize, usize),
+    (flip, fill): (u8, u8),
+    (dst, dst_pixel): (&mut [u8], usize),
+    (src, src_pixel): (&[u8], usize),
+) -> bool {
+    let pixels = dst.len().checked_div(dst_pixel).unwrap_or(0);
+    let fits = block > 0
+        && 16 % block == 0
+        && block.is_multiple_of(q)
+        && dst_pixel.is_multiple_of(4 * block)
+        && src_pixel.is_multiple_of(4)
+        && src_pixel <= dst_pixel
+        && pixels
+            .checked_mul(src_pixel)
+            .is_some_and(|n| n <= src.len());
+    if !fits || pixels == 0 {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if Isa::Avx512.is_available() {
+        // SAFETY: `pixels` pixels of `dst_pixel` bytes in `dst` and of `src_pixel` in
+        // `src` (checked above); AVX-512F is available.
+        unsafe {
+            x86::interleave_quads512(
+                (q, block),
+                (flip, fill),
+                (dst.as_mut_ptr(), dst_pixel),
+                (src.as_ptr(), src_pixel),
+                pixels,
+            )
+        };
+        return true;
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (flip, fill);
+    false
+}
+
+/// For lane `j = i · q + g` of a block of `block` lanes (from `j`'s block start), the
+/// lane of the source that holds it: `g · block / q + i`.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn interleaved<const L: usize>(q: usize, block: usize) -> [i32; L] {
+    std::array::from_fn(|j| {
+        let (base, k) = (j / block * block, j % block);
+        (base + (k % q) * (block / q) + k / q) as i32
+    })
+}
+
+/// For lane `j` of a vector of `L / q` outputs of each of `q` groups (channel order),
+/// the lane of the interleaved accumulator that holds it: `(j % cog) · q + j / cog`.
+#[cfg(target_arch = "x86_64")]
+pub(super) fn lane_order<const L: usize>(q: usize) -> [i32; L] {
+    let cog = L / q;
+    std::array::from_fn(|j| ((j % cog) * q + j / cog) as i32)
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
@@ -213,26 +278,13 @@ mod x86 {
         }
     }
 
-    /// For lane `j` of the stored vector (channel order), the accumulator lane that
-    /// holds it: `(j % cog) · q + j / cog`.
-    fn order<const L: usize>(q: usize) -> [i32; L] {
-        let cog = L / q;
-        std::array::from_fn(|j| ((j % cog) * q + j / cog) as i32)
-    }
-
-    /// For lane `j = i · q + g` of an interleaved vector, the lane of the input that
-    /// holds it: `g · L / q + i`.
-    fn interleaved<const L: usize>(q: usize) -> [i32; L] {
-        std::array::from_fn(|j| ((j % q) * (L / q) + j / q) as i32)
-    }
-
     /// # Safety
     /// AVX-512F; `n` values (a multiple of 16) at both pointers.
     #[target_feature(enable = "avx512f,avx2,fma")]
     pub(super) unsafe fn interleave512(q: usize, dst: *mut f32, src: *const f32, n: usize) {
         // SAFETY: the caller's contract: whole vectors inside both.
         unsafe {
-            let idx = _mm512_loadu_si512(interleaved::<16>(q).as_ptr().cast());
+            let idx = _mm512_loadu_si512(super::interleaved::<16>(q, 16).as_ptr().cast());
             for v in (0..n).step_by(16) {
                 let x = _mm512_loadu_ps(src.add(v));
                 _mm512_storeu_ps(dst.add(v), _mm512_permutexvar_ps(idx, x));
@@ -246,10 +298,47 @@ mod x86 {
     pub(super) unsafe fn interleave256(q: usize, dst: *mut f32, src: *const f32, n: usize) {
         // SAFETY: the caller's contract: whole vectors inside both.
         unsafe {
-            let idx = _mm256_loadu_si256(interleaved::<8>(q).as_ptr().cast());
+            let idx = _mm256_loadu_si256(super::interleaved::<8>(q, 8).as_ptr().cast());
             for v in (0..n).step_by(8) {
                 let x = _mm256_loadu_ps(src.add(v));
                 _mm256_storeu_ps(dst.add(v), _mm256_permutevar8x32_ps(x, idx));
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX-512F; `pixels` pixels of `dp` bytes at `dst` and of `sp` at `src`, `dp` a
+    /// multiple of `4 · block` and `sp` of 4, `sp <= dp`; `block` divides 16 and is a
+    /// multiple of `q`.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    pub(super) unsafe fn interleave_quads512(
+        (q, block): (usize, usize),
+        (flip, fill): (u8, u8),
+        (dst, dp): (*mut u8, usize),
+        (src, sp): (*const u8, usize),
+        pixels: usize,
+    ) {
+        let mask = |n: usize| u16::try_from((1u32 << n.min(16)) - 1).unwrap_or(u16::MAX);
+        // Quads per pixel.
+        let (dq, sq) = (dp / 4, sp / 4);
+        // SAFETY: the caller's contract: each vector's lanes below the masks lie inside
+        // its pixel of both; a permutation stays inside the blocks of a vector.
+        unsafe {
+            let idx = _mm512_loadu_si512(super::interleaved::<16>(q, block).as_ptr().cast());
+            // The fill shifted back, so that the shift of every lane restores it.
+            let fill = _mm512_set1_epi8((fill ^ flip) as i8);
+            let flip = _mm512_set1_epi8(flip as i8);
+            for px in 0..pixels {
+                let (d, s) = (dst.add(px * dp), src.add(px * sp));
+                for v in (0..dq).step_by(16) {
+                    let x = _mm512_mask_loadu_epi32(
+                        fill,
+                        mask(sq.saturating_sub(v)),
+                        s.add(4 * v).cast(),
+                    );
+                    let x = _mm512_permutexvar_epi32(idx, _mm512_xor_si512(x, flip));
+                    _mm512_mask_storeu_epi32(d.add(4 * v).cast(), mask(dq - v), x);
+                }
             }
         }
     }
@@ -294,7 +383,7 @@ mod x86 {
                     }
                 }
                 // SAFETY: `lanes` indices read from a local array.
-                let idx = unsafe { $order(order::<$lanes>(Q).as_ptr().cast()) };
+                let idx = unsafe { $order(super::lane_order::<$lanes>(Q).as_ptr().cast()) };
                 let (lo, hi) = ($set1(k.clamp.0), $set1(k.clamp.1));
                 // SAFETY: `cols` bias values and R rows of `cols` outputs at `rs`.
                 unsafe {

@@ -317,11 +317,11 @@ enum Source<'a, T> {
     /// Row `i` of tap `t` starts at `a[t · tap + i · row]`: a stem convolution's
     /// pixels in one output row, a fixed distance apart in its padded input.
     Strided { a: &'a [T], row: usize, tap: usize },
-    /// Row `i` of tap `t` starts at `a[taps[t] + i · row]`: a grouped convolution's
-    /// pixels in one output row, in its padded input, each tap a fixed offset.
+    /// Row `i` of tap `t` starts at `a[pixels[i] + taps[t]]`: a grouped convolution's
+    /// pixels (across output rows) in its padded input, each tap a fixed offset.
     Table {
         a: &'a [T],
-        row: usize,
+        pixels: &'a [usize],
         taps: &'a [usize],
     },
 }
@@ -382,30 +382,30 @@ impl<'a, T> IndirectRows<'a, T> {
         }
     }
 
-    /// Rows at fixed offsets in `a`: row `i` of tap `t` starts at `taps[t] + i · row`
-    /// (one tap per offset); checks that every row ends inside `a`. Any number of rows,
-    /// as [`Self::strided`].
+    /// Rows at offsets in `a`: row `i` of tap `t` starts at `pixels[i] + taps[t]` (one
+    /// row per pixel, one tap per offset); checks that every row ends inside `a`. Any
+    /// number of rows, as [`Self::strided`].
     pub(crate) fn table(
         a: &'a [T],
-        rows: usize,
+        pixels: &'a [usize],
         taps: &'a [usize],
         kc: usize,
-        row: usize,
     ) -> Result<Self> {
         let end = (|| {
-            rows.checked_sub(1)?
-                .checked_mul(row)?
+            pixels
+                .iter()
+                .max()?
                 .checked_add(*taps.iter().max()?)?
                 .checked_add(kc)
         })();
         match end {
             Some(end) if end <= a.len() && taps.len() <= MAX_ROW_TAPS => Ok(Self {
-                source: Source::Table { a, row, taps },
-                rows,
+                source: Source::Table { a, pixels, taps },
+                rows: pixels.len(),
                 taps: taps.len(),
                 kc,
             }),
-            _ => Err(Self::invalid(rows, taps.len(), kc, a.len())),
+            _ => Err(Self::invalid(pixels.len(), taps.len(), kc, a.len())),
         }
     }
 
@@ -429,9 +429,9 @@ impl<'a, T> IndirectRows<'a, T> {
                 row,
                 tap,
             },
-            Source::Table { a, row, taps } => Source::Table {
-                a: a.get(r0 * row..).unwrap_or_default(),
-                row,
+            Source::Table { a, pixels, taps } => Source::Table {
+                a,
+                pixels: pixels.get(r0..).unwrap_or_default(),
                 taps,
             },
         };
@@ -447,7 +447,10 @@ impl<'a, T> IndirectRows<'a, T> {
         match self.source {
             Source::List(a) => a.get(t * self.rows + i).copied(),
             Source::Strided { a, row, tap } => a.get(t * tap + i * row..),
-            Source::Table { a, row, taps } => taps.get(t).and_then(|&o| a.get(o + i * row..)),
+            Source::Table { a, pixels, taps } => taps
+                .get(t)
+                .zip(pixels.get(i))
+                .and_then(|(&o, &p)| a.get(o + p..)),
         }
         .unwrap_or_default()
     }
@@ -469,9 +472,9 @@ impl<T: Copy + 'static> IndirectRows<'_, T> {
                 row,
                 tap,
             }),
-            Source::Table { a, row, taps } => Ptrs::Table(TablePtrs {
+            Source::Table { a, pixels, taps } => Ptrs::Table(TablePtrs {
                 a: a.as_ptr(),
-                row,
+                pixels: pixels.as_ptr(),
                 taps: taps.as_ptr(),
             }),
         }
@@ -528,12 +531,12 @@ impl<T: Copy> RowPtrs<T> for StridedPtrs<T> {
     }
 }
 
-/// [`Source::Table`]'s start, row distance and tap offsets.
+/// [`Source::Table`]'s start, pixel and tap offsets.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 pub(crate) struct TablePtrs<T> {
     a: *const T,
-    row: usize,
+    pixels: *const usize,
     taps: *const usize,
 }
 
@@ -541,9 +544,9 @@ pub(crate) struct TablePtrs<T> {
 impl<T: Copy> RowPtrs<T> for TablePtrs<T> {
     #[inline(always)]
     unsafe fn row(self, t: usize, i: usize, _rows: usize) -> *const T {
-        // SAFETY: t is below the table's taps and every such row was checked by
-        // `IndirectRows::table`.
-        unsafe { self.a.add(*self.taps.add(t) + i * self.row) }
+        // SAFETY: t and i are below the table's taps and pixels, and every such row
+        // was checked by `IndirectRows::table`.
+        unsafe { self.a.add(*self.taps.add(t) + *self.pixels.add(i)) }
     }
 }
 
@@ -660,13 +663,13 @@ pub(crate) fn indirect_microkernel(
                     }
                     Source::Table {
                         a,
-                        row,
+                        pixels,
                         taps: offsets,
                     } => {
                         for r0 in (0..rows).step_by(mr) {
                             let a = TablePtrs {
-                                a: a.as_ptr().add(r0 * row),
-                                row,
+                                a: a.as_ptr(),
+                                pixels: pixels.as_ptr().add(r0),
                                 taps: offsets.as_ptr(),
                             };
                             let shape = (mr.min(rows - r0), taps, kc);
@@ -821,10 +824,11 @@ mod tests {
                     .collect();
                 let mut outs = [(); 3].map(|_| vec![0f32; rows * 2 * nr]);
                 let offsets: Vec<usize> = (0..taps).map(|t| t * tap).collect();
+                let pixels: Vec<usize> = (0..rows).map(|i| i * row).collect();
                 let sources = [
                     IndirectRows::new(&list, rows, taps, kc).unwrap(),
                     IndirectRows::strided(&src[3..], rows, taps, kc, (row, tap)).unwrap(),
-                    IndirectRows::table(&src[3..], rows, &offsets, kc, row).unwrap(),
+                    IndirectRows::table(&src[3..], &pixels, &offsets, kc).unwrap(),
                 ];
                 for (out, a) in outs.iter_mut().zip(&sources) {
                     let mut c = MatMut::row_major(out, rows, 2 * nr).unwrap();
@@ -841,12 +845,14 @@ mod tests {
             assert!(IndirectRows::strided(&src, 0, 1, kc, (row, tap)).is_err());
             assert!(IndirectRows::strided(&src, 1, 0, kc, (row, tap)).is_err());
             assert!(IndirectRows::strided(&src, 2, 1, 1, (usize::MAX, 0)).is_err());
-            // A table's farthest tap bounds its rows, in any order.
+            // A table's farthest pixel and tap bound its rows, in any order.
             let offsets = [2 * tap, 0, tap];
-            assert!(IndirectRows::table(&src[..end], 12, &offsets, kc, row).is_ok());
-            assert!(IndirectRows::table(&src[..end - 1], 12, &offsets, kc, row).is_err());
-            assert!(IndirectRows::table(&src, 1, &[], kc, row).is_err());
-            assert!(IndirectRows::table(&src, 2, &[usize::MAX], 1, 1).is_err());
+            let pixels: Vec<usize> = (0..12).rev().map(|i| i * row).collect();
+            assert!(IndirectRows::table(&src[..end], &pixels, &offsets, kc).is_ok());
+            assert!(IndirectRows::table(&src[..end - 1], &pixels, &offsets, kc).is_err());
+            assert!(IndirectRows::table(&src, &[0], &[], kc).is_err());
+            assert!(IndirectRows::table(&src, &[], &[0], kc).is_err());
+            assert!(IndirectRows::table(&src, &[0, 1], &[usize::MAX], 1).is_err());
         }
     }
 
@@ -873,6 +879,7 @@ mod tests {
             };
             let offsets: Vec<usize> = (0..taps).map(|t| t * tap).collect();
             for rows in [mr + 1, 2 * mr, 2 * mr + 5, 3 * mr + 1] {
+                let pixels: Vec<usize> = (0..rows).map(|i| i * row).collect();
                 let s = src.as_slice();
                 let mut want = vec![1f32; rows * 2 * nr];
                 let mut c = MatMut::row_major(&mut want, rows, 2 * nr).unwrap();
@@ -887,7 +894,7 @@ mod tests {
                 }
                 let strips = [
                     IndirectRows::strided(s, rows, taps, kc, (row, tap)).unwrap(),
-                    IndirectRows::table(s, rows, &offsets, kc, row).unwrap(),
+                    IndirectRows::table(s, &pixels, &offsets, kc).unwrap(),
                 ];
                 for a in &strips {
                     let mut got = vec![1f32; rows * 2 * nr];

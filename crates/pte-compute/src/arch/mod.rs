@@ -32,15 +32,18 @@ pub(crate) use lanes::Wide;
 pub(crate) use lanes::{Lanes, Scalar};
 
 pub(crate) use grouped::{
-    grouped_interleaves, grouped_microkernel, interleave_vectors, GroupedOut, GroupedRows,
-    GROUPED_MR,
+    grouped_interleaves, grouped_microkernel, interleave_quads, interleave_vectors, GroupedOut,
+    GroupedRows, GROUPED_MR,
 };
 pub(crate) use indirect::{
     depthwise_pixels, indirect_microkernel, IndirectRows, PanelRun, PixelTaps,
     MAX_ROW_TAPS as Q8_MAX_TAPS, MAX_TAPS as INDIRECT_TAPS,
 };
 pub use q8::Q8Kernel;
-pub(crate) use q8::{q8_depthwise_row, q8_microkernel, Q8DwRow, Q8Panels, Q8Post, Q8_MR, Q8_NR};
+pub(crate) use q8::{
+    q8_depthwise_row, q8_microkernel, Q8DwRow, Q8Panels, Q8Post, Q8_INTERLEAVES, Q8_LANES, Q8_MR,
+    Q8_NR,
+};
 pub use q8::{requantize, round_small};
 
 use std::sync::atomic::{AtomicU8, Ordering};

@@ -13,8 +13,16 @@
 //! bias) is converted to f32, scaled by the column's scale, clamped to the output's
 //! bounds less its zero point, rounded half to even, offset by the zero point and
 //! stored as its low byte (the bounds keep it in the output type's range).
+//!
+//! Grouped convolutions with few output channels per group (regnet's 8) would fill 8
+//! of a panel's 32 columns. On VNNI their panels can instead be interleaved, as the
+//! float kernel of `grouped.rs` is: one vector of 16 columns holds the outputs of `q`
+//! groups (lane `o · q + g` is output `o` of group `g`), each row holds the `q` groups'
+//! depth steps quad by quad (quad `p` of group `g` at bytes `4 · (p · q + g)`), and
+//! each depth step broadcasts the `4 · q` bytes as one pattern.
 
 use super::indirect::IndirectRows;
+#[cfg(target_arch = "x86_64")]
 use super::Isa;
 use crate::error::{Error, Result};
 
@@ -25,13 +33,23 @@ pub(crate) const Q8_MR: usize = 12;
 
 /// Consecutive panels one call multiplies: `count` panels `stride` bytes apart, every
 /// one [`Q8_NR`] columns wide but the last, of which only `cols` are stored.
+/// `interleave` is 1, or the `q` groups (2, 4 or 8, VNNI only) of each interleaved
+/// panel, [`Q8_LANES`] columns wide (see the module docs), their stored columns in
+/// channel order; panel `k` then reads the `k`-th of `count` equal parts of each row.
 #[derive(Clone, Copy)]
 pub(crate) struct Q8Panels<'a> {
     pub data: &'a [i8],
     pub stride: usize,
     pub count: usize,
     pub cols: usize,
+    pub interleave: usize,
 }
+
+/// Columns of an interleaved panel: one vector of 32-bit sums.
+pub(crate) const Q8_LANES: usize = 16;
+
+/// The groups per interleaved panel the VNNI kernel takes.
+pub(crate) const Q8_INTERLEAVES: [usize; 3] = [2, 4, 8];
 
 /// The requantization of a tile's columns (from its first): per-column bias and
 /// scale, output zero point, and the clamp bounds less the zero point.
@@ -143,13 +161,21 @@ pub(crate) fn q8_microkernel(
     post: &Q8Post<'_>,
 ) -> Result {
     let (rows, taps, kc) = a.shape();
-    let kq = kc / 4;
+    let q = b.interleave;
+    let interleaved = q != 1;
+    // Columns of a panel, and the depth groups of four it reads (of each group).
+    let (nr, part) = if interleaved {
+        (Q8_LANES, 4 * q * b.count)
+    } else {
+        (Q8_NR, 4)
+    };
+    let kq = kc.checked_div(part).unwrap_or(0);
     let width = b
         .count
         .checked_sub(1)
-        .and_then(|q| q.checked_mul(Q8_NR))
+        .and_then(|q| q.checked_mul(nr))
         .and_then(|w| w.checked_add(b.cols));
-    let panel_len = taps.checked_mul(kq).and_then(|v| v.checked_mul(Q8_NR * 4));
+    let panel_len = taps.checked_mul(kq).and_then(|v| v.checked_mul(nr * 4));
     let b_len = b
         .count
         .checked_sub(1)
@@ -164,15 +190,18 @@ pub(crate) fn q8_microkernel(
             .checked_add(w)
     });
     let ok = (1..=Q8_MR).contains(&rows)
-        && kc.is_multiple_of(4)
-        && (1..=Q8_NR).contains(&b.cols)
+        && part > 0
+        && kc.is_multiple_of(part)
+        && (1..=nr).contains(&b.cols)
+        && (!interleaved
+            || (Q8_INTERLEAVES.contains(&q) && kernel == Q8Kernel::Vnni && kernel.is_available()))
         && b_len.is_some_and(|l| b.data.len() >= l)
         && width.is_some_and(|w| post.bias.len() >= w && post.scale.len() >= w && w <= rs)
         && end.is_some_and(|e| e <= out.len());
     if !ok {
         return Err(Error::InvalidParameter {
             what: format!(
-                "8-bit micro-kernel call: {rows} rows, {taps} taps of depth {kc}, {} panels of b {}, output {} at ({i0}, {j0}) stride {rs}",
+                "8-bit micro-kernel call: {rows} rows, {taps} taps of depth {kc}, {} panels (interleave {q}) of b {}, output {} at ({i0}, {j0}) stride {rs}",
                 b.count,
                 b.data.len(),
                 out.len()
@@ -187,6 +216,18 @@ pub(crate) fn q8_microkernel(
         let c = unsafe { out.as_mut_ptr().add(i0 * rs + j0) };
         let raw = x86::RawQ8::from(post);
         let shape = (rows, taps, kq);
+        if interleaved {
+            // SAFETY: as below, for interleaved panels of `q` groups (checked above:
+            // VNNI, `q` one it takes, the rows split in `count` parts of `4 · q · kq`).
+            unsafe {
+                match a.ptrs() {
+                    Ptrs::List(p) => x86::vnni_interleaved(shape, q, p, panels, c, rs, raw),
+                    Ptrs::Strided(p) => x86::vnni_interleaved(shape, q, p, panels, c, rs, raw),
+                    Ptrs::Table(p) => x86::vnni_interleaved(shape, q, p, panels, c, rs, raw),
+                }
+            }
+            return Ok(());
+        }
         // SAFETY: the rows as checked by `IndirectRows`, every other length above,
         // and the CPU has the kernel's features.
         unsafe {
@@ -249,6 +290,8 @@ fn portable(
 /// The input of one output row of a K×K depthwise convolution with multiplier 1:
 /// the K input rows (`None`: padding) of `w_in · c` bytes each, and the row's
 /// horizontal geometry (input width, stride, dilation, left padding).
+// Only the x86 kernel reads the geometry (other architectures run the loop).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 #[derive(Clone, Copy)]
 pub(crate) struct Q8DwRow<'a, const K: usize> {
     pub rows: [Option<&'a [u8]>; K],
@@ -402,27 +445,108 @@ mod x86 {
                     scale: post.scale.add(q * Q8_NR),
                     ..post
                 };
-                let args = (taps, kq, a, b.add(q * stride));
+                let args = (taps, kq, a, b.add(q * stride), 0);
                 let cq = c.add(q * Q8_NR);
                 if n <= 16 {
-                    put::<R, 1, A>(args, (cq, rs, n), post);
+                    put::<R, 1, A, 1>(args, (cq, rs, n), post);
                 } else {
-                    put::<R, 2, A>(args, (cq, rs, n - 16), post);
+                    put::<R, 2, A, 1>(args, (cq, rs, n - 16), post);
                 }
             }
         }
     }
 
-    /// One panel: the first `W` vectors of 16 columns of the `R`-row tile at `c`, of
-    /// which the last has `last` columns.
+    /// # Safety
+    /// As [`vnni`]'s, for interleaved panels of `q` groups (2, 4 or 8) of 16 columns,
+    /// `taps · kq · 64` bytes each, panel `k` reading bytes `4 · q · kq · k..` of each
+    /// row.
+    pub(super) unsafe fn vnni_interleaved<A: RowPtrs<u8>>(
+        (rows, taps, kq): (usize, usize, usize),
+        q: usize,
+        a: A,
+        panels: (*const i8, usize, usize, usize),
+        c: *mut u8,
+        rs: usize,
+        post: RawQ8,
+    ) {
+        macro_rules! rows {
+            ($q:literal: $($r:literal)*) => {
+                match rows {
+                    // SAFETY: forwarded contract, `rows` rows.
+                    $($r => unsafe { interleaved::<$r, A, $q>(taps, kq, a, panels, c, rs, post) },)*
+                    // SAFETY: as above (rows is at most 12).
+                    _ => unsafe { interleaved::<12, A, $q>(taps, kq, a, panels, c, rs, post) },
+                }
+            };
+        }
+        match q {
+            2 => rows!(2: 1 2 3 4 5 6 7 8 9 10 11),
+            4 => rows!(4: 1 2 3 4 5 6 7 8 9 10 11),
+            _ => rows!(8: 1 2 3 4 5 6 7 8 9 10 11),
+        }
+    }
+
+    /// The `R`-row tile across interleaved panels of `Q` groups.
     ///
     /// # Safety
-    /// As [`tile`]'s for one panel at `b`; `c` holds `16 · (W - 1) + last` bytes per
-    /// row, and the post as many values.
+    /// As [`vnni_interleaved`]'s, with `R` rows.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn interleaved<const R: usize, A: RowPtrs<u8>, const Q: usize>(
+        taps: usize,
+        kq: usize,
+        a: A,
+        (b, stride, panels, cols): (*const i8, usize, usize, usize),
+        c: *mut u8,
+        rs: usize,
+        post: RawQ8,
+    ) {
+        for k in 0..panels {
+            let n = if k + 1 < panels { 16 } else { cols };
+            // SAFETY: k < panels: panel k, its part of the rows, its columns of the tile
+            // and of the post.
+            unsafe {
+                let post = RawQ8 {
+                    bias: post.bias.add(16 * k),
+                    scale: post.scale.add(16 * k),
+                    ..post
+                };
+                let args = (taps, kq, a, b.add(k * stride), 4 * Q * kq * k);
+                put::<R, 1, A, Q>(args, (c.add(16 * k), rs, n), post);
+            }
+        }
+    }
+
+    /// `4 · Q` bytes at `p` repeated over a vector: one depth step of `Q` interleaved
+    /// groups.
+    ///
+    /// # Safety
+    /// AVX-512F; `4 · Q` bytes readable at `p`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn splat_quads<const Q: usize>(p: *const u8) -> __m512i {
+        // SAFETY: the caller's contract; unaligned reads of exactly `4 · Q` bytes.
+        unsafe {
+            match Q {
+                1 => _mm512_set1_epi32(p.cast::<i32>().read_unaligned()),
+                2 => _mm512_set1_epi64(p.cast::<i64>().read_unaligned()),
+                4 => _mm512_broadcast_i32x4(_mm_loadu_si128(p.cast())),
+                _ => _mm512_broadcast_i64x4(_mm256_loadu_si256(p.cast())),
+            }
+        }
+    }
+
+    /// One panel: the first `W` vectors of 16 columns of the `R`-row tile at `c`, of
+    /// which the last has `last` columns, reading each row from byte `skip`; `Q > 1`:
+    /// one interleaved panel of `Q` groups (`W` is 1), its sums put back in channel
+    /// order before the store.
+    ///
+    /// # Safety
+    /// As [`tile`]'s for one panel at `b` (or [`interleaved`]'s); `c` holds `16 · (W -
+    /// 1) + last` bytes per row, and the post as many values.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
-    unsafe fn put<const R: usize, const W: usize, A: RowPtrs<u8>>(
-        (taps, kq, a, b): (usize, usize, A, *const i8),
+    unsafe fn put<const R: usize, const W: usize, A: RowPtrs<u8>, const Q: usize>(
+        (taps, kq, a, b, skip): (usize, usize, A, *const i8, usize),
         (c, rs, last): (*mut u8, usize, usize),
         post: RawQ8,
     ) {
@@ -433,25 +557,48 @@ mod x86 {
                 u16::try_from((1u32 << last.min(16)) - 1).unwrap_or(u16::MAX)
             }
         };
+        // Bytes of a panel per depth group of four.
+        let step = if Q == 1 { Q8_NR * 4 } else { 64 };
         // SAFETY: the first `16 · (W - 1) + last` columns of the post are readable;
         // masked lanes are not read.
         let bias: [__m512i; W] = std::array::from_fn(|v| unsafe {
             _mm512_maskz_loadu_epi32(mask(v), post.bias.add(16 * v))
         });
+        // Interleaved: the bias in the accumulators' lane order, and the order back.
+        let (to_lanes, to_channels) = if Q == 1 {
+            (_mm512_setzero_si512(), _mm512_setzero_si512())
+        } else {
+            // SAFETY: 16 indices read from local arrays.
+            unsafe {
+                (
+                    _mm512_loadu_si512(
+                        super::super::grouped::interleaved::<16>(Q, 16)
+                            .as_ptr()
+                            .cast(),
+                    ),
+                    _mm512_loadu_si512(super::super::grouped::lane_order::<16>(Q).as_ptr().cast()),
+                )
+            }
+        };
+        let bias = if Q == 1 {
+            bias
+        } else {
+            bias.map(|b| _mm512_permutexvar_epi32(to_lanes, b))
+        };
         let mut acc = [bias; R];
         for t in 0..taps {
             // SAFETY: t < taps, i < R: rows the source holds.
-            let rows: [*const u8; R] = std::array::from_fn(|i| unsafe { a.row(t, i, R) });
-            // SAFETY: inside the panel: tap t's groups start at t · kq · NR · 4.
-            let bt = unsafe { b.add(t * kq * Q8_NR * 4) };
+            let rows: [*const u8; R] = std::array::from_fn(|i| unsafe { a.row(t, i, R).add(skip) });
+            // SAFETY: inside the panel: tap t's groups start at t · kq · step.
+            let bt = unsafe { b.add(t * kq * step) };
             for p in 0..kq {
-                // SAFETY: p < kq: four bytes inside each row, 64 · W inside the panel.
+                // SAFETY: p < kq: 4 · Q bytes inside each row, 64 · W inside the panel.
                 unsafe {
-                    let bp = bt.add(p * Q8_NR * 4);
+                    let bp = bt.add(p * step);
                     let bv: [__m512i; W] =
                         std::array::from_fn(|v| _mm512_loadu_si512(bp.add(64 * v).cast()));
                     for (row, &ap) in acc.iter_mut().zip(&rows) {
-                        let av = _mm512_set1_epi32(ap.add(4 * p).cast::<i32>().read_unaligned());
+                        let av = splat_quads::<Q>(ap.add(4 * Q * p));
                         for (x, &y) in row.iter_mut().zip(&bv) {
                             *x = _mm512_dpbusd_epi32(*x, av, y);
                         }
@@ -467,6 +614,11 @@ mod x86 {
         });
         for (i, row) in acc.iter().enumerate() {
             for (v, (&x, &s)) in row.iter().zip(&scale).enumerate() {
+                let x = if Q == 1 {
+                    x
+                } else {
+                    _mm512_permutexvar_epi32(to_channels, x)
+                };
                 let f = _mm512_mul_ps(_mm512_cvtepi32_ps(x), s);
                 let f = _mm512_min_ps(_mm512_max_ps(f, lo), hi);
                 let q = _mm512_add_epi32(_mm512_cvtps_epi32(f), zero);
