@@ -274,6 +274,31 @@ fn convolutions_match_a_direct_loop() {
             1,
             true,
         ),
+        // Channels past the last block of eight, left to the scalar tail: 58
+        // (shufflenet's), 20 with dilation, 13 on the 5×5 rows at stride 2.
+        ([7, 9], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 58, 1, 1, true),
+        (
+            [9, 12],
+            [3, 3],
+            [1, 1],
+            [2, 2],
+            [2, 2, 2, 2],
+            20,
+            1,
+            1,
+            true,
+        ),
+        (
+            [8, 11],
+            [5, 5],
+            [2, 2],
+            [1, 1],
+            [2, 1, 2, 3],
+            13,
+            1,
+            1,
+            true,
+        ),
         // The 5×5 rows: stride 1 and 2, dilation, asymmetric padding, and outputs
         // narrower than a group of four interior pixels.
         (
@@ -396,13 +421,16 @@ fn convolutions_match_a_direct_loop() {
 #[test]
 fn pooling_matches_a_direct_loop() {
     let pool = ThreadPool::new(2).unwrap();
-    let c = 19;
-    for (input, kernel, stride, padding) in [
-        ([6, 7], [2, 2], [2, 2], [0; 4]),
-        ([6, 7], [3, 3], [1, 1], [1, 1, 1, 1]),
-        ([9, 5], [3, 2], [2, 1], [1, 0, 1, 1]),
-        ([7, 7], [7, 7], [1, 1], [0; 4]),
-    ] {
+    // Channels in blocks of 16 and 1; of 16, 8, 4 and 1.
+    for (c, input, kernel, stride, padding) in [19, 29].into_iter().flat_map(|c| {
+        [
+            ([6, 7], [2, 2], [2, 2], [0; 4]),
+            ([6, 7], [3, 3], [1, 1], [1, 1, 1, 1]),
+            ([9, 5], [3, 2], [2, 1], [1, 0, 1, 1]),
+            ([7, 7], [7, 7], [1, 1], [0; 4]),
+        ]
+        .map(|(i, k, s, p)| (c, i, k, s, p))
+    }) {
         let g = Geometry {
             input,
             kernel,
@@ -439,7 +467,8 @@ fn pooling_matches_a_direct_loop() {
         }
     }
     // A NaN in a window makes its maximum NaN (as PyTorch), in a whole block of 16
-    // channels and in the tail.
+    // channels, of 8 and in the tail.
+    let c = 29;
     let g = Geometry {
         input: [4, 4],
         kernel: [2, 2],
@@ -451,11 +480,12 @@ fn pooling_matches_a_direct_loop() {
         let mut x = data(16 * c, 6);
         x[5 * c + 2] = f32::NAN; // pixel (1, 1), channel 2: window (0, 0)
         x[10 * c + 17] = f32::NAN; // pixel (2, 2), channel 17: window (1, 1)
+        x[15 * c + 28] = f32::NAN; // pixel (3, 3), channel 28: window (1, 1)
         let mut y = vec![0.0; 4 * c];
         let (lo, hi) = (f32::NEG_INFINITY, f32::INFINITY);
         pool2d(isa, &pool, PoolKind::Max, &g, c, 1, &x, &mut y, lo, hi).unwrap();
         let nans: Vec<usize> = (0..y.len()).filter(|&i| y[i].is_nan()).collect();
-        assert_eq!(nans, [2, 3 * c + 17], "{isa:?}");
+        assert_eq!(nans, [2, 3 * c + 17, 3 * c + 28], "{isa:?}");
     }
     let x = data(2 * 12 * 5, 5);
     let mut y = vec![0.0; 10];
