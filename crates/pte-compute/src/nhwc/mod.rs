@@ -44,7 +44,7 @@ pub use crate::conv::{ConvWeights, WeightLayout};
 pub use chain::DepthwiseChain;
 pub use conv::ConvNhwc;
 pub use deconv::DeconvNhwc;
-pub use pool::{global_avg_pool, pool2d, PoolKind};
+pub use pool::{global_avg_pool, max_pool2d_q8, pool2d, PoolKind};
 
 use crate::conv::Conv2dParams;
 use crate::error::{Error, Result};

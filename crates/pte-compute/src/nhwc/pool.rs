@@ -6,6 +6,7 @@ use crate::arch::{multiversion, Isa};
 use crate::elementwise::clamp;
 use crate::error::{self, Result};
 use crate::pool::ThreadPool;
+use crate::qelementwise::QByte;
 
 /// Channels combined at once in registers.
 const CB: usize = 16;
@@ -108,8 +109,10 @@ multiversion! {
             };
             let mut n_taps = 0usize;
             let mut first = true;
-            for t in 0..total {
-                if let Some((iy, ix)) = g.source(oy, ox, t / kw, t % kw) {
+            // Taps row by row: `t / kw` divided per tap (a fifth of the time).
+            let window = (0..kh).flat_map(|ky| (0..kw).map(move |kx| (ky, kx)));
+            for (t, (ky, kx)) in window.enumerate() {
+                if let Some((iy, ix)) = g.source(oy, ox, ky, kx) {
                     let p = (iy * iw + ix) * channels;
                     if let Some(slot) = taps.get_mut(n_taps) {
                         *slot = img.get(p..p + channels).unwrap_or_default();
@@ -129,6 +132,39 @@ multiversion! {
             }
         }
     }
+}
+
+/// 8-bit max pooling of `batch` NHWC images of `channels` channels: `x` `[batch, h, w,
+/// c]` into `y` `[batch, oh, ow, c]`, each output the maximum over its window clamped
+/// to `bounds` (the input's quantization kept), `empty` for a window all in the
+/// padding; rows on the pool.
+#[allow(clippy::too_many_arguments)]
+pub fn max_pool2d_q8<T: QByte>(
+    pool: &ThreadPool,
+    g: &Geometry,
+    channels: usize,
+    batch: usize,
+    x: &[T],
+    y: &mut [T],
+    bounds: (T, T),
+    empty: T,
+) -> Result {
+    let [oh, ow] = g.output()?;
+    let [ih, iw] = g.input;
+    let plane = error::mul(error::mul(ih, iw, "input")?, channels, "input")?;
+    error::need("pooling input", x.len(), error::mul(plane, batch, "input")?)?;
+    let row = error::mul(ow, channels, "output")?;
+    let out_len = error::mul(error::mul(row, oh, "output")?, batch, "output")?;
+    error::need("pooling output", y.len(), out_len)?;
+    let y = y.get_mut(..out_len).unwrap_or_default();
+    if out_len == 0 {
+        return Ok(());
+    }
+    pool.parallel_chunks(y, row, &mut [0u8; 0], 0, |r, out_row, _| {
+        let (n, oy) = (r / oh, r % oh);
+        let img = x.get(n * plane..(n + 1) * plane).unwrap_or_default();
+        T::max_pool_row(img, g, channels, oy, out_row, bounds, empty);
+    })
 }
 
 /// Pools `batch` NHWC images of `channels` channels: `x` `[batch, h, w, c]` into `y`

@@ -1,7 +1,7 @@
 //! Pooling nodes over NHWC images: max, average (over the taps inside the image),
 //! argmax (index within the window) and global average.
 
-use pte_compute::nhwc::{global_avg_pool, pool2d, Geometry, PoolKind};
+use pte_compute::nhwc::{global_avg_pool, max_pool2d_q8, pool2d, Geometry, PoolKind};
 use pte_compute::{Isa, ThreadPool};
 
 use super::quant::{self, Q8};
@@ -88,9 +88,6 @@ impl Kernel for Pool {
     }
 }
 
-/// Pixels of a max pooling window combined per call.
-const MAX_POOL_TAPS: usize = 16;
-
 /// Channels an 8-bit average pool sums at once.
 const AVG_BLOCK: usize = 64;
 
@@ -107,11 +104,20 @@ fn quant_pool<T: Q8>(
 ) -> KResult {
     let src: &[T] = bytemuck::cast_slice(bytes(x.bytes, numel(x.dims))?);
     let dst: &mut [T] = bytemuck::cast_slice_mut(bytes_mut(out.bytes, total)?);
+    if kind == PoolKind::Max {
+        // Max pooling keeps the input's parameters (checked at load); an empty window
+        // (all padding) gives the zero point.
+        let bounds = (T::from_i32(q.lo), T::from_i32(q.hi));
+        let empty = T::from_i32(q.zo.clamp(q.lo, q.hi));
+        let batch = x.dims.first().copied().unwrap_or(1);
+        return max_pool2d_q8(pool, geo, c, batch, src, dst, bounds, empty)
+            .map_err(|e| e.to_string());
+    }
     let [oh, ow] = geo.output().map_err(|e| e.to_string())?;
     let [ih, iw] = geo.input;
     let [kh, kw] = geo.kernel;
     let mut none = [0u8; 0];
-    // One output row per chunk; each pixel combines its window's input pixels whole.
+    // One output row per chunk; each pixel averages its window's input pixels.
     let rows = pool.parallel_chunks(dst, (ow * c).max(1), &mut none, 0, |r, row, _| {
         let (b, oy) = (r / oh.max(1), r % oh.max(1));
         let pixel = |iy: usize, ix: usize| {
@@ -120,45 +126,18 @@ fn quant_pool<T: Q8>(
         };
         for (ox, o) in row.chunks_exact_mut(c.max(1)).enumerate() {
             let taps = (0..kh * kw).filter_map(|t| geo.source(oy, ox, t / kw, t % kw));
-            match kind {
-                // Max pooling keeps the input's parameters (checked at load).
-                PoolKind::Max => {
-                    // The window's pixels, MAX_POOL_TAPS per call.
-                    let mut list: [&[T]; MAX_POOL_TAPS] = [&[]; MAX_POOL_TAPS];
-                    let (mut held, mut any) = (0, false);
-                    for (iy, ix) in taps {
-                        if let Some(slot) = list.get_mut(held) {
-                            *slot = pixel(iy, ix);
-                            held += 1;
-                        }
-                        if held == MAX_POOL_TAPS {
-                            T::max_taps(&list, o, (q.lo, q.hi), any);
-                            (held, any) = (0, true);
-                        }
-                    }
-                    if held > 0 {
-                        let list = list.get(..held).unwrap_or_default();
-                        T::max_taps(list, o, (q.lo, q.hi), any);
-                    } else if !any {
-                        // An empty window (all padding): the zero point.
-                        o.fill(T::from_i32(q.zo.clamp(q.lo, q.hi)));
+            let count = taps.clone().count().max(1) as f32;
+            for (c0, block) in o.chunks_mut(AVG_BLOCK).enumerate() {
+                let mut sum = [0i32; AVG_BLOCK];
+                for (iy, ix) in taps.clone() {
+                    let p = pixel(iy, ix).get(c0 * AVG_BLOCK..).unwrap_or_default();
+                    for (s, &v) in sum.iter_mut().zip(p).take(block.len()) {
+                        *s += v.get() - q.zi;
                     }
                 }
-                PoolKind::Average => {
-                    let count = taps.clone().count().max(1) as f32;
-                    for (c0, block) in o.chunks_mut(AVG_BLOCK).enumerate() {
-                        let mut sum = [0i32; AVG_BLOCK];
-                        for (iy, ix) in taps.clone() {
-                            let p = pixel(iy, ix).get(c0 * AVG_BLOCK..).unwrap_or_default();
-                            for (s, &v) in sum.iter_mut().zip(p).take(block.len()) {
-                                *s += v.get() - q.zi;
-                            }
-                        }
-                        for (d, &s) in block.iter_mut().zip(&sum) {
-                            let v = quant::rint(s as f32 / count * q.si / q.so) + q.zo;
-                            *d = T::from_i32(v.clamp(q.lo, q.hi));
-                        }
-                    }
+                for (d, &s) in block.iter_mut().zip(&sum) {
+                    let v = quant::rint(s as f32 / count * q.si / q.so) + q.zo;
+                    *d = T::from_i32(v.clamp(q.lo, q.hi));
                 }
             }
         }

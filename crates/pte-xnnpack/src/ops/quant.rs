@@ -3,7 +3,7 @@
 //! parameters of quantized addition, so that results agree with upstream's bit for bit
 //! where the same formula applies.
 
-use pte_compute::qelementwise::{self, QAdd, QByte};
+use pte_compute::qelementwise::{QAdd, QByte};
 
 /// An 8-bit quantized element type (int8 or uint8).
 pub(crate) trait Q8: Copy + Ord + Send + Sync + bytemuck::Pod + QByte + 'static {
@@ -12,12 +12,6 @@ pub(crate) trait Q8: Copy + Ord + Send + Sync + bytemuck::Pod + QByte + 'static 
     fn get(self) -> i32;
     /// From a value already in range.
     fn from_i32(v: i32) -> Self;
-
-    /// `out = clamp(max over taps (and out, when accumulating), lo, hi)`.
-    fn max_taps(taps: &[&[Self]], out: &mut [Self], (lo, hi): (i32, i32), accumulate: bool) {
-        let bounds = (Self::from_i32(lo), Self::from_i32(hi));
-        qelementwise::max_pixel(taps, out, bounds, accumulate);
-    }
 }
 
 impl Q8 for i8 {
