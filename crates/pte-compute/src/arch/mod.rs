@@ -394,6 +394,31 @@ pub(crate) fn transpose8x8(isa: Isa, src: &[u32], ss: usize, dst: &mut [u32], ds
     }
 }
 
+/// `dst[j·ds + i] = src[i·ss + j]` for `i, j < 16` (bytes) on a register transpose.
+/// False when this CPU has no such kernel or a length is off (nothing is written then).
+pub(crate) fn transpose16x16_bytes(src: &[u8], ss: usize, dst: &mut [u8], ds: usize) -> bool {
+    let fits = |len: usize, stride: usize| {
+        stride
+            .checked_mul(15)
+            .and_then(|v| v.checked_add(16))
+            .is_some_and(|n| len >= n)
+    };
+    if !(fits(src.len(), ss) && fits(dst.len(), ds)) {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: SSE2 is part of x86_64; both blocks lie inside their slices (checked).
+        unsafe { x86::transpose16x16_bytes(src.as_ptr(), ss, dst.as_mut_ptr(), ds) };
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (src, ss, dst, ds);
+        false
+    }
+}
+
 /// Defines `pub(crate) fn $name(isa: Isa, args...) -> $ret` that runs the body compiled
 /// for `isa`'s instruction set. Inside the body, `$fma` is a `const bool` telling
 /// whether fused multiply-add is fast (use [`crate::arch::madd`]).

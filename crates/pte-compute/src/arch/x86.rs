@@ -541,3 +541,50 @@ pub(crate) unsafe fn transpose8x8(src: *const f32, ss: usize, dst: *mut f32, ds:
         }
     }
 }
+
+/// `dst[j·ds + i] = src[i·ss + j]` for `i, j < 16`: a 16 × 16 block of bytes
+/// transposed in four rounds of unpacks (bytes, pairs, quads, then halves of rows
+/// paired), SSE2 only.
+///
+/// # Safety
+/// `src` holds 16 rows of 16 bytes `ss` apart, `dst` 16 rows `ds` apart.
+pub(crate) unsafe fn transpose16x16_bytes(src: *const u8, ss: usize, dst: *mut u8, ds: usize) {
+    let zero = _mm_setzero_si128();
+    // SAFETY: row i < 16 of src is inside (the caller's contract).
+    let rows: [__m128i; 16] =
+        std::array::from_fn(|i| unsafe { _mm_loadu_si128(src.add(i * ss).cast()) });
+    // Pairs of rows k: bytes interleaved, columns 0-7 then 8-15.
+    let mut t = [zero; 16];
+    for (o, r) in t.chunks_exact_mut(2).zip(rows.chunks_exact(2)) {
+        if let ([o0, o1], [a, b]) = (o, r) {
+            (*o0, *o1) = (_mm_unpacklo_epi8(*a, *b), _mm_unpackhi_epi8(*a, *b));
+        }
+    }
+    // Quads of rows: columns 0-3, 4-7, 8-11, 12-15, four bytes (rows) each.
+    let mut q = [zero; 16];
+    for (o, p) in q.chunks_exact_mut(4).zip(t.chunks_exact(4)) {
+        if let ([o0, o1, o2, o3], [a, b, c, d]) = (o, p) {
+            (*o0, *o1) = (_mm_unpacklo_epi16(*a, *c), _mm_unpackhi_epi16(*a, *c));
+            (*o2, *o3) = (_mm_unpacklo_epi16(*b, *d), _mm_unpackhi_epi16(*b, *d));
+        }
+    }
+    // Halves (rows 0-7, 8-15): two columns of eight bytes per vector, in order.
+    let mut h = [zero; 16];
+    for (o, p) in h.chunks_exact_mut(8).zip(q.chunks_exact(8)) {
+        let (lo, hi) = p.split_at(4);
+        for ((o, a), b) in o.chunks_exact_mut(2).zip(lo).zip(hi) {
+            if let [o0, o1] = o {
+                (*o0, *o1) = (_mm_unpacklo_epi32(*a, *b), _mm_unpackhi_epi32(*a, *b));
+            }
+        }
+    }
+    // Column 2i from the halves' vectors i, and 2i + 1.
+    let (top, bottom) = h.split_at(8);
+    for (i, (a, b)) in top.iter().zip(bottom).enumerate() {
+        // SAFETY: rows 2i and 2i + 1 < 16 of dst are inside (the caller's contract).
+        unsafe {
+            _mm_storeu_si128(dst.add(2 * i * ds).cast(), _mm_unpacklo_epi64(*a, *b));
+            _mm_storeu_si128(dst.add((2 * i + 1) * ds).cast(), _mm_unpackhi_epi64(*a, *b));
+        }
+    }
+}
