@@ -216,27 +216,15 @@ pub(crate) fn q8_microkernel(
         let c = unsafe { out.as_mut_ptr().add(i0 * rs + j0) };
         let raw = x86::RawQ8::from(post);
         let shape = (rows, taps, kq);
-        if interleaved {
-            // SAFETY: as below, for interleaved panels of `q` groups (checked above:
-            // VNNI, `q` one it takes, the rows split in `count` parts of `4 · q · kq`).
-            unsafe {
-                match a.ptrs() {
-                    Ptrs::List(p) => x86::vnni_interleaved(shape, q, p, panels, c, rs, raw),
-                    Ptrs::Strided(p) => x86::vnni_interleaved(shape, q, p, panels, c, rs, raw),
-                    Ptrs::Table(p) => x86::vnni_interleaved(shape, q, p, panels, c, rs, raw),
-                }
-            }
-            return Ok(());
-        }
         // SAFETY: the rows as checked by `IndirectRows`, every other length above,
-        // and the CPU has the kernel's features.
+        // and the CPU has the kernel's features (interleaved panels: VNNI, checked).
         unsafe {
             match (kernel, a.ptrs()) {
-                (Q8Kernel::Vnni, Ptrs::List(p)) => x86::vnni(shape, p, panels, c, rs, raw),
-                (Q8Kernel::Vnni, Ptrs::Strided(p)) => x86::vnni(shape, p, panels, c, rs, raw),
+                (Q8Kernel::Vnni, Ptrs::List(p)) => x86::vnni(shape, q, p, panels, c, rs, raw),
+                (Q8Kernel::Vnni, Ptrs::Strided(p)) => x86::vnni(shape, q, p, panels, c, rs, raw),
+                (Q8Kernel::Vnni, Ptrs::Table(p)) => x86::vnni(shape, q, p, panels, c, rs, raw),
                 (_, Ptrs::List(p)) => x86::avx2(shape, p, panels, c, rs, raw),
                 (_, Ptrs::Strided(p)) => x86::avx2(shape, p, panels, c, rs, raw),
-                (Q8Kernel::Vnni, Ptrs::Table(p)) => x86::vnni(shape, p, panels, c, rs, raw),
                 (_, Ptrs::Table(p)) => x86::avx2(shape, p, panels, c, rs, raw),
             }
         }
@@ -396,75 +384,18 @@ mod x86 {
 
     /// # Safety
     /// The CPU has AVX-512 F, BW, VL and VNNI; `a` gives `rows` (`1..=12`) rows of
-    /// `4 · kq` bytes for each of `taps` taps; panel `q < panels` of `b` holds `taps ·
-    /// kq · NR · 4` bytes from `b + q · stride`; `c` the tile `(i, j) -> c[i · rs + j]`,
+    /// `4 · kq` bytes for each of `taps` taps; panel `k < panels` of `b` holds `taps ·
+    /// kq · NR · 4` bytes from `b + k · stride`; `c` the tile `(i, j) -> c[i · rs + j]`,
     /// `i < rows`, `j < (panels - 1) · NR + cols` (`1 <= cols <= NR`); the post's bias
-    /// and scale hold as many values.
+    /// and scale hold as many values. `q > 1` (2, 4 or 8): interleaved panels of `q`
+    /// groups, 16 columns and `taps · kq · 64` bytes each, panel `k` reading bytes
+    /// `4 · q · kq · k..` of each row.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn vnni<A: RowPtrs<u8>>(
         (rows, taps, kq): (usize, usize, usize),
-        a: A,
-        b: (*const i8, usize, usize, usize),
-        c: *mut u8,
-        rs: usize,
-        post: RawQ8,
-    ) {
-        macro_rules! rows {
-            ($($r:literal)*) => {
-                match rows {
-                    // SAFETY: forwarded contract, `rows` rows.
-                    $($r => unsafe { tile::<$r, A>(taps, kq, a, b, c, rs, post) },)*
-                    // SAFETY: as above (rows is at most 12).
-                    _ => unsafe { tile::<12, A>(taps, kq, a, b, c, rs, post) },
-                }
-            };
-        }
-        rows!(1 2 3 4 5 6 7 8 9 10 11)
-    }
-
-    /// The `R`-row tile across the panels.
-    ///
-    /// # Safety
-    /// As [`vnni`]'s, with `R` rows.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn tile<const R: usize, A: RowPtrs<u8>>(
-        taps: usize,
-        kq: usize,
-        a: A,
-        (b, stride, panels, cols): (*const i8, usize, usize, usize),
-        c: *mut u8,
-        rs: usize,
-        post: RawQ8,
-    ) {
-        for q in 0..panels {
-            let n = if q + 1 < panels { Q8_NR } else { cols };
-            // SAFETY: q < panels: panel q, its columns of the tile and of the post.
-            unsafe {
-                let post = RawQ8 {
-                    bias: post.bias.add(q * Q8_NR),
-                    scale: post.scale.add(q * Q8_NR),
-                    ..post
-                };
-                let args = (taps, kq, a, b.add(q * stride), 0);
-                let cq = c.add(q * Q8_NR);
-                if n <= 16 {
-                    put::<R, 1, A, 1>(args, (cq, rs, n), post);
-                } else {
-                    put::<R, 2, A, 1>(args, (cq, rs, n - 16), post);
-                }
-            }
-        }
-    }
-
-    /// # Safety
-    /// As [`vnni`]'s, for interleaved panels of `q` groups (2, 4 or 8) of 16 columns,
-    /// `taps · kq · 64` bytes each, panel `k` reading bytes `4 · q · kq · k..` of each
-    /// row.
-    pub(super) unsafe fn vnni_interleaved<A: RowPtrs<u8>>(
-        (rows, taps, kq): (usize, usize, usize),
         q: usize,
         a: A,
-        panels: (*const i8, usize, usize, usize),
+        b: (*const i8, usize, usize, usize),
         c: *mut u8,
         rs: usize,
         post: RawQ8,
@@ -473,25 +404,27 @@ mod x86 {
             ($q:literal: $($r:literal)*) => {
                 match rows {
                     // SAFETY: forwarded contract, `rows` rows.
-                    $($r => unsafe { interleaved::<$r, A, $q>(taps, kq, a, panels, c, rs, post) },)*
+                    $($r => unsafe { tile::<$r, A, $q>(taps, kq, a, b, c, rs, post) },)*
                     // SAFETY: as above (rows is at most 12).
-                    _ => unsafe { interleaved::<12, A, $q>(taps, kq, a, panels, c, rs, post) },
+                    _ => unsafe { tile::<12, A, $q>(taps, kq, a, b, c, rs, post) },
                 }
             };
         }
         match q {
+            1 => rows!(1: 1 2 3 4 5 6 7 8 9 10 11),
             2 => rows!(2: 1 2 3 4 5 6 7 8 9 10 11),
             4 => rows!(4: 1 2 3 4 5 6 7 8 9 10 11),
             _ => rows!(8: 1 2 3 4 5 6 7 8 9 10 11),
         }
     }
 
-    /// The `R`-row tile across interleaved panels of `Q` groups.
+    /// The `R`-row tile across the panels (of `Q` interleaved groups each when `Q >
+    /// 1`).
     ///
     /// # Safety
-    /// As [`vnni_interleaved`]'s, with `R` rows.
+    /// As [`vnni`]'s, with `R` rows and `q = Q`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn interleaved<const R: usize, A: RowPtrs<u8>, const Q: usize>(
+    unsafe fn tile<const R: usize, A: RowPtrs<u8>, const Q: usize>(
         taps: usize,
         kq: usize,
         a: A,
@@ -500,18 +433,27 @@ mod x86 {
         rs: usize,
         post: RawQ8,
     ) {
+        // Columns of a panel: two vectors, or one of interleaved groups.
+        let nr = if Q == 1 { Q8_NR } else { 16 };
         for k in 0..panels {
-            let n = if k + 1 < panels { 16 } else { cols };
+            let n = if k + 1 < panels { nr } else { cols };
             // SAFETY: k < panels: panel k, its part of the rows, its columns of the tile
             // and of the post.
             unsafe {
                 let post = RawQ8 {
-                    bias: post.bias.add(16 * k),
-                    scale: post.scale.add(16 * k),
+                    bias: post.bias.add(k * nr),
+                    scale: post.scale.add(k * nr),
                     ..post
                 };
-                let args = (taps, kq, a, b.add(k * stride), 4 * Q * kq * k);
-                put::<R, 1, A, Q>(args, (c.add(16 * k), rs, n), post);
+                // Interleaved panels read their own blocks of each row.
+                let skip = if Q == 1 { 0 } else { 4 * Q * kq * k };
+                let args = (taps, kq, a, b.add(k * stride), skip);
+                let ck = c.add(k * nr);
+                if Q > 1 || n <= 16 {
+                    put::<R, 1, A, Q>(args, (ck, rs, n), post);
+                } else {
+                    put::<R, 2, A, 1>(args, (ck, rs, n - 16), post);
+                }
             }
         }
     }
@@ -541,8 +483,8 @@ mod x86 {
     /// order before the store.
     ///
     /// # Safety
-    /// As [`tile`]'s for one panel at `b` (or [`interleaved`]'s); `c` holds `16 · (W -
-    /// 1) + last` bytes per row, and the post as many values.
+    /// As [`tile`]'s for one panel at `b`; `c` holds `16 · (W - 1) + last` bytes per
+    /// row, and the post as many values.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni")]
     #[inline]
     unsafe fn put<const R: usize, const W: usize, A: RowPtrs<u8>, const Q: usize>(

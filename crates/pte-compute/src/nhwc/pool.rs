@@ -149,21 +149,33 @@ pub fn max_pool2d_q8<T: QByte>(
     bounds: (T, T),
     empty: T,
 ) -> Result {
+    pool_rows(pool, g, channels, batch, (x, y), |img, oy, out_row| {
+        T::max_pool_row(img, g, channels, oy, out_row, bounds, empty);
+    })
+}
+
+/// Checks the lengths of a pooling of `batch` NHWC images and runs `row(image, oy,
+/// output row)` for every output row, rows on the pool.
+fn pool_rows<T: Send + Sync>(
+    pool: &ThreadPool,
+    g: &Geometry,
+    channels: usize,
+    batch: usize,
+    (x, y): (&[T], &mut [T]),
+    row: impl Fn(&[T], usize, &mut [T]) + Sync,
+) -> Result {
     let [oh, ow] = g.output()?;
     let [ih, iw] = g.input;
     let plane = error::mul(error::mul(ih, iw, "input")?, channels, "input")?;
     error::need("pooling input", x.len(), error::mul(plane, batch, "input")?)?;
-    let row = error::mul(ow, channels, "output")?;
-    let out_len = error::mul(error::mul(row, oh, "output")?, batch, "output")?;
+    let row_len = error::mul(ow, channels, "output")?;
+    let out_len = error::mul(error::mul(row_len, oh, "output")?, batch, "output")?;
     error::need("pooling output", y.len(), out_len)?;
     let y = y.get_mut(..out_len).unwrap_or_default();
-    if out_len == 0 {
-        return Ok(());
-    }
-    pool.parallel_chunks(y, row, &mut [0u8; 0], 0, |r, out_row, _| {
+    pool.parallel_chunks(y, row_len, &mut [0u8; 0], 0, |r, out_row, _| {
         let (n, oy) = (r / oh, r % oh);
         let img = x.get(n * plane..(n + 1) * plane).unwrap_or_default();
-        T::max_pool_row(img, g, channels, oy, out_row, bounds, empty);
+        row(img, oy, out_row);
     })
 }
 
@@ -182,24 +194,7 @@ pub fn pool2d(
     min: f32,
     max: f32,
 ) -> Result {
-    let [oh, ow] = g.output()?;
-    let [ih, iw] = g.input;
-    let plane = error::mul(error::mul(ih, iw, "input")?, channels, "input")?;
-    error::need("pooling input", x.len(), error::mul(plane, batch, "input")?)?;
-    let out_len = error::mul(
-        error::mul(error::mul(oh, ow, "output")?, channels, "output")?,
-        batch,
-        "output",
-    )?;
-    error::need("pooling output", y.len(), out_len)?;
-    let y = y.get_mut(..out_len).unwrap_or_default();
-    if out_len == 0 {
-        return Ok(());
-    }
-    let row = ow * channels;
-    pool.parallel_chunks(y, row, &mut [0f32; 0], 0, |r, out_row, _| {
-        let (n, oy) = (r / oh, r % oh);
-        let img = x.get(n * plane..(n + 1) * plane).unwrap_or_default();
+    pool_rows(pool, g, channels, batch, (x, y), |img, oy, out_row| {
         pool_row(isa, img, g, channels, kind, oy, out_row, min, max);
     })
 }
