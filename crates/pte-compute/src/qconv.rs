@@ -332,7 +332,7 @@ impl QConvNhwc {
         .with_tap_offsets())
     }
 
-    /// Fills [`Self::tap_offsets`] for [`Gather::Table`].
+    /// Fills [`Self::tap_offsets`] for [`Gather::Table`] and [`Gather::Interleaved`].
     fn with_tap_offsets(mut self) -> Self {
         if let Algo::Gemm {
             gather: Gather::Table | Gather::Interleaved(_),

@@ -434,7 +434,7 @@ mod x86 {
         post: RawQ8,
     ) {
         // Columns of a panel: two vectors, or one of interleaved groups.
-        let nr = if Q == 1 { Q8_NR } else { 16 };
+        let nr = if Q == 1 { Q8_NR } else { super::Q8_LANES };
         for k in 0..panels {
             let n = if k + 1 < panels { nr } else { cols };
             // SAFETY: k < panels: panel k, its part of the rows, its columns of the tile
