@@ -658,6 +658,10 @@ fn winograd_matches_a_direct_loop() {
         ([12, 12], [1; 4], 16, 16, 2, "winograd-2x2"),
         ([11, 12], [1; 4], 16, 16, 1, "indirect"),
         ([30, 30], [1; 4], 8, 16, 1, "indirect"),
+        // Weights that outweigh the image's tiles: on 2 and 3 threads the products
+        // split by tile position.
+        ([14, 13], [1; 4], 96, 400, 1, "winograd-2x2"),
+        ([12, 12], [1; 4], 200, 180, 2, "winograd-2x2"),
     ];
     let pools: Vec<ThreadPool> = (1..=3).map(|t| ThreadPool::new(t).unwrap()).collect();
     for &(input, padding, cin, cout, batch, algorithm) in cases {

@@ -12,7 +12,8 @@
 //! the transformed weights take α²/9 times the space.
 //!
 //! Tiles go in blocks whose transformed inputs and products stay in L2; a thread
-//! takes a band of whole tile rows, so it writes its own rows of the output.
+//! takes a band of whole tile rows, so it writes its own rows of the output. When
+//! one block covers the image, threads split the products by tile position instead.
 //!
 //! Rounding: F(2×2) only adds in its data transforms and halves the weights; F(4×4)
 //! scales by up to 8 and 1/24, which costs a few bits (measured against a float64
@@ -80,6 +81,9 @@ const MIN_CHANNELS: usize = 16;
 /// Output pixels from which F(4×4) is used, and from which F(2×2) is.
 const F4_MIN_PIXELS: usize = 24 * 24;
 const F2_MIN_PIXELS: usize = 12 * 12;
+// Not for resnet's 7 × 7 layers (512 channels in and out) either: alone in a loop,
+// F(2×2) took them from 1.9 to 1.5 ms, but in the model, where the weights come from
+// memory at each execution, their 16/9 times larger weights made them 3.3 → 3.7 ms.
 /// f32 values of a block's transformed inputs and products: about half of a
 /// 512 KiB L2.
 const BLOCK_VALUES: usize = 64 * 1024;
@@ -254,8 +258,13 @@ impl Winograd {
 }
 
 impl ConvNhwc {
-    /// Runs the convolution through `w` on `batch` NHWC images (see [`ConvNhwc::run`]),
-    /// each image's tile rows split into one band per thread.
+    /// Runs the convolution through `w` on `batch` NHWC images (see [`ConvNhwc::run`]).
+    ///
+    /// Each image's tile rows are split into one band per thread, unless one block
+    /// covers the image (its transformed weights outweigh its tiles) on more than one
+    /// thread: then every band would stream all the weights, so the image goes in
+    /// three passes instead — inputs transformed by tiles, the products split by tile
+    /// position (each thread streams its positions' weights alone), outputs by bands.
     #[allow(clippy::too_many_arguments)] // `run`'s arguments and the transformed weights
     pub(super) fn run_winograd(
         &self,
@@ -274,11 +283,16 @@ impl ConvNhwc {
         let per_thread = w.per_thread(&self.gemm, p)?;
         let band_rows = oh.div_ceil(m).div_ceil(pool.threads()).max(1);
         let tile_row = m * ow * p.out_channels;
+        let phased = pool.threads() > 1 && w.block >= oh.div_ceil(m) * ow.div_ceil(m);
         let failed = FirstError::default();
         for n in 0..batch {
             let x = input.get(n * xi..(n + 1) * xi).unwrap_or_default();
             let r = residual.and_then(|r| r.get(n * yi..(n + 1) * yi));
             let y = output.get_mut(n * yi..(n + 1) * yi).unwrap_or_default();
+            if phased {
+                self.winograd_phased(w, pool, x, r, y, scratch)?;
+                continue;
+            }
             pool.parallel_groups(
                 y,
                 tile_row,
@@ -294,6 +308,66 @@ impl ConvNhwc {
         failed.into_result()
     }
 
+    /// One image in three passes on the pool (see [`Self::run_winograd`]): `scratch`
+    /// holds the image's transformed inputs and products, then each thread's scratch
+    /// for the product.
+    fn winograd_phased(
+        &self,
+        w: &Winograd,
+        pool: &ThreadPool,
+        x: &[f32],
+        residual: Option<&[f32]>,
+        y: &mut [f32],
+        scratch: &mut [f32],
+    ) -> Result {
+        let p = &self.p;
+        let (m, positions) = (w.variant.m(), w.variant.alpha().pow(2));
+        let (cin, cout) = (p.in_channels, p.out_channels);
+        let [oh, ow] = self.out;
+        let tiles = oh.div_ceil(m) * ow.div_ceil(m);
+        let (v_tile, m_tile) = (tile_stride(positions, cin)?, tile_stride(positions, cout)?);
+        let v_len = error::mul(tiles, v_tile, "winograd scratch")?;
+        let m_len = error::mul(tiles, m_tile, "winograd scratch")?;
+        let len = scratch.len();
+        let too_small = || Error::ScratchTooSmall {
+            len,
+            needed: v_len + m_len,
+        };
+        let (vbuf, rest) = scratch.split_at_mut_checked(v_len).ok_or_else(too_small)?;
+        let (mbuf, gemm_scratch) = rest.split_at_mut_checked(m_len).ok_or_else(too_small)?;
+        let failed = FirstError::default();
+        let mut none = [0f32; 0];
+        pool.parallel_chunks(vbuf, v_tile, &mut none, 0, |t, dst, _| {
+            self.winograd_inputs(w, x, 0, t, 1, dst);
+        })?;
+        let products = MatMut::new(mbuf, tiles, positions * cout, m_tile, 1)?;
+        let parts = products.into_parts(true, cout);
+        let per_thread = self.gemm.caller_scratch_len(tiles, cout, cin)?;
+        let vbuf = &*vbuf;
+        pool.parallel_for_scratch(positions, gemm_scratch, per_thread, |q, part| {
+            let (Some(u), Some(c)) = (w.weights.get(q), parts.take(q)) else {
+                return;
+            };
+            let a = vbuf.get(q * cin..).unwrap_or_default();
+            failed.keep(
+                MatRef::new(a, tiles, cin, v_tile, 1)
+                    .and_then(|a| self.gemm.run_on_caller(c, a, u, part)),
+            );
+        })?;
+        failed.into_result()?;
+        let tiles_wide = ow.div_ceil(m);
+        let tile_row = m * ow * cout;
+        let band_rows = oh.div_ceil(m).div_ceil(pool.threads()).max(1);
+        let mbuf = &*mbuf;
+        pool.parallel_groups(y, tile_row, band_rows, &mut none, 0, |first, band, _| {
+            let r = residual.and_then(|r| r.get(first * tile_row..first * tile_row + band.len()));
+            let src = mbuf.get(first * tiles_wide * m_tile..).unwrap_or_default();
+            let rows = band.len() / (ow * cout).max(1);
+            let tb = rows.div_ceil(m) * tiles_wide;
+            self.winograd_outputs(w, src, (0, tb), r, band);
+        })
+    }
+
     /// The tile rows from `first` of one image into `band` (those rows of the output,
     /// `residual` the same rows of the residual), in blocks of tiles.
     fn winograd_band(
@@ -306,57 +380,23 @@ impl ConvNhwc {
         scratch: &mut [f32],
     ) -> Result {
         let p = &self.p;
-        let isa = self.gemm.isa();
-        let (m, alpha) = (w.variant.m(), w.variant.alpha());
-        let positions = alpha * alpha;
+        let (m, positions) = (w.variant.m(), w.variant.alpha().pow(2));
         let (cin, cout) = (p.in_channels, p.out_channels);
         let ow = self.out[1];
-        let [ih, iw] = p.input;
         let tiles_wide = ow.div_ceil(m);
-        let y0 = first * m;
         let rows = band.len() / (ow * cout).max(1);
         let tiles = rows.div_ceil(m) * tiles_wide;
         let (v_tile, m_tile) = (tile_stride(positions, cin)?, tile_stride(positions, cout)?);
         let (v_len, m_len) = (w.block * v_tile, w.block * m_tile);
         let (vbuf, rest) = scratch.split_at_mut(v_len.min(scratch.len()));
         let (mbuf, gemm_scratch) = rest.split_at_mut(m_len.min(rest.len()));
-        let (min, max, rest_act) = match self.activation {
-            Activation::Clamp { min, max } => (min, max, Activation::Identity),
-            a => (f32::NEG_INFINITY, f32::INFINITY, a),
-        };
-        let zero = self.zero.get(..cin).unwrap_or_default();
         // Blocks of equal size: a last block of a few tiles would stream every
         // weight for them alone.
         let blocks = tiles.div_ceil(w.block.max(1));
         let even = tiles.div_ceil(blocks.max(1));
         for t0 in (0..tiles).step_by(even.max(1)) {
             let tb = even.min(tiles - t0);
-            // Transformed inputs: tile-major, each tile's α² positions of `cin` values
-            // in a row (a position-major layout put the stores of a tile 2-4 KiB
-            // apart, where they conflict in L1's sets).
-            for t in 0..tb {
-                let (ty, tx) = ((t0 + t) / tiles_wide, (t0 + t) % tiles_wide);
-                let (iy0, ix0) = (y0 + ty * m, tx * m);
-                let mut taps: [&[f32]; 36] = [&[]; 36];
-                for (k, tap) in taps.iter_mut().take(positions).enumerate() {
-                    let iy = (iy0 + k / alpha)
-                        .checked_sub(p.padding[0])
-                        .filter(|&v| v < ih);
-                    let ix = (ix0 + k % alpha)
-                        .checked_sub(p.padding[1])
-                        .filter(|&v| v < iw);
-                    *tap = match iy.zip(ix) {
-                        Some((iy, ix)) => {
-                            let at = (iy * iw + ix) * cin;
-                            x.get(at..at + cin).unwrap_or(zero)
-                        }
-                        None => zero,
-                    };
-                }
-                let dst = vbuf.get_mut(t * v_tile..).unwrap_or_default();
-                let taps = taps.get(..positions).unwrap_or_default();
-                input(isa, w.variant, taps, cin, dst, cin);
-            }
+            self.winograd_inputs(w, x, first * m, t0, tb, vbuf);
             // One product per tile position.
             for (q, u) in w.weights.iter().enumerate() {
                 let a = vbuf.get(q * cin..).unwrap_or_default();
@@ -365,38 +405,111 @@ impl ConvNhwc {
                 let c = MatMut::new(c, tb, cout, m_tile, 1)?;
                 self.gemm.run_on_caller(c, a, u, gemm_scratch)?;
             }
-            // Outputs, with bias, residual and clamp.
-            for t in 0..tb {
-                let (ty, tx) = ((t0 + t) / tiles_wide, (t0 + t) % tiles_wide);
-                let mut at = [None; 16];
-                for (k, slot) in at.iter_mut().take(m * m).enumerate() {
-                    let (oy, ox) = (ty * m + k / m, tx * m + k % m);
-                    if oy < rows && ox < ow {
-                        *slot = Some((oy * ow + ox) * cout);
+            self.winograd_outputs(w, mbuf, (t0, tb), residual, band);
+        }
+        Ok(())
+    }
+
+    /// Transforms tiles `t0..t0 + tb` of the tile rows from output row `y0` into
+    /// `dst`: tile-major, each tile's α² positions of `cin` values in a row (a
+    /// position-major layout put the stores of a tile 2-4 KiB apart, where they
+    /// conflict in L1's sets).
+    fn winograd_inputs(
+        &self,
+        w: &Winograd,
+        x: &[f32],
+        y0: usize,
+        t0: usize,
+        tb: usize,
+        dst: &mut [f32],
+    ) {
+        let p = &self.p;
+        let isa = self.gemm.isa();
+        let (m, alpha) = (w.variant.m(), w.variant.alpha());
+        let positions = alpha * alpha;
+        let cin = p.in_channels;
+        let [ih, iw] = p.input;
+        let tiles_wide = self.out[1].div_ceil(m);
+        let v_tile = tile_stride(positions, cin).unwrap_or(usize::MAX);
+        let zero = self.zero.get(..cin).unwrap_or_default();
+        for t in 0..tb {
+            let (ty, tx) = ((t0 + t) / tiles_wide, (t0 + t) % tiles_wide);
+            let (iy0, ix0) = (y0 + ty * m, tx * m);
+            let mut taps: [&[f32]; 36] = [&[]; 36];
+            for (k, tap) in taps.iter_mut().take(positions).enumerate() {
+                let iy = (iy0 + k / alpha)
+                    .checked_sub(p.padding[0])
+                    .filter(|&v| v < ih);
+                let ix = (ix0 + k % alpha)
+                    .checked_sub(p.padding[1])
+                    .filter(|&v| v < iw);
+                *tap = match iy.zip(ix) {
+                    Some((iy, ix)) => {
+                        let at = (iy * iw + ix) * cin;
+                        x.get(at..at + cin).unwrap_or(zero)
                     }
-                }
-                let src = mbuf.get_mut(t * m_tile..).unwrap_or_default();
-                let stride = cout;
-                let tile = Outputs {
-                    at: at.get(..m * m).unwrap_or_default(),
-                    bias: &self.bias,
-                    residual,
-                    min,
-                    max,
+                    None => zero,
                 };
-                output(isa, w.variant, src, stride, cout, &tile, band);
-                if rest_act != Activation::Identity {
-                    for &o in at.iter().flatten() {
-                        if let Some(px) = band.get_mut(o..o + cout) {
-                            elementwise::activate(isa, px, rest_act);
-                        }
+            }
+            let dst = dst.get_mut(t.saturating_mul(v_tile)..).unwrap_or_default();
+            let taps = taps.get(..positions).unwrap_or_default();
+            input(isa, w.variant, taps, cin, dst, cin);
+        }
+    }
+
+    /// Turns the products of tiles `t0..t0 + tb` (of `src`, tile-major) into the
+    /// outputs of `band`, with bias, residual and activation.
+    fn winograd_outputs(
+        &self,
+        w: &Winograd,
+        src: &[f32],
+        (t0, tb): (usize, usize),
+        residual: Option<&[f32]>,
+        band: &mut [f32],
+    ) {
+        let p = &self.p;
+        let isa = self.gemm.isa();
+        let m = w.variant.m();
+        let cout = p.out_channels;
+        let ow = self.out[1];
+        let tiles_wide = ow.div_ceil(m);
+        let rows = band.len() / (ow * cout).max(1);
+        let m_tile = tile_stride(w.variant.alpha().pow(2), cout).unwrap_or(usize::MAX);
+        let (min, max, rest) = match self.activation {
+            Activation::Clamp { min, max } => (min, max, Activation::Identity),
+            a => (f32::NEG_INFINITY, f32::INFINITY, a),
+        };
+        for t in 0..tb {
+            let (ty, tx) = ((t0 + t) / tiles_wide, (t0 + t) % tiles_wide);
+            let mut at = [None; 16];
+            for (k, slot) in at.iter_mut().take(m * m).enumerate() {
+                let (oy, ox) = (ty * m + k / m, tx * m + k % m);
+                if oy < rows && ox < ow {
+                    *slot = Some((oy * ow + ox) * cout);
+                }
+            }
+            let tile = Outputs {
+                at: at.get(..m * m).unwrap_or_default(),
+                bias: &self.bias,
+                residual,
+                min,
+                max,
+            };
+            let src = src.get(t.saturating_mul(m_tile)..).unwrap_or_default();
+            output(isa, w.variant, src, cout, cout, &tile, band);
+            if rest != Activation::Identity {
+                for &o in at.iter().flatten() {
+                    if let Some(px) = band.get_mut(o..o + cout) {
+                        elementwise::activate(isa, px, rest);
                     }
                 }
             }
         }
-        Ok(())
     }
 }
+
+/// Most f32 lanes of a vector the transforms run on.
+const MAX_LANES: usize = 16;
 
 /// Where a tile's outputs go: `at[i·m + j]`, the offset of output pixel (i, j) of the
 /// tile in the band (None past the image's edge), and what is added and clamped.
@@ -521,7 +634,7 @@ fn input_tile<S: Lanes, T: Transform<A, M>, const A: usize, const M: usize>(
 #[inline(always)]
 fn output_tile<S: Lanes, T: Transform<A, M>, const A: usize, const M: usize>(
     s: S,
-    src: &mut [f32],
+    src: &[f32],
     stride: usize,
     channels: usize,
     tile: &Outputs<'_>,
@@ -529,19 +642,23 @@ fn output_tile<S: Lanes, T: Transform<A, M>, const A: usize, const M: usize>(
 ) {
     for c in (0..channels).step_by(S::LANES) {
         let lanes = (channels - c).min(S::LANES);
+        // Rows first, into `rows` (M values of each of the A rows, vectors apart): the
+        // products stay as they are, for other threads may read them.
+        const { assert!(S::LANES <= MAX_LANES) };
+        let mut rows = [0f32; 6 * 4 * MAX_LANES];
         for a in 0..A {
             let row: [S::V; A] = std::array::from_fn(|b| {
                 s.load(src.get((a * A + b) * stride + c..).unwrap_or_default())
             });
             for (j, v) in T::output(s, row).into_iter().enumerate() {
-                let at = (a * A + j) * stride + c;
-                s.store(v, src.get_mut(at..at + lanes).unwrap_or_default());
+                let at = (a * M + j) * S::LANES;
+                s.store(v, rows.get_mut(at..at + S::LANES).unwrap_or_default());
             }
         }
         let bias = s.load(tile.bias.get(c..).unwrap_or_default());
         for j in 0..M {
             let col: [S::V; A] = std::array::from_fn(|a| {
-                s.load(src.get((a * A + j) * stride + c..).unwrap_or_default())
+                s.load(rows.get((a * M + j) * S::LANES..).unwrap_or_default())
             });
             for (i, v) in T::output(s, col).into_iter().enumerate() {
                 let Some(o) = tile.at.get(i * M + j).copied().flatten() else {
@@ -586,7 +703,7 @@ fn input(
 fn output(
     isa: Isa,
     variant: Variant,
-    src: &mut [f32],
+    src: &[f32],
     stride: usize,
     channels: usize,
     tile: &Outputs<'_>,
