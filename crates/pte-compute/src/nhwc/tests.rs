@@ -839,6 +839,9 @@ fn depthwise_chains_match_their_layers_run_in_turn() {
         ([7, 7], 3, 1, [1; 4], 8, 32, 8, true, false),
         ([15, 6], 3, 1, [0, 1, 2, 1], 16, 16, 24, false, true),
         ([3, 40], 3, 2, [1; 4], 4, 20, 4, true, true),
+        // Rows expanded several at a time, the ring wrapping mid-call.
+        ([21, 28], 5, 1, [2; 4], 8, 24, 8, true, true),
+        ([17, 30], 3, 2, [1; 4], 8, 24, 8, true, true),
     ];
     let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
     for isa in Isa::available() {
