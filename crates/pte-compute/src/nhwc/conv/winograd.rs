@@ -83,7 +83,7 @@ const F4_MIN_PIXELS: usize = 24 * 24;
 const F2_MIN_PIXELS: usize = 12 * 12;
 // Not for resnet's 7 × 7 layers (512 channels in and out) either: alone in a loop,
 // F(2×2) took them from 1.9 to 1.5 ms, but in the model, where the weights come from
-// memory at each execution, their 16/9 times larger weights made them 3.3 → 3.7 ms.
+// memory at each execution, their 16/9 times larger weights made them 3.3 → 3.5-4.0 ms.
 /// f32 values of a block's transformed inputs and products: about half of a
 /// 512 KiB L2.
 const BLOCK_VALUES: usize = 64 * 1024;
@@ -331,7 +331,7 @@ impl ConvNhwc {
         let len = scratch.len();
         let too_small = || Error::ScratchTooSmall {
             len,
-            needed: v_len + m_len,
+            needed: v_len.saturating_add(m_len),
         };
         let (vbuf, rest) = scratch.split_at_mut_checked(v_len).ok_or_else(too_small)?;
         let (mbuf, gemm_scratch) = rest.split_at_mut_checked(m_len).ok_or_else(too_small)?;
@@ -346,6 +346,9 @@ impl ConvNhwc {
         let vbuf = &*vbuf;
         pool.parallel_for_scratch(positions, gemm_scratch, per_thread, |q, part| {
             let (Some(u), Some(c)) = (w.weights.get(q), parts.take(q)) else {
+                failed.keep(Err(Error::InvalidParameter {
+                    what: format!("winograd: no weights or products for tile position {q}"),
+                }));
                 return;
             };
             let a = vbuf.get(q * cin..).unwrap_or_default();
