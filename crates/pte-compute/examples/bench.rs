@@ -1061,6 +1061,40 @@ fn main() {
             println!("{:.1} GFLOP/s", 2.0 * (m * n * k) as f64 / s / 1e9);
         }
     }
+    if what == "depthwise" {
+        // One NCHW depthwise layer, for a profiler: depthwise CHANNELS SIZE K STRIDE THREADS
+        let v: Vec<usize> = args.iter().skip(1).filter_map(|a| a.parse().ok()).collect();
+        if let [c, size, k, stride, threads] = v[..] {
+            let p = layer(c, c, c, size, k, stride, k / 2);
+            let pool = ThreadPool::new(threads).unwrap();
+            let (w, bias) = (values(c * k * k), values(c));
+            let g = Gemm::with_isa(o.isa).unwrap();
+            let conv = Conv2d::new(
+                &pool,
+                g,
+                p,
+                ConvWeights::oihw(&w),
+                Some(&bias),
+                Activation::Identity,
+            )
+            .unwrap();
+            let (x_len, y_len) = conv.io_len(1).unwrap();
+            let x = values(x_len);
+            let mut y = vec![0.0; y_len];
+            let mut scratch = vec![0.0; conv.scratch_len(threads).unwrap()];
+            let [oh, ow] = conv.output_size();
+            let s = time(
+                &mut || conv.run(&pool, &x, 1, &mut y, &mut scratch).unwrap(),
+                Duration::from_secs(2),
+            );
+            println!(
+                "{} {:.3} ms, {:.1} GFLOP/s",
+                conv.algorithm(),
+                s * 1e3,
+                2.0 * (c * oh * ow * k * k) as f64 / s / 1e9
+            );
+        }
+    }
     if what == "batched" {
         // A batch in a loop, for a profiler: batched COUNT M N K THREADS
         use pte_compute::{BatchMut, BatchRef};

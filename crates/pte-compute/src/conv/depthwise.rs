@@ -7,11 +7,11 @@
 //! activation runs on the finished row. Planes are split over the pool's threads.
 
 use super::Conv2dParams;
-use crate::arch::{multiversion, Isa};
+use crate::arch::Isa;
 use crate::elementwise::Activation;
 use crate::error::{Error, Result};
 use crate::pool::ThreadPool;
-use crate::window::{self, MulAdd, Window};
+use crate::window::{self, Window};
 
 pub(crate) struct Layer<'a> {
     pub p: &'a Conv2dParams,
@@ -74,14 +74,7 @@ pub(crate) fn run(
             return;
         };
         let bias = l.bias.get(oc).copied().unwrap_or(0.0);
-        plane_fn(isa, &g, src, wt, bias, l.activation, out, rows);
+        window::weighted(isa, &g, src, wt, bias, l.activation, out, rows);
     })?;
     failed.into_result()
-}
-
-multiversion! {
-    /// One output plane from one input plane.
-    fn plane_fn<const FMA: bool>(g: &Window, x: &[f32], taps: &[f32], bias: f32, activation: Activation, y: &mut [f32], rows: &mut [f32]) {
-        window::plane::<MulAdd, FMA>(g, x, taps, bias, activation, y, rows);
-    }
 }

@@ -112,6 +112,13 @@ fn cases() -> Vec<Conv2dParams> {
         case(3, 5, 1, [4, 4], [4, 4], [1, 1], [0; 4], [1, 1]),
         // more pixels than a GEMM column block and depth above one k block
         case(32, 10, 1, [48, 50], [3, 3], [1, 1], [1, 1, 1, 1], [1, 1]),
+        // depthwise by groups of output rows: a height not a multiple of the group
+        // (13 = 3 groups of 4 and one row), a width past one chunk, rows read by one to
+        // four outputs of a group; dilated rows with stride 2; padding beyond the
+        // kernel's reach (rows of bias alone)
+        case(3, 3, 3, [13, 19], [7, 7], [1, 1], [3, 3, 3, 3], [1, 1]),
+        case(2, 2, 2, [17, 9], [3, 3], [2, 1], [3, 1, 2, 1], [3, 1]),
+        case(2, 2, 2, [6, 6], [3, 3], [1, 1], [4, 4, 4, 4], [1, 1]),
     ]
 }
 
