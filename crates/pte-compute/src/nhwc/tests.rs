@@ -842,6 +842,9 @@ fn depthwise_chains_match_their_layers_run_in_turn() {
         // Rows expanded several at a time, the ring wrapping mid-call.
         ([21, 28], 5, 1, [2; 4], 8, 24, 8, true, true),
         ([17, 30], 3, 2, [1; 4], 8, 24, 8, true, true),
+        // Rows wide enough for one projection call each, bands across images.
+        ([24, 70], 3, 1, [1; 4], 4, 12, 4, true, true),
+        ([20, 66], 5, 2, [2; 4], 4, 12, 4, true, true),
     ];
     let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
     for isa in Isa::available() {
@@ -908,6 +911,12 @@ fn depthwise_chains_match_their_layers_run_in_turn() {
                 }
                 let mut got = vec![f32::NAN; y_len];
                 let mut scratch = vec![f32::NAN; chain.scratch_len(pool.threads()).unwrap()];
+                // A run on other values first: nothing it leaves in the scratch may be
+                // taken for this run's.
+                let other = data(x_len, seed + 7);
+                chain
+                    .run(pool, &other, batch, r, &mut got, &mut scratch)
+                    .unwrap();
                 chain
                     .run(pool, &x, batch, r, &mut got, &mut scratch)
                     .unwrap();
