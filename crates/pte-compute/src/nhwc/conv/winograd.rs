@@ -123,7 +123,7 @@ impl Winograd {
         pool: &ThreadPool,
         p: &Conv2dParams,
         variant: Variant,
-        weight: impl Fn(usize, usize, usize) -> f32,
+        weight: impl Fn(usize, usize, usize) -> f32 + Sync,
     ) -> Result<Self> {
         let (cin, cout) = (p.in_channels, p.out_channels);
         let alpha = variant.alpha();
@@ -137,56 +137,61 @@ impl Winograd {
             cout,
             "winograd weights",
         )?;
-        // [position][input channel][output channel], OB output channels at a time so
-        // that the f64 arithmetic runs on vectors and each store is a contiguous run;
-        // IB input channels per pass over the output channels, so that the weights of
-        // a block are read a cache line at a time (one input channel per pass read
-        // each weight from a different line: 27 ms of resnet18's load).
+        // [input channel][position][output channel]: an input channel's 36 (or 16)
+        // rows are one contiguous run, and threads take blocks of IB input channels.
+        // OB output channels at a time so that the f64 arithmetic runs on vectors and
+        // each store is a contiguous run; IB input channels per pass over the output
+        // channels, so that the weights of a block are read a cache line at a time
+        // (one input channel per pass read each weight from a different line: 27 ms of
+        // resnet18's load).
         const OB: usize = 8;
         const IB: usize = 16;
         let mut u = pte_alloc::try_zeroed_vec::<f32>(len).ok_or(Error::OutOfMemory {
             what: "winograd weights",
             len,
         })?;
-        for (i0, o0) in (0..cin)
-            .step_by(IB)
-            .flat_map(|i0| (0..cout).step_by(OB).map(move |o0| (i0, o0)))
-        {
-            for i in i0..(i0 + IB).min(cin) {
-                let n = OB.min(cout - o0);
-                // w[r][c][lane]: tap (r, c) of output channel o0 + lane.
-                let mut w = [[[0.0f64; OB]; 3]; 3];
-                for (r, wr) in w.iter_mut().enumerate() {
-                    for (c, wc) in wr.iter_mut().enumerate() {
-                        for (lane, v) in wc.iter_mut().enumerate().take(n) {
-                            *v = f64::from(weight(o0 + lane, r * 3 + c, i));
+        let row = positions * cout;
+        pool.parallel_chunks(&mut u, IB * row, &mut [0u8; 0], 0, |block, u, _| {
+            let i0 = block * IB;
+            for o0 in (0..cout).step_by(OB) {
+                for (i, u) in (i0..cin).zip(u.chunks_exact_mut(row)) {
+                    let n = OB.min(cout - o0);
+                    // w[r][c][lane]: tap (r, c) of output channel o0 + lane.
+                    let mut w = [[[0.0f64; OB]; 3]; 3];
+                    for (r, wr) in w.iter_mut().enumerate() {
+                        for (c, wc) in wr.iter_mut().enumerate() {
+                            for (lane, v) in wc.iter_mut().enumerate().take(n) {
+                                *v = f64::from(weight(o0 + lane, r * 3 + c, i));
+                            }
                         }
                     }
-                }
-                // Row a of G w, then its product with row b of G.
-                for (a, ga) in g.iter().enumerate() {
-                    let mut row = [[0.0f64; OB]; 3];
-                    for (k, wk) in ga.iter().zip(&w) {
-                        for (acc, x) in row.iter_mut().zip(wk) {
-                            acc.iter_mut().zip(x).for_each(|(acc, x)| *acc += k * x);
+                    // Row a of G w, then its product with row b of G.
+                    for (a, ga) in g.iter().enumerate() {
+                        let mut rw = [[0.0f64; OB]; 3];
+                        for (k, wk) in ga.iter().zip(&w) {
+                            for (acc, x) in rw.iter_mut().zip(wk) {
+                                acc.iter_mut().zip(x).for_each(|(acc, x)| *acc += k * x);
+                            }
                         }
-                    }
-                    for (b, gb) in g.iter().enumerate() {
-                        let mut v = [0.0f64; OB];
-                        for (x, k) in row.iter().zip(gb) {
-                            v.iter_mut().zip(x).for_each(|(v, x)| *v += x * k);
-                        }
-                        let at = ((a * alpha + b) * cin + i) * cout + o0;
-                        if let Some(dst) = u.get_mut(at..at + n) {
-                            dst.iter_mut().zip(&v).for_each(|(d, v)| *d = *v as f32);
+                        for (b, gb) in g.iter().enumerate() {
+                            let mut v = [0.0f64; OB];
+                            for (x, k) in rw.iter().zip(gb) {
+                                v.iter_mut().zip(x).for_each(|(v, x)| *v += x * k);
+                            }
+                            let at = (a * alpha + b) * cout + o0;
+                            if let Some(dst) = u.get_mut(at..at + n) {
+                                dst.iter_mut().zip(&v).for_each(|(d, v)| *d = *v as f32);
+                            }
                         }
                     }
                 }
             }
-        }
-        let weights = u
-            .chunks_exact(cin * cout)
-            .map(|m| gemm.pack_b_on(pool, MatRef::row_major(m, cin, cout)?))
+        })?;
+        let weights = (0..positions)
+            .map(|p| {
+                let m = MatRef::new(u.get(p * cout..).unwrap_or_default(), cin, cout, row, 1)?;
+                gemm.pack_b_on(pool, m)
+            })
             .collect::<Result<Vec<_>>>()?;
         // Blocks sized for L2, unless the weights outweigh an image's transformed
         // inputs and products: then the whole image is one block, so that each
