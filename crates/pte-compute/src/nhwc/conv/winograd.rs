@@ -116,8 +116,8 @@ pub(super) struct Winograd {
 
 impl Winograd {
     /// Transforms `weight(o, tap, i)` (output channel, tap of the 3×3 window in
-    /// row-major order, input channel) for `variant`, in f64, and packs them on the
-    /// threads of `pool`.
+    /// row-major order, input channel) for `variant`, in f64, and packs them, both on
+    /// the threads of `pool`.
     pub(super) fn new(
         gemm: &Gemm,
         pool: &ThreadPool,
