@@ -163,7 +163,7 @@ pub(crate) fn bias_act<const FMA: bool>(x: &mut [f32], bias: f32, a: Activation)
 
 multiversion! {
     /// `x = act(x + bias)` over a slice (`bias` added to every element).
-    pub(crate) fn bias_act_scalar<const FMA: bool>(x: &mut [f32], bias: f32, a: Activation) {
+    fn bias_act_scalar<const FMA: bool>(x: &mut [f32], bias: f32, a: Activation) {
         bias_act::<FMA>(x, bias, a);
     }
 }

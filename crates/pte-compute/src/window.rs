@@ -387,7 +387,7 @@ pub(crate) fn weighted(
         let l = Wide::<_, 2>(s);
         s.vectorize(|| weighted_plane(l, g, x, taps, init, y, rows));
         // Apart, so that its constants do not take registers from the accumulators.
-        return elementwise::bias_act_scalar(isa, y, 0.0, activation);
+        return elementwise::add_scalar_activate(isa, y, 0.0, activation);
     }
     weighted_plane_loop(isa, g, x, taps, init, activation, y, rows);
 }
