@@ -44,6 +44,32 @@ struct ProfileRow {
     calls_per_execution: f64,
     ms_per_execution: f64,
     share: f64,
+    /// A delegate's parts (node kinds), if its backend times them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    parts: Vec<ProfileRow>,
+}
+
+impl ProfileRow {
+    /// Per-execution figures of `calls` over `total` in `iterations` executions that
+    /// took `total_ms` in all.
+    fn new(
+        name: String,
+        delegate: bool,
+        calls: u64,
+        total: std::time::Duration,
+        iterations: usize,
+        total_ms: f64,
+    ) -> Self {
+        let ms = total.as_secs_f64() * 1e3;
+        ProfileRow {
+            name,
+            delegate,
+            calls_per_execution: calls as f64 / iterations as f64,
+            ms_per_execution: ms / iterations as f64,
+            share: if total_ms > 0.0 { ms / total_ms } else { 0.0 },
+            parts: Vec::new(),
+        }
+    }
 }
 
 /// What `--json` prints.
@@ -169,14 +195,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .profile()
             .into_iter()
             .map(|e| {
-                let ms = e.total.as_secs_f64() * 1e3;
-                ProfileRow {
-                    name: e.name,
-                    delegate: e.delegate,
-                    calls_per_execution: e.calls as f64 / iterations as f64,
-                    ms_per_execution: ms / iterations as f64,
-                    share: if total_ms > 0.0 { ms / total_ms } else { 0.0 },
-                }
+                let mut row =
+                    ProfileRow::new(e.name, e.delegate, e.calls, e.total, iterations, total_ms);
+                row.parts = e
+                    .parts
+                    .into_iter()
+                    .map(|p| ProfileRow::new(p.name, false, p.calls, p.total, iterations, total_ms))
+                    .collect();
+                row
             })
             .collect::<Vec<_>>()
     });
@@ -244,14 +270,20 @@ fn print_text(r: &Report) {
     );
     if let Some(rows) = &r.profile {
         println!("\n{:>9} {:>7} {:>9}  operator", "ms/exec", "share", "calls");
-        for row in rows {
+        let line = |row: &ProfileRow, indent: &str| {
             println!(
-                "{:>9.3} {:>6.1}% {:>9.1}  {}",
+                "{:>9.3} {:>6.1}% {:>9.1}  {indent}{}",
                 row.ms_per_execution,
                 row.share * 100.0,
                 row.calls_per_execution,
                 row.name
             );
+        };
+        for row in rows {
+            line(row, "");
+            for part in &row.parts {
+                line(part, "  ");
+            }
         }
     }
 }

@@ -158,12 +158,20 @@ pub struct ProfileEntry {
     pub calls: u64,
     /// Time spent in them.
     pub total: Duration,
+    /// For a delegate, the time in its parts (its graph's node kinds, say), most
+    /// expensive first, if the backend times them.
+    pub parts: Vec<crate::PartProfile>,
 }
 
 impl std::fmt::Debug for Method {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Method").field("meta", &self.meta).finish()
     }
+}
+
+/// The profile's name for a backend's delegate calls.
+fn delegate_entry_name(backend: &str) -> String {
+    format!("delegate {backend}")
 }
 
 fn bad(message: impl Into<String>) -> RuntimeError {
@@ -763,6 +771,9 @@ impl Method {
     /// Turns the recording of time per instruction on (clearing what was recorded) or
     /// off; see [`Method::profile`].
     pub fn set_profiling(&mut self, on: bool) {
+        for (_, delegate) in &mut self.delegates {
+            delegate.set_profiling(on);
+        }
         self.profile = on.then(|| {
             self.chains
                 .iter()
@@ -789,11 +800,10 @@ impl Method {
                         false,
                     ),
                     Instr::Delegate { delegate, .. } => (
-                        format!(
-                            "delegate {}",
+                        delegate_entry_name(
                             self.delegates
                                 .get(*delegate as usize)
-                                .map_or("?", |d| d.0.as_str())
+                                .map_or("?", |d| d.0.as_str()),
                         ),
                         true,
                     ),
@@ -809,9 +819,27 @@ impl Method {
                         delegate,
                         calls,
                         total,
+                        parts: Vec::new(),
                     }),
                 }
             }
+        }
+        // Each delegate's parts once, however many instructions call it.
+        for (id, prepared) in &self.delegates {
+            let name = delegate_entry_name(id);
+            let Some(entry) = entries.iter_mut().find(|e| e.name == name) else {
+                continue;
+            };
+            for part in prepared.profile() {
+                match entry.parts.iter_mut().find(|p| p.name == part.name) {
+                    Some(p) => {
+                        p.calls += part.calls;
+                        p.total += part.total;
+                    }
+                    None => entry.parts.push(part),
+                }
+            }
+            entry.parts.sort_by_key(|p| std::cmp::Reverse(p.total));
         }
         entries.retain(|e| e.calls > 0);
         entries.sort_by_key(|e| std::cmp::Reverse(e.total));

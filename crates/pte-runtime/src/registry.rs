@@ -25,6 +25,26 @@ pub trait PreparedKernel: Send {
     fn consumed(&self) -> &[usize] {
         &[]
     }
+
+    /// Turns the timing of this call's parts on (clearing what was recorded) or off. A
+    /// delegate that runs a graph times its nodes; a plain kernel has no parts.
+    fn set_profiling(&mut self, _on: bool) {}
+
+    /// Time per part over the runs since profiling was turned on, by part name.
+    fn profile(&self) -> Vec<PartProfile> {
+        Vec::new()
+    }
+}
+
+/// Time spent in one kind of part of a prepared call (a delegate's node kind, say).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PartProfile {
+    /// What the part is, e.g. `Conv2d`.
+    pub name: String,
+    /// Times it ran.
+    pub calls: u64,
+    /// Time spent in it.
+    pub total: std::time::Duration,
 }
 
 /// A stateless kernel: a plain function.

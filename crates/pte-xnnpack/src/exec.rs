@@ -16,10 +16,13 @@
 //! XNNPACK's f16 kernels on x86 (convert, compute in f32, convert back) produce.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
 use pte_compute::ThreadPool;
-use pte_runtime::{Arg, Args, Buffer, DType, KernelError, KernelResult, MemoryBudget, Workspace};
+use pte_runtime::{
+    Arg, Args, Buffer, DType, KernelError, KernelResult, MemoryBudget, PartProfile, Workspace,
+};
 use smallvec::SmallVec;
 
 use crate::error::{Result, XnnError};
@@ -146,6 +149,8 @@ pub(crate) struct Exec {
     pool: Arc<ThreadPool>,
     /// Input shapes (physical) the current plan was made for.
     planned_for: Vec<Dims>,
+    /// Runs and time per step, when profiling is on.
+    profile: Option<Vec<(u64, Duration)>>,
 }
 
 fn storage_err(what: &str, e: pte_runtime::MemoryError) -> XnnError {
@@ -305,6 +310,7 @@ impl Exec {
             workspace,
             pool,
             planned_for: Vec::new(),
+            profile: None,
         };
         let shapes: Vec<Dims> = exec
             .inputs
@@ -319,6 +325,35 @@ impl Exec {
             .collect();
         exec.plan(&shapes)?;
         Ok(exec)
+    }
+
+    /// Turns the timing of every step on (clearing what was recorded) or off.
+    pub(crate) fn set_profiling(&mut self, on: bool) {
+        self.profile = on.then(|| vec![(0, Duration::ZERO); self.steps.len()]);
+    }
+
+    /// Runs and time per node kind (fused nodes under their parts' kinds joined by
+    /// `+`), since profiling was turned on.
+    pub(crate) fn profile(&self) -> Vec<PartProfile> {
+        let mut parts: Vec<PartProfile> = Vec::new();
+        let Some(profile) = &self.profile else {
+            return parts;
+        };
+        for (step, &(calls, total)) in self.steps.iter().zip(profile) {
+            match parts.iter_mut().find(|p| p.name == step.kind) {
+                Some(p) => {
+                    p.calls += calls;
+                    p.total += total;
+                }
+                None => parts.push(PartProfile {
+                    name: step.kind.to_owned(),
+                    calls,
+                    total,
+                }),
+            }
+        }
+        parts.retain(|p| p.calls > 0);
+        parts
     }
 
     fn node_err(&self, s: &Step, message: String) -> XnnError {
@@ -584,7 +619,8 @@ impl Exec {
         }
         let arg_of_input: SmallVec<[usize; 8]> = self.inputs.iter().map(|e| e.arg).collect();
         let arg_of_output: SmallVec<[usize; 4]> = self.outputs.iter().map(|e| e.arg).collect();
-        for step in &self.steps {
+        for (k, step) in self.steps.iter().enumerate() {
+            let started = self.profile.is_some().then(Instant::now);
             let mut cx = Cx {
                 pool: &self.pool,
                 scratch,
@@ -609,6 +645,12 @@ impl Exec {
                     message: m,
                 }
                 .into());
+            }
+            if let (Some(started), Some((runs, total))) =
+                (started, self.profile.as_mut().and_then(|p| p.get_mut(k)))
+            {
+                *runs += 1;
+                *total += started.elapsed();
             }
         }
         for (k, e) in self.outputs.iter().enumerate() {

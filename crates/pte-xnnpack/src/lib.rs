@@ -82,7 +82,8 @@ pub mod schema {
 use std::sync::Arc;
 
 use pte_runtime::{
-    ArgDecl, Args, Backend, BackendRegistry, DType, DelegateInit, KernelResult, PreparedKernel,
+    ArgDecl, Args, Backend, BackendRegistry, DType, DelegateInit, KernelResult, PartProfile,
+    PreparedKernel,
 };
 
 pub use error::{Result, XnnError};
@@ -109,6 +110,14 @@ struct Delegate {
 impl PreparedKernel for Delegate {
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
         self.exec.run(args)
+    }
+
+    fn set_profiling(&mut self, on: bool) {
+        self.exec.set_profiling(on);
+    }
+
+    fn profile(&self) -> Vec<PartProfile> {
+        self.exec.profile()
     }
 }
 
