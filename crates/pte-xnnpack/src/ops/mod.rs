@@ -66,6 +66,11 @@ pub(crate) trait Kernel: Send {
     }
     /// Computes the outputs. Inputs the kernel captured at load are `None`.
     fn run(&self, cx: &mut Cx<'_>, inputs: &[Option<In<'_>>], outputs: &mut [Out<'_>]) -> KResult;
+    /// Whether the output is the input's bytes unchanged (a copy or a reshape), so
+    /// that it can share the input's memory and the node need not run.
+    fn is_view(&self) -> bool {
+        false
+    }
 }
 
 /// A kernel and which of its inputs it captured at load (constant weights).

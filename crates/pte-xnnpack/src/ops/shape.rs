@@ -67,6 +67,10 @@ impl Kernel for Copy {
         bytes_mut(out.bytes, n)?.copy_from_slice(bytes(x.bytes, n)?);
         Ok(())
     }
+
+    fn is_view(&self) -> bool {
+        true
+    }
 }
 
 /// XNNPACK's reshape: at most one dimension is 0, inferred from the element count.
