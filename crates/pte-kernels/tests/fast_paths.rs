@@ -1255,3 +1255,49 @@ fn convolution_chains_run_channels_last_with_the_same_results() {
         }
     }
 }
+
+/// One convolution (with batch normalization and ReLU) and what follows it: the mean
+/// over height and width (a network's head), or nothing (its output leaves NCHW).
+fn one_convolution(
+    batch: usize,
+    size: usize,
+    k: usize,
+    head: bool,
+) -> (Vec<u8>, Vec<Vec<usize>>) {
+    let mut n = Net::new();
+    let xs = vec![batch, 24, size, size];
+    let x = n.tensor(&xs);
+    n.b.input(x);
+    let (y, ys) = n.conv(x, &xs, 40, 1, k, 1, true);
+    let y = n.act(y, &ys, After::Relu);
+    let y = if head { n.mean(y, &ys, false).0 } else { y };
+    n.b.output(y);
+    (n.b.build(), vec![xs])
+}
+
+#[test]
+fn a_last_convolution_and_its_mean_run_channels_last() {
+    for (batch, size, k, head) in [
+        (1, 7, 1, true),
+        (2, 5, 3, true),
+        (1, 1, 1, true),
+        (1, 7, 1, false),
+    ] {
+        let (bytes, shapes) = one_convolution(batch, size, k, head);
+        let inputs: Vec<(Vec<usize>, Vec<f32>)> = shapes
+            .iter()
+            .map(|s| (s.clone(), values(s.iter().product(), 7)))
+            .collect();
+        let what = format!("batch {batch} size {size} kernel {k} head {head}");
+        let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+        for threads in [1, 2] {
+            let (got, ran) = run(&bytes, &pte_kernels::registry(), &inputs, threads);
+            assert_close(&got, &want, 400, &format!("{what}, {threads} threads"));
+            let regions = ran.iter().filter(|r| r.contains("NHWC region")).count();
+            // A lone convolution whose output leaves NHWC stays NCHW (a conversion on
+            // each side would cost more than the layout gains).
+            let expected = usize::from(head);
+            assert_eq!(regions, expected, "{what}: {ran:?}");
+        }
+    }
+}

@@ -8,8 +8,9 @@
 //! nothing reads, the mean over height and width, activations, `add` / `mul` of
 //! equal shapes or by a per-channel vector (squeeze-and-excitation), and the
 //! concatenation of up to four values along channels (squeezenet, inception) — with at
-//! least two convolutions. Inside the run every 4-d value is kept NHWC *in its own planned
-//! memory* (the program's memory plan already gives each value room for its
+//! least two convolutions, or one when nothing leaves the run NHWC (the mean after a
+//! network's last convolution). Inside the run every 4-d value is kept NHWC *in its own
+//! planned memory* (the program's memory plan already gives each value room for its
 //! lifetime, and the steps run in program order), so the run costs no memory beyond
 //! the conversions at its ends: inputs from before the run are converted into scratch
 //! memory, and a 4-d value that leaves the run (its last) is converted back. A value
@@ -135,7 +136,8 @@ fn spatial(sizes: &[usize]) -> bool {
     matches!(sizes, [_, _, h, w] if h * w > 1)
 }
 
-/// Builds the plan for the calls at the start of `calls`, if it holds two convolutions.
+/// Builds the plan for the calls at the start of `calls`, if it holds two convolutions
+/// (or one whose result leaves the run layout-free).
 pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
     let mut b = Builder {
         g,
@@ -182,14 +184,17 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
         .iter()
         .filter(|s| matches!(s, Step::Conv { .. }))
         .count();
-    if convs < 2 {
+    let last = steps.last_mut()?;
+    let out = b.output_value(last)?;
+    let exits_spatial = g.tensor(out).is_some_and(|t| spatial(&t.sizes));
+    // One convolution is worth its conversions only when nothing is converted back: a
+    // network's last convolution and the mean after it (shufflenet_v2's 1×1 at 7×7,
+    // its 49 pixels the columns of the NCHW product: 0.67 ms against 0.42 in NHWC).
+    if convs < 2 && (convs == 0 || exits_spatial) {
         return None;
     }
-    if let Some(last) = steps.last_mut() {
-        let out = b.output_value(last)?;
-        if g.tensor(out).is_some_and(|t| spatial(&t.sizes)) {
-            set_exit(last);
-        }
+    if exits_spatial {
+        set_exit(last);
     }
     // The values each step's calls computed on the way (a convolution's output before
     // its batch normalization, ...): dropped, and read by nothing but those calls.
@@ -215,7 +220,8 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
     let ids: Vec<CallId> = b.ids.get(..n_calls)?.to_vec();
     Some(Fusion {
         name: format!(
-            "fused NHWC region ({convs} convolutions, {} calls)",
+            "fused NHWC region ({convs} convolution{}, {} calls)",
+            if convs == 1 { "" } else { "s" },
             ids.len()
         ),
         calls: ids,
