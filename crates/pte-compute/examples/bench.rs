@@ -1095,6 +1095,35 @@ fn main() {
             );
         }
     }
+    if what == "maxpool" {
+        // One NHWC max pooling, for a profiler: maxpool CHANNELS SIZE K STRIDE THREADS
+        use pte_compute::nhwc::{pool2d, Geometry, PoolKind};
+        let v: Vec<usize> = args.iter().skip(1).filter_map(|a| a.parse().ok()).collect();
+        if let [c, size, k, stride, threads] = v[..] {
+            let pad = k / 2;
+            let g = Geometry {
+                input: [size, size],
+                kernel: [k, k],
+                stride: [stride, stride],
+                dilation: [1, 1],
+                padding: [pad; 4],
+            };
+            let [oh, ow] = g.output().unwrap();
+            let pool = ThreadPool::new(threads).unwrap();
+            let x = values(size * size * c);
+            let mut y = vec![0.0; oh * ow * c];
+            let (lo, hi) = (f32::NEG_INFINITY, f32::INFINITY);
+            let s = time(
+                &mut || pool2d(o.isa, &pool, PoolKind::Max, &g, c, 1, &x, &mut y, lo, hi).unwrap(),
+                Duration::from_secs(2),
+            );
+            println!(
+                "max pooling {:.3} ms, {:.1} GB/s read",
+                s * 1e3,
+                (x.len() * 4) as f64 / s / 1e9
+            );
+        }
+    }
     if what == "batched" {
         // A batch in a loop, for a profiler: batched COUNT M N K THREADS
         use pte_compute::{BatchMut, BatchRef};

@@ -1258,12 +1258,7 @@ fn convolution_chains_run_channels_last_with_the_same_results() {
 
 /// One convolution (with batch normalization and ReLU) and what follows it: the mean
 /// over height and width (a network's head), or nothing (its output leaves NCHW).
-fn one_convolution(
-    batch: usize,
-    size: usize,
-    k: usize,
-    head: bool,
-) -> (Vec<u8>, Vec<Vec<usize>>) {
+fn one_convolution(batch: usize, size: usize, k: usize, head: bool) -> (Vec<u8>, Vec<Vec<usize>>) {
     let mut n = Net::new();
     let xs = vec![batch, 24, size, size];
     let x = n.tensor(&xs);

@@ -336,23 +336,23 @@ impl Exec {
     }
 
     /// Runs and time per node kind (fused nodes under their parts' kinds joined by
-    /// `+`), since profiling was turned on.
+    /// `+`; a convolution's algorithm in brackets), since profiling was turned on.
     pub(crate) fn profile(&self) -> Vec<PartProfile> {
         let mut parts: Vec<PartProfile> = Vec::new();
         let Some(profile) = &self.profile else {
             return parts;
         };
         for (step, &(calls, total)) in self.steps.iter().zip(profile) {
-            match parts.iter_mut().find(|p| p.name == step.kind) {
+            let name = match step.prepared.kernel.variant() {
+                Some(v) => format!("{} ({v})", step.kind),
+                None => step.kind.to_owned(),
+            };
+            match parts.iter_mut().find(|p| p.name == name) {
                 Some(p) => {
                     p.calls += calls;
                     p.total += total;
                 }
-                None => parts.push(PartProfile {
-                    name: step.kind.to_owned(),
-                    calls,
-                    total,
-                }),
+                None => parts.push(PartProfile { name, calls, total }),
             }
         }
         parts.retain(|p| p.calls > 0);

@@ -422,20 +422,25 @@ fn convolutions_match_a_direct_loop() {
 fn pooling_matches_a_direct_loop() {
     let pool = ThreadPool::new(2).unwrap();
     // Channels in blocks of 16 and 1; of 16, 8, 4 and 1.
-    for (c, input, kernel, stride, padding) in [19, 29].into_iter().flat_map(|c| {
+    // Windows cut by padding on every side (ceil mode's extra bottom and right rows
+    // among them), dilated windows, windows larger than the image's edge allows.
+    for (c, input, kernel, stride, dilation, padding) in [19, 29].into_iter().flat_map(|c| {
         [
-            ([6, 7], [2, 2], [2, 2], [0; 4]),
-            ([6, 7], [3, 3], [1, 1], [1, 1, 1, 1]),
-            ([9, 5], [3, 2], [2, 1], [1, 0, 1, 1]),
-            ([7, 7], [7, 7], [1, 1], [0; 4]),
+            ([6, 7], [2, 2], [2, 2], [1, 1], [0; 4]),
+            ([6, 7], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+            ([9, 5], [3, 2], [2, 1], [1, 1], [1, 0, 1, 1]),
+            ([7, 7], [7, 7], [1, 1], [1, 1], [0; 4]),
+            ([9, 8], [3, 3], [2, 2], [1, 1], [1, 2, 2, 1]),
+            ([9, 10], [3, 3], [2, 1], [2, 3], [2, 3, 2, 3]),
+            ([5, 4], [5, 5], [1, 2], [1, 1], [2, 2, 2, 2]),
         ]
-        .map(|(i, k, s, p)| (c, i, k, s, p))
+        .map(|(i, k, s, d, p)| (c, i, k, s, d, p))
     }) {
         let g = Geometry {
             input,
             kernel,
             stride,
-            dilation: [1, 1],
+            dilation,
             padding,
         };
         let [oh, ow] = g.output().unwrap();

@@ -192,6 +192,10 @@ pub(crate) fn activation(min: f32, max: f32, fused: Option<Activation>) -> Activ
 }
 
 impl Kernel for FloatConv {
+    fn variant(&self) -> Option<&'static str> {
+        self.layer.as_ref().map(|(layer, _)| layer.algorithm())
+    }
+
     fn reshape(&mut self, inputs: &[Option<&[usize]>], outputs: &mut [Dims]) -> KResult {
         let [n, h, w, _] = input_nhwc(shape_of(inputs, 0)?, self.cin)?;
         if self.layer.as_ref().map(|(_, s)| *s) != Some([h, w]) {

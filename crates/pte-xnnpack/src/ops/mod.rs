@@ -71,6 +71,11 @@ pub(crate) trait Kernel: Send {
     fn is_view(&self) -> bool {
         false
     }
+    /// How the node computes, when it has a choice (a convolution's algorithm), for
+    /// profiles.
+    fn variant(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// A kernel and which of its inputs it captured at load (constant weights).
