@@ -8,8 +8,8 @@
 //! nothing reads, the mean over height and width, activations, `add` / `mul` of
 //! equal shapes or by a per-channel vector (squeeze-and-excitation), and the
 //! concatenation of up to four values along channels (squeezenet, inception) — with at
-//! least two convolutions, or one when nothing leaves the run NHWC (the mean after a
-//! network's last convolution). Inside the run every 4-d value is kept NHWC *in its own
+//! least two convolutions, or one whose result leaves through the mean over height
+//! and width (a network's last convolution and its pooling). Inside the run every 4-d value is kept NHWC *in its own
 //! planned memory* (the program's memory plan already gives each value room for its
 //! lifetime, and the steps run in program order), so the run costs no memory beyond
 //! the conversions at its ends: inputs from before the run are converted into scratch
@@ -137,7 +137,7 @@ fn spatial(sizes: &[usize]) -> bool {
 }
 
 /// Builds the plan for the calls at the start of `calls`, if it holds two convolutions
-/// (or one whose result leaves the run layout-free).
+/// (or one whose result leaves the run through a mean over height and width).
 pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
     let mut b = Builder {
         g,
@@ -187,10 +187,12 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
     let last = steps.last_mut()?;
     let out = b.output_value(last)?;
     let exits_spatial = g.tensor(out).is_some_and(|t| spatial(&t.sizes));
-    // One convolution is worth its conversions only when nothing is converted back: a
-    // network's last convolution and the mean after it (shufflenet_v2's 1×1 at 7×7,
-    // its 49 pixels the columns of the NCHW product: 0.67 ms against 0.42 in NHWC).
-    if convs < 2 && (convs == 0 || exits_spatial) {
+    // One convolution is worth its conversion only when its result leaves through a
+    // mean over the image: a network's last convolution and the pooling after it
+    // (shufflenet_v2's 1×1 at 7×7, its 49 pixels the columns of the NCHW product:
+    // 0.67 ms against 0.42 in NHWC).
+    let head = convs == 1 && matches!(last, Step::Mean { .. });
+    if convs < 2 && !head {
         return None;
     }
     if exits_spatial {
