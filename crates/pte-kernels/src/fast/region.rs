@@ -9,9 +9,10 @@
 //! equal shapes or by a per-channel vector (squeeze-and-excitation), and the
 //! concatenation of up to four values along channels (squeezenet, inception) — with at
 //! least two convolutions, or one whose result leaves through the mean over height
-//! and width (a network's last convolution and its pooling). Inside the run every 4-d value is kept NHWC *in its own
-//! planned memory* (the program's memory plan already gives each value room for its
-//! lifetime, and the steps run in program order), so the run costs no memory beyond
+//! and width (a network's last convolution and its pooling). Inside the run every 4-d
+//! value is kept NHWC *in its own planned memory* (the program's memory plan already
+//! gives each value room for its lifetime, and the steps run in program order), so
+//! the run costs no memory beyond
 //! the conversions at its ends: inputs from before the run are converted into scratch
 //! memory, and a 4-d value that leaves the run (its last) is converted back. A value
 //! with height and width 1 is the same in both layouts and may leave it freely. A
