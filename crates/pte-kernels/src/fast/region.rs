@@ -12,14 +12,13 @@
 //! and width (a network's last convolution and its pooling). Inside the run every 4-d
 //! value is kept NHWC *in its own planned memory* (the program's memory plan already
 //! gives each value room for its lifetime, and the steps run in program order), so
-//! the run costs no memory beyond
-//! the conversions at its ends: inputs from before the run are converted into scratch
-//! memory, and a 4-d value that leaves the run (its last) is converted back. A value
-//! with height and width 1 is the same in both layouts and may leave it freely. A
-//! step's output that the plan put over the step's own input (an activation placed
-//! over the convolution input it follows) moves to the planned bytes of a value the
-//! fused calls no longer compute, when they are free (`Region::relocate`): else each
-//! execution would copy the input away first.
+//! the run costs no memory beyond the conversions at its ends: inputs from before the
+//! run are converted into scratch memory, and a 4-d value that leaves the run (its
+//! last) is converted back. A value with height and width 1 is the same in both
+//! layouts and may leave it freely. A step's output that the plan put over the step's
+//! own input (an activation placed over the convolution input it follows) moves to
+//! the planned bytes of a value the fused calls no longer compute, when they are free
+//! (`Region::relocate`): else each execution would copy the input away first.
 //!
 //! A depthwise convolution with the pointwise convolution before it, after it or both
 //! (an inverted residual block), each output read by the next alone, runs as one
