@@ -183,8 +183,8 @@ macro_rules! depthwise_rows {
             /// in isolation; every model with such layers that we timed gained.)
             ///
             /// # Safety
-            /// The instruction set is available; `c_lo` and `c_hi <= c` are multiples of the
-            /// lanes. `rows[ky]` is null (a padded row) or points to `w_in * c` floats; `w` to
+            /// The instruction set is available; `c_hi <= c` and `c_hi - c_lo` is a multiple
+            /// of the lanes. `rows[ky]` is null (a padded row) or points to `w_in * c` floats; `w` to
             /// `K * K * c` (`w[tap * c + ch]`), `bias` to `c`, `y` to `ow * c`.
             #[target_feature(enable = $feat)]
             pub(crate) unsafe fn depthwise_row<const K: usize>(

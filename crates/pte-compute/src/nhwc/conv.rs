@@ -504,11 +504,12 @@ impl ConvNhwc {
 
     /// One output row `oy` of a depthwise convolution: the hand-written 3×3 or 5×5
     /// row kernel (measured faster than the general kernel at every width from 7) on
-    /// the channels in whole blocks of eight, the few left by a scalar loop
+    /// 8 channels or more, in whole blocks of eight and the last eight again
     /// (shufflenet's 58 and 116 channels ran on the general kernel, its taps gathered
-    /// pixel by pixel: 2.3× the time of the blocked row); other windows as runs of
-    /// pixels, each with one input row per tap (the zero row for padding), through the
-    /// channel-blocked kernel.
+    /// pixel by pixel: 2.3× the time of the blocked row; then with the channels past
+    /// the blocks one at a time, still 3×); other windows as runs of pixels, each with
+    /// one input row per tap (the zero row for padding), through the channel-blocked
+    /// kernel.
     fn depthwise_row<'x>(
         &self,
         isa: Isa,
@@ -529,7 +530,6 @@ impl ConvNhwc {
                 _ => false,
             };
             if done {
-                self.depthwise_row_tail(source, weights, (min, max), oy, c / 8 * 8, out_row);
                 return Ok(());
             }
         }
@@ -580,49 +580,6 @@ impl ConvNhwc {
             }
         }
         Ok(())
-    }
-
-    /// Channels `c0..` of output row `oy` of a depthwise convolution, one at a time:
-    /// those the row kernel's blocks of eight leave.
-    fn depthwise_row_tail<'x>(
-        &self,
-        source: &impl Fn(usize) -> Option<&'x [f32]>,
-        weights: &[f32],
-        (min, max): (f32, f32),
-        oy: usize,
-        c0: usize,
-        out_row: &mut [f32],
-    ) {
-        let p = &self.p;
-        let c = p.out_channels;
-        let [kh, kw] = p.kernel;
-        let [ih, iw] = p.input;
-        if c0 >= c {
-            return;
-        }
-        for (ox, out) in out_row.chunks_exact_mut(c.max(1)).enumerate() {
-            for (ch, o) in out.iter_mut().enumerate().skip(c0) {
-                let mut acc = self.bias.get(ch).copied().unwrap_or(0.0);
-                for ky in 0..kh {
-                    let row = (oy * p.stride[0] + ky * p.dilation[0])
-                        .checked_sub(p.padding[0])
-                        .filter(|&iy| iy < ih)
-                        .and_then(source);
-                    let Some(row) = row else { continue };
-                    for kx in 0..kw {
-                        let ix = (ox * p.stride[1] + kx * p.dilation[1])
-                            .checked_sub(p.padding[1])
-                            .filter(|&ix| ix < iw);
-                        let x = ix.and_then(|ix| row.get(ix * c + ch));
-                        let w = weights.get((ky * kw + kx) * c + ch);
-                        if let (Some(&x), Some(&w)) = (x, w) {
-                            acc += x * w;
-                        }
-                    }
-                }
-                *o = elementwise::clamp(acc, min, max);
-            }
-        }
     }
 
     /// The products on the indirect micro-kernel: tiles of `mr` output pixels × `nr`
