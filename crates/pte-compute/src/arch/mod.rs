@@ -348,9 +348,10 @@ pub(crate) fn depthwise_row<const K: usize>(
         // one process, interleaved.
         let wide = if isa == Isa::Avx512 { c / 16 * 16 } else { 0 };
         let narrow = c / 8 * 8;
-        // SAFETY: the instruction sets are available (Avx512 implies AVX2 and FMA), the
-        // channel ranges are multiples of their lanes within c, and every length the
-        // kernels rely on was checked above.
+        // SAFETY: the instruction sets are available (Avx512 implies AVX2 and FMA), each
+        // channel range spans a multiple of its lanes and ends within c (the last,
+        // `c - 8..c`, starts at 0 or later since c >= 8), and every length the kernels
+        // rely on was checked above.
         unsafe {
             if wide > 0 {
                 x86::dw512::depthwise_row::<K>(rows, w, b, y, g, (0, wide));
