@@ -831,13 +831,7 @@ impl Method {
                 continue;
             };
             for part in prepared.profile() {
-                match entry.parts.iter_mut().find(|p| p.name == part.name) {
-                    Some(p) => {
-                        p.calls += part.calls;
-                        p.total += part.total;
-                    }
-                    None => entry.parts.push(part),
-                }
+                part.add_to(&mut entry.parts);
             }
             entry.parts.sort_by_key(|p| std::cmp::Reverse(p.total));
         }

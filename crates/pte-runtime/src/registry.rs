@@ -47,6 +47,19 @@ pub struct PartProfile {
     pub total: std::time::Duration,
 }
 
+impl PartProfile {
+    /// Adds this part to `parts`: to the entry of the same name, or as a new one.
+    pub fn add_to(self, parts: &mut Vec<PartProfile>) {
+        match parts.iter_mut().find(|p| p.name == self.name) {
+            Some(p) => {
+                p.calls += self.calls;
+                p.total += self.total;
+            }
+            None => parts.push(self),
+        }
+    }
+}
+
 /// A stateless kernel: a plain function.
 pub type KernelFn = fn(&mut Args<'_>) -> KernelResult;
 

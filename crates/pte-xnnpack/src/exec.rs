@@ -347,13 +347,7 @@ impl Exec {
                 Some(v) => format!("{} ({v})", step.kind),
                 None => step.kind.to_owned(),
             };
-            match parts.iter_mut().find(|p| p.name == name) {
-                Some(p) => {
-                    p.calls += calls;
-                    p.total += total;
-                }
-                None => parts.push(PartProfile { name, calls, total }),
-            }
+            PartProfile { name, calls, total }.add_to(&mut parts);
         }
         parts.retain(|p| p.calls > 0);
         parts
