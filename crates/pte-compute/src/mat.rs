@@ -112,6 +112,16 @@ impl<'a> MatRef<'a> {
         let len = len.min(self.cols - j0);
         self.data.get(i * self.rs + j0..)?.get(..len)
     }
+
+    /// The data from element `(i, j)` to the end, when columns are contiguous
+    /// (`cs == 1`): a block of rows `i..` read with the row stride.
+    #[inline]
+    pub(crate) fn tail_from(&self, i: usize, j: usize) -> Option<&'a [f32]> {
+        if self.cs != 1 && self.cols > 1 || i >= self.rows || j >= self.cols {
+            return None;
+        }
+        self.data.get(i * self.rs + j..)
+    }
 }
 
 /// A writable strided matrix whose distinct elements are distinct memory.

@@ -14,34 +14,23 @@ pub struct AllocError {
 /// (the allocator's 16-byte alignment split every such load and store in two).
 ///
 /// Every constructor that takes a size is fallible: a size that comes from a file or an
-/// input must never abort the process. New memory is zeroed lazily by the allocator
-/// (`alloc_zeroed`), so a large buffer costs resident memory only where it is written.
+/// input must never abort the process. A large buffer is a fresh mapping, zeroed by the
+/// system as its pages are first touched (see `pte_alloc`).
 #[derive(Clone, Default)]
 pub struct AlignedBuf {
-    words: Vec<Line>,
+    bytes: pte_alloc::Zeroed<u8>,
     len: usize,
 }
 
-/// The unit of allocation: one cache line.
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-#[repr(C, align(64))]
-struct Line([u8; LINE]);
-
-/// Bytes in a [`Line`].
-const LINE: usize = 64;
-
-fn zeroed_words(words: usize, bytes: usize) -> Result<Vec<Line>, AllocError> {
-    if words == 0 {
-        return Ok(Vec::new());
-    }
-    pte_alloc::try_zeroed_vec::<Line>(words).ok_or(AllocError { bytes })
+fn zeroed(bytes: usize) -> Result<pte_alloc::Zeroed<u8>, AllocError> {
+    pte_alloc::Zeroed::try_new(bytes).ok_or(AllocError { bytes })
 }
 
 impl AlignedBuf {
     /// A zeroed buffer of `len` bytes.
     pub fn try_zeroed(len: usize) -> Result<Self, AllocError> {
         Ok(AlignedBuf {
-            words: zeroed_words(len.div_ceil(LINE), len)?,
+            bytes: zeroed(len)?,
             len,
         })
     }
@@ -56,13 +45,12 @@ impl AlignedBuf {
     /// Sets the length to `len` bytes, keeping the contents that fit. Growing past the
     /// allocation reallocates (new bytes are zero); shrinking keeps the allocation.
     pub fn try_resize(&mut self, len: usize) -> Result<(), AllocError> {
-        let words = len.div_ceil(LINE);
-        if words > self.words.len() {
-            let mut grown = zeroed_words(words, len)?;
-            if let Some(head) = grown.get_mut(..self.words.len()) {
-                head.copy_from_slice(&self.words);
+        if len > self.bytes.len() {
+            let mut grown = zeroed(len)?;
+            if let Some(head) = grown.get_mut(..self.bytes.len()) {
+                head.copy_from_slice(&self.bytes);
             }
-            self.words = grown;
+            self.bytes = grown;
         }
         self.len = len;
         Ok(())
@@ -85,22 +73,19 @@ impl AlignedBuf {
 
     /// Bytes allocated (at least `len`).
     pub fn capacity(&self) -> usize {
-        self.words.len().saturating_mul(LINE)
+        self.bytes.len()
     }
 
     /// The bytes.
     pub fn as_bytes(&self) -> &[u8] {
-        let all: &[u8] = bytemuck::cast_slice(&self.words);
-        all.get(..self.len).unwrap_or(all)
+        self.bytes.get(..self.len).unwrap_or(&self.bytes)
     }
 
     /// The bytes, mutably.
     pub fn as_mut_bytes(&mut self) -> &mut [u8] {
-        let len = self.len;
-        let all: &mut [u8] = bytemuck::cast_slice_mut(&mut self.words);
         // `len` never exceeds the allocation; `try_resize` keeps it so.
-        let end = len.min(all.len());
-        all.get_mut(..end).unwrap_or_default()
+        let end = self.len.min(self.bytes.len());
+        self.bytes.get_mut(..end).unwrap_or_default()
     }
 }
 

@@ -84,15 +84,15 @@ impl<'a> Epilogue<'a> {
     }
 }
 
-/// Panels of `w` lines over the whole depth (see [`pack`]), 64-byte aligned.
-#[derive(Clone, Debug)]
+/// Panels of `w` lines over the whole depth (see [`pack`]), 64-byte aligned, in memory
+/// shared with other weights (`pte_alloc::Zeroed::try_shared`).
+#[derive(Debug)]
 pub(crate) struct Panels {
     isa: Isa,
     lines: usize,
     depth: usize,
     w: usize,
-    buf: Vec<f32>,
-    offset: usize,
+    buf: pte_alloc::Zeroed<f32>,
 }
 
 impl Panels {
@@ -103,14 +103,12 @@ impl Panels {
         let len = pack::packed_len(lines, depth, w).ok_or(Error::SizeOverflow {
             what: "packed operand",
         })?;
-        let total = error::add(len, ALIGN, "packed operand")?;
-        let mut buf = pte_alloc::try_zeroed_vec::<f32>(total).ok_or(Error::OutOfMemory {
+        let mut buf = pte_alloc::Zeroed::try_shared(len).ok_or(Error::OutOfMemory {
             what: "packed operand",
-            len: total,
+            len,
         })?;
-        let offset = buf.as_ptr().align_offset(ALIGN * 4).min(ALIGN - 1);
         let panel = depth * w;
-        if let Some(dst) = buf.get_mut(offset..offset + len).filter(|_| panel > 0) {
+        if let Some(dst) = Some(&mut buf[..]).filter(|_| panel > 0) {
             let pack_panels = |first: usize, dst: &mut [f32]| {
                 let l0 = first * w;
                 let count = (dst.len() / panel * w).min(lines.saturating_sub(l0));
@@ -137,12 +135,11 @@ impl Panels {
             depth,
             w,
             buf,
-            offset,
         })
     }
 
     fn data(&self) -> &[f32] {
-        self.buf.get(self.offset..).unwrap_or(&[])
+        &self.buf
     }
 
     /// Multiplies line `l` by `scale[l]` (in f64, rounded once: the same values as
@@ -157,8 +154,7 @@ impl Panels {
         if depth == 0 || w == 0 {
             return Ok(());
         }
-        let data = self.buf.get_mut(self.offset..).unwrap_or_default();
-        for (panel, factors) in data.chunks_exact_mut(depth * w).zip(scale.chunks(w)) {
+        for (panel, factors) in self.buf.chunks_exact_mut(depth * w).zip(scale.chunks(w)) {
             for run in panel.chunks_exact_mut(w) {
                 for (v, &s) in run.iter_mut().zip(factors) {
                     *v = (f64::from(*v) * s) as f32;
@@ -193,12 +189,12 @@ impl Panels {
 
 /// A left operand (m × k) packed once in the micro-kernel's row panels, e.g. the weights
 /// of an NCHW convolution.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct PackedA(Panels);
 
 /// A right operand (k × n) packed once in the micro-kernel's column panels, e.g. the
 /// weights of a linear layer.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct PackedB(Panels);
 
 impl PackedA {

@@ -6,7 +6,7 @@
 //! the micro-kernel's mr for A, nr for B): element (line l, depth p) of panel q sits at
 //! `q * kc * w + p * w + (l - q * w)`, and lines past the end are zero.
 
-use crate::arch::{multiversion, Isa};
+use crate::arch::{self, multiversion, Isa};
 use crate::mat::MatRef;
 
 /// Something that can be packed in panels: a strided matrix, or a convolution's
@@ -128,6 +128,45 @@ fn transpose_panel<const W: usize>(
     }
     let rows: [&[f32]; W] = rows.map(Option::unwrap_or_default);
     let whole = kc / D * D;
+    if W.is_multiple_of(D) && valid == W && whole > 0 {
+        // Whole 8 × 8 blocks through register transposes, when this CPU has them.
+        let (isa, rs) = (Isa::best(), src.row_stride());
+        let sources: [Option<&[f32]>; W] = std::array::from_fn(|l| {
+            l.is_multiple_of(D)
+                .then(|| src.tail_from(first + l, k0))
+                .flatten()
+        });
+        let moved = (0..whole).step_by(D).all(|p0| {
+            let block = panel.get_mut(p0 * W..(p0 + D) * W).unwrap_or_default();
+            (0..W).step_by(D).all(|l0| {
+                let s = sources[l0].and_then(|s| s.get(p0..)).unwrap_or_default();
+                let d = block.get_mut(l0..).unwrap_or_default();
+                arch::transpose8x8(
+                    isa,
+                    bytemuck::cast_slice(s),
+                    rs,
+                    bytemuck::cast_slice_mut(d),
+                    W,
+                )
+            })
+        });
+        if !moved {
+            transpose_blocks(&rows, whole, panel);
+        }
+    } else {
+        transpose_blocks(&rows, whole, panel);
+    }
+    for (p, out) in panel.chunks_exact_mut(W).enumerate().skip(whole) {
+        for (o, row) in out.iter_mut().zip(&rows) {
+            *o = row.get(p).copied().unwrap_or(0.0);
+        }
+    }
+}
+
+/// Depths `..whole` (a multiple of `D`) of a panel, through a stack block.
+#[inline(always)]
+#[allow(clippy::indexing_slicing)] // d < D and l < W index arrays of those lengths
+fn transpose_blocks<const W: usize>(rows: &[&[f32]; W], whole: usize, panel: &mut [f32]) {
     for (p0, block) in (0..whole).step_by(D).zip(panel.chunks_exact_mut(D * W)) {
         let mut t = [[0f32; W]; D];
         for (l, row) in rows.iter().enumerate() {
@@ -142,11 +181,6 @@ fn transpose_panel<const W: usize>(
         }
         for (out, t) in block.chunks_exact_mut(W).zip(&t) {
             out.copy_from_slice(t);
-        }
-    }
-    for (p, out) in panel.chunks_exact_mut(W).enumerate().skip(whole) {
-        for (o, row) in out.iter_mut().zip(&rows) {
-            *o = row.get(p).copied().unwrap_or(0.0);
         }
     }
 }

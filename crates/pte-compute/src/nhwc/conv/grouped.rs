@@ -20,7 +20,7 @@ pub(super) struct Grouped {
     q: usize,
     /// Per block: `[tap][input channel][lane]`, lane `o · q + g` holding output `o`
     /// of the block's group `g`.
-    weights: Vec<f32>,
+    weights: pte_alloc::Zeroed<f32>,
     /// Where tap `ky · kw + kx` of a pixel is in the copy, from the pixel's first tap.
     taps: Vec<usize>,
     /// The copy's height and width (the input with its padding).
@@ -57,19 +57,22 @@ impl Grouped {
         let blocks = p.groups.div_ceil(q);
         // As many values as the weights and a last block's missing groups (checked
         // against the geometry by the caller).
-        let mut arranged = Vec::with_capacity(weights.data().len() + q * cog * taps * cig);
-        for block in 0..blocks {
-            for t in 0..taps {
-                for i in 0..cig {
-                    arranged.extend((0..lanes).map(|l| {
-                        let g = block * q + l % q;
-                        let o = g * cog + l / q;
-                        if g < p.groups {
-                            weights.at((o, t, i), taps, cig, cout)
-                        } else {
-                            0.0
-                        }
-                    }));
+        let what = "grouped convolution weights";
+        let len = error::mul(
+            error::mul(blocks, taps, what)?,
+            error::mul(cig, lanes, what)?,
+            what,
+        )?;
+        let mut arranged = pte_alloc::Zeroed::<f32>::try_shared(len)
+            .ok_or(error::Error::OutOfMemory { what, len })?;
+        let runs =
+            (0..blocks).flat_map(|b| (0..taps).flat_map(move |t| (0..cig).map(move |i| (b, t, i))));
+        for ((block, t, i), run) in runs.zip(arranged.chunks_exact_mut(lanes.max(1))) {
+            for (l, v) in run.iter_mut().enumerate() {
+                let g = block * q + l % q;
+                let o = g * cog + l / q;
+                if g < p.groups {
+                    *v = weights.at((o, t, i), taps, cig, cout);
                 }
             }
         }

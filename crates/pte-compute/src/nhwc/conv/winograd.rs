@@ -146,7 +146,7 @@ impl Winograd {
         // resnet18's load).
         const OB: usize = 8;
         const IB: usize = 16;
-        let mut u = pte_alloc::try_zeroed_vec::<f32>(len).ok_or(Error::OutOfMemory {
+        let mut u = pte_alloc::Zeroed::<f32>::try_new(len).ok_or(Error::OutOfMemory {
             what: "winograd weights",
             len,
         })?;
