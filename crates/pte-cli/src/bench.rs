@@ -44,7 +44,7 @@ struct ProfileRow {
     calls_per_execution: f64,
     ms_per_execution: f64,
     share: f64,
-    /// A delegate's parts (node kinds), if its backend times them.
+    /// The parts of a delegate or fused kernel (node kinds, steps), if it times them.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     parts: Vec<ProfileRow>,
 }

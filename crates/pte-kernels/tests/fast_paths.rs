@@ -1296,3 +1296,53 @@ fn a_last_convolution_and_its_mean_run_channels_last() {
         }
     }
 }
+
+#[test]
+fn a_region_times_its_steps_when_profiled() {
+    let (bytes, shapes) = one_convolution(1, 7, 3, true);
+    let inputs: Vec<EValue> = shapes
+        .iter()
+        .map(|s| EValue::Tensor(Tensor::from_slice(s, &values(s.iter().product(), 3)).unwrap()))
+        .collect();
+    let mut m = load(&bytes, &pte_kernels::registry(), 1);
+    m.set_profiling(true);
+    for _ in 0..3 {
+        m.set_inputs(&inputs).unwrap();
+        m.execute().unwrap();
+    }
+    let profile = m.profile();
+    let region = profile
+        .iter()
+        .find(|e| e.name.contains("NHWC region"))
+        .unwrap_or_else(|| panic!("no region: {profile:?}"));
+    let names: Vec<&str> = region.parts.iter().map(|p| p.name.as_str()).collect();
+    assert!(
+        names.iter().any(|n| n.starts_with("convolution (")),
+        "{names:?}"
+    );
+    assert!(names.contains(&"mean"), "{names:?}");
+    assert!(names.contains(&"conversion to channels-last"), "{names:?}");
+    // Each step runs once per execution.
+    assert!(
+        region.parts.iter().all(|p| p.calls == 3),
+        "{:?}",
+        region.parts
+    );
+    let parts: std::time::Duration = region.parts.iter().map(|p| p.total).sum();
+    assert!(parts <= region.total, "{parts:?} > {:?}", region.total);
+    assert!(region.parts.windows(2).all(|w| w[0].total >= w[1].total));
+    // Turning profiling on again starts over.
+    m.set_profiling(true);
+    m.set_inputs(&inputs).unwrap();
+    m.execute().unwrap();
+    let again = m.profile();
+    let region = again
+        .iter()
+        .find(|e| e.name.contains("NHWC region"))
+        .unwrap();
+    assert!(
+        region.parts.iter().all(|p| p.calls == 1),
+        "{:?}",
+        region.parts
+    );
+}

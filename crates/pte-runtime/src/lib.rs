@@ -70,7 +70,7 @@ pub use method::{
 pub use program::{MethodMeta, Program, TensorMeta, ValueMeta, MAX_SCHEMA_VERSION};
 pub use registry::{
     ArgDecl, Backend, BackendRegistry, DelegateCall, DelegateInit, Kernel, KernelFn,
-    KernelRegistry, NamedData, PartProfile, PreparedKernel,
+    KernelRegistry, NamedData, PartProfile, PreparedKernel, StepTimes,
 };
 pub use tensor::{contiguous_dim_order, strides_for, AlignedBuf, Dims, Tensor, MAX_RANK};
 pub use value::{Dynamism, EValue};

@@ -158,8 +158,8 @@ pub struct ProfileEntry {
     pub calls: u64,
     /// Time spent in them.
     pub total: Duration,
-    /// For a delegate, the time in its parts (its graph's node kinds, say), most
-    /// expensive first, if the backend times them.
+    /// The time in its parts, most expensive first, if it times them: a delegate's
+    /// graph by node kind, a fused kernel's steps.
     pub parts: Vec<crate::PartProfile>,
 }
 
@@ -774,6 +774,9 @@ impl Method {
         for (_, delegate) in &mut self.delegates {
             delegate.set_profiling(on);
         }
+        for kernel in self.kernels.iter_mut().flatten() {
+            kernel.set_profiling(on);
+        }
         self.profile = on.then(|| {
             self.chains
                 .iter()
@@ -791,14 +794,18 @@ impl Method {
         };
         for (chain, times) in self.chains.iter().zip(profile) {
             for (instr, &(calls, total)) in chain.iter().zip(times) {
+                // A kernel's parts (a fused region's steps, say) with each of its
+                // calls; a delegate's once, below, however many calls run it.
+                let mut parts = Vec::new();
                 let (name, delegate) = match instr {
-                    Instr::Kernel { op, .. } => (
-                        self.op_names
-                            .get(*op as usize)
-                            .map_or("?", String::as_str)
-                            .to_owned(),
-                        false,
-                    ),
+                    Instr::Kernel { op, kernel, .. } => {
+                        if let Some(k) = self.kernels.get(*kernel as usize).and_then(Option::as_ref)
+                        {
+                            parts = k.profile();
+                        }
+                        let name = self.op_names.get(*op as usize).map_or("?", String::as_str);
+                        (name.to_owned(), false)
+                    }
                     Instr::Delegate { delegate, .. } => (
                         delegate_entry_name(
                             self.delegates
@@ -813,13 +820,16 @@ impl Method {
                     Some(e) => {
                         e.calls += calls;
                         e.total += total;
+                        for part in parts {
+                            part.add_to(&mut e.parts);
+                        }
                     }
                     None => entries.push(ProfileEntry {
                         name,
                         delegate,
                         calls,
                         total,
-                        parts: Vec::new(),
+                        parts,
                     }),
                 }
             }
@@ -833,6 +843,8 @@ impl Method {
             for part in prepared.profile() {
                 part.add_to(&mut entry.parts);
             }
+        }
+        for entry in &mut entries {
             entry.parts.sort_by_key(|p| std::cmp::Reverse(p.total));
         }
         entries.retain(|e| e.calls > 0);

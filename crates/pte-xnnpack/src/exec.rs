@@ -16,12 +16,12 @@
 //! XNNPACK's f16 kernels on x86 (convert, compute in f32, convert back) produce.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use half::{bf16, f16};
 use pte_compute::ThreadPool;
 use pte_runtime::{
-    Arg, Args, Buffer, DType, KernelError, KernelResult, MemoryBudget, PartProfile, Workspace,
+    Arg, Args, Buffer, DType, KernelError, KernelResult, MemoryBudget, PartProfile, StepTimes,
+    Workspace,
 };
 use smallvec::SmallVec;
 
@@ -152,7 +152,7 @@ pub(crate) struct Exec {
     /// Steps the current plan skips: copies whose output shares its input's memory.
     elided: Vec<bool>,
     /// Runs and time per step, when profiling is on.
-    profile: Option<Vec<(u64, Duration)>>,
+    profile: StepTimes,
 }
 
 fn storage_err(what: &str, e: pte_runtime::MemoryError) -> XnnError {
@@ -313,7 +313,7 @@ impl Exec {
             pool,
             planned_for: Vec::new(),
             elided: Vec::new(),
-            profile: None,
+            profile: StepTimes::default(),
         };
         let shapes: Vec<Dims> = exec
             .inputs
@@ -332,25 +332,19 @@ impl Exec {
 
     /// Turns the timing of every step on (clearing what was recorded) or off.
     pub(crate) fn set_profiling(&mut self, on: bool) {
-        self.profile = on.then(|| vec![(0, Duration::ZERO); self.steps.len()]);
+        self.profile.set(on, self.steps.len());
     }
 
     /// Runs and time per node kind (fused nodes under their parts' kinds joined by
     /// `+`; a convolution's algorithm in brackets), since profiling was turned on.
     pub(crate) fn profile(&self) -> Vec<PartProfile> {
-        let mut parts: Vec<PartProfile> = Vec::new();
-        let Some(profile) = &self.profile else {
-            return parts;
-        };
-        for (step, &(calls, total)) in self.steps.iter().zip(profile) {
-            let name = match step.prepared.kernel.variant() {
+        self.profile.parts(|k| match self.steps.get(k) {
+            Some(step) => match step.prepared.kernel.variant() {
                 Some(v) => format!("{} ({v})", step.kind),
                 None => step.kind.to_owned(),
-            };
-            PartProfile { name, calls, total }.add_to(&mut parts);
-        }
-        parts.retain(|p| p.calls > 0);
-        parts
+            },
+            None => String::new(),
+        })
     }
 
     fn node_err(&self, s: &Step, message: String) -> XnnError {
@@ -686,7 +680,7 @@ impl Exec {
             if self.elided.get(k) == Some(&true) {
                 continue;
             }
-            let started = self.profile.is_some().then(Instant::now);
+            let started = self.profile.start();
             let mut cx = Cx {
                 pool: &self.pool,
                 scratch,
@@ -712,12 +706,7 @@ impl Exec {
                 }
                 .into());
             }
-            if let (Some(started), Some((runs, total))) =
-                (started, self.profile.as_mut().and_then(|p| p.get_mut(k)))
-            {
-                *runs += 1;
-                *total += started.elapsed();
-            }
+            self.profile.record(k, started);
         }
         for (k, e) in self.outputs.iter().enumerate() {
             if e.direct {

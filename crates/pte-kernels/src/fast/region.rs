@@ -36,8 +36,8 @@ use pte_compute::nhwc::{self, ConvNhwc, Geometry, PoolKind};
 use pte_compute::pooling::Pool2dParams;
 use pte_compute::{layout, Activation, Gemm, Isa};
 use pte_runtime::{
-    Arg, Args, Call, CallId, Charge, Fusion, Graph, Kernel, KernelError, KernelResult,
-    PreparedKernel,
+    Arg, Args, Call, CallId, Charge, Fusion, Graph, Kernel, KernelError, KernelResult, PartProfile,
+    PreparedKernel, StepTimes,
 };
 use smallvec::SmallVec;
 
@@ -535,6 +535,7 @@ impl Kernel for RegionKernel {
             layers: Vec::new(),
             layer_of: Vec::new(),
             chains: Vec::new(),
+            profile: StepTimes::default(),
             _charge: charge(args, 0, "NHWC region")?,
         };
         for s in &r.plan.steps {
@@ -657,6 +658,9 @@ struct Region {
     /// `(first step, steps)` of each run of steps that goes as one
     /// [`nhwc::DepthwiseChain`].
     chains: Vec<(usize, usize)>,
+    /// With profiling on, per step: the step alone, then as the first of a chain
+    /// (`steps.len()` on), then the conversions of the inputs (last).
+    profile: StepTimes,
     _charge: Charge,
 }
 
@@ -1087,7 +1091,9 @@ impl PreparedKernel for Region {
         let pool = args.pool();
         let isa = Isa::best();
         let total = sp.total();
+        let steps = self.steps.len();
         // Inputs from before the run, converted.
+        let started = self.profile.start();
         for (k, &e) in self.plan.entries.iter().enumerate() {
             let [n, c, h, w] = nchw(args, e)?;
             let (off, len) = sp.entries.get(k).copied().unwrap_or_default();
@@ -1101,10 +1107,13 @@ impl PreparedKernel for Region {
             let piece = s.get_mut(off..off + len).unwrap_or_default();
             layout::transpose(pool, x, n, c, h * w, piece).map_err(compute)?;
         }
+        self.profile.record(2 * steps, started);
         let mut i = 0;
         while let Some(step) = self.steps.get(i) {
+            let started = self.profile.start();
             if let Some(&(_, len)) = self.chains.iter().find(|c| c.0 == i) {
                 if self.run_chain(args, &sp, i, len)? {
+                    self.profile.record(steps + i, started);
                     i += len;
                     continue;
                 }
@@ -1185,8 +1194,45 @@ impl PreparedKernel for Region {
                 let exit = exit.get(..y.len()).unwrap_or_default();
                 layout::transpose(pool, exit, n, h * w, c, y).map_err(compute)?;
             }
+            self.profile.record(i - 1, started);
         }
         Ok(())
+    }
+
+    fn set_profiling(&mut self, on: bool) {
+        self.profile.set(on, 2 * self.steps.len() + 1);
+    }
+
+    /// Parts by kind: a convolution under its algorithm, a chain of convolutions run
+    /// band by band as one part. A step whose result leaves the region includes its
+    /// conversion back to NCHW.
+    fn profile(&self) -> Vec<PartProfile> {
+        let steps = self.steps.len();
+        self.profile.parts(|k| {
+            if k == 2 * steps {
+                return "conversion to channels-last".into();
+            }
+            if k >= steps {
+                let len = self
+                    .chains
+                    .iter()
+                    .find(|c| c.0 == k - steps)
+                    .map_or(0, |c| c.1);
+                return format!("depthwise chain ({len} steps)");
+            }
+            match self.steps.get(k) {
+                Some(Step::Conv { .. }) => match self.layer(k) {
+                    Some(layer) => format!("convolution ({})", layer.algorithm()),
+                    None => "convolution".into(),
+                },
+                Some(Step::MaxPool { .. }) => "max pooling".into(),
+                Some(Step::Mean { .. }) => "mean".into(),
+                Some(Step::Unary { .. }) => "activation".into(),
+                Some(Step::Cat { .. }) => "concatenation".into(),
+                Some(Step::Binary { .. }) => "elementwise".into(),
+                None => String::new(),
+            }
+        })
     }
 }
 
