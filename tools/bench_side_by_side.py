@@ -118,6 +118,10 @@ def worker_ort(model: str, input_path: str, threads: int, iterations: int, warmu
     return _summary(load_ms, first_ms, times)
 
 
+# Pause before each measured process, seconds.
+SETTLE_S = 0.5
+
+
 def measure(runtime: str, paths: dict, threads: int, iterations: int, warmup: int, pte: Path) -> dict:
     if runtime in ("pte", "pte_xnnpack"):
         model = paths["plain" if runtime == "pte" else "xnnpack"]
@@ -260,6 +264,11 @@ def main() -> int:
                         continue  # seconds per run: one round is enough to show the gap
                     iters = args.portable_iterations if rt == "et_portable" else args.iterations
                     warm = 0 if rt == "et_portable" else args.warmup
+                    # Let the system finish tearing down the previous process (freeing a
+                    # Python worker's gigabyte takes the kernel about 0.1 s): a `pte`
+                    # started at once loaded 3x slower; a Python worker imports torch
+                    # for seconds before its clock starts.
+                    time.sleep(SETTLE_S)
                     m = measure(rt, paths[n], threads, iters, warm, pte)
                     results.setdefault((n, threads, rt), []).append(m)
                     print(f"round {r} {n} {threads}t {rt}: {m['median_ms']:.2f} ms", file=sys.stderr)
