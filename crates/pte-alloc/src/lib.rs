@@ -7,16 +7,18 @@
 //! third of the time from opening the program to its first output.
 //!
 //! - [`Zeroed::try_new`] gives a buffer of its own. From [`MAP_FROM`] bytes on it is a
-//!   fresh mapping that asks for huge pages before anything touches it (one fault per
-//!   2 MiB, zeroed once, by the kernel); smaller ones come from the global allocator.
+//!   fresh mapping, zeroed once, by the kernel, that asks for huge pages before
+//!   anything touches it (one fault per 2 MiB) while the live mappings that asked stay
+//!   within a budget (see `HUGE_BUDGET`); smaller ones come from the global allocator.
 //! - [`Zeroed::try_shared`] is for buffers that live as long as a loaded program, such
 //!   as packed weights: most layers' weights are far below 2 MiB, so they are cut one
 //!   after another from shared mappings of [`CHUNK`] bytes, and together fill huge
 //!   pages. A mapping is returned to the system when its last buffer is dropped.
 //!
-//! Measured from `Program::open` to the end of method load, one thread, against one
-//! small allocation per layer cleared by the allocator: regnet_y_400mf 21 → 11 ms,
-//! mobilenet_v3_large 22 → 13 ms, resnet18 62 → 48 ms.
+//! Measured from `Program::open` to the first output, one thread, against one small
+//! allocation per layer cleared by the allocator, each run right after another
+//! process freed a gigabyte: regnet_y_400mf 38 → 28 ms, mobilenet_v3_large 31 → 21
+//! ms, convnext_tiny 254 → 205 ms, resnet18 unchanged (95 ms).
 
 #![deny(
     clippy::unwrap_used,
@@ -29,6 +31,7 @@
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use memmap2::MmapMut;
@@ -56,16 +59,13 @@ pub struct Zeroed<T> {
 enum Store {
     Empty,
     Heap(Vec<Line>),
-    /// A mapping of its own; the buffer starts `start` bytes in.
-    Mapped {
-        map: MmapMut,
-        start: usize,
-    },
+    /// A mapping of its own.
+    Mapped(Mapping),
     /// Bytes of a shared mapping that belong to this buffer alone.
     Piece {
         ptr: NonNull<u8>,
         /// Held so that the mapping outlives the piece.
-        _chunk: Arc<MmapMut>,
+        _chunk: Arc<Mapping>,
     },
 }
 
@@ -99,7 +99,7 @@ impl<T: bytemuck::Pod> Zeroed<T> {
             Store::Empty
         } else if bytes >= MAP_FROM {
             match map(bytes) {
-                Some((map, start)) => Store::Mapped { map, start },
+                Some(m) => Store::Mapped(m),
                 None => heap(bytes)?,
             }
         } else {
@@ -145,7 +145,7 @@ impl<T: bytemuck::Pod> Zeroed<T> {
             Store::Heap(lines) => bytemuck::cast_slice::<Line, u8>(lines)
                 .get(..n)
                 .unwrap_or(&[]),
-            Store::Mapped { map, start } => map.get(*start..start + n).unwrap_or(&[]),
+            Store::Mapped(m) => m.map.get(m.start..m.start + n).unwrap_or(&[]),
             // SAFETY: `ptr` starts `n` bytes of the live mapping `chunk` that belong to
             // this buffer alone (see `Chunks::cut`).
             Store::Piece { ptr, .. } => unsafe { std::slice::from_raw_parts(ptr.as_ptr(), n) },
@@ -159,7 +159,7 @@ impl<T: bytemuck::Pod> Zeroed<T> {
             Store::Heap(lines) => bytemuck::cast_slice_mut::<Line, u8>(lines)
                 .get_mut(..n)
                 .unwrap_or_default(),
-            Store::Mapped { map, start } => map.get_mut(*start..*start + n).unwrap_or_default(),
+            Store::Mapped(m) => m.map.get_mut(m.start..m.start + n).unwrap_or_default(),
             // SAFETY: as in `bytes`; `&mut self` makes the access unique.
             Store::Piece { ptr, .. } => unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), n) },
         }
@@ -200,7 +200,7 @@ impl<T> std::fmt::Debug for Zeroed<T> {
         let kind = match self.store {
             Store::Empty => "empty",
             Store::Heap(_) => "heap",
-            Store::Mapped { .. } => "mapped",
+            Store::Mapped(_) => "mapped",
             Store::Piece { .. } => "shared",
         };
         write!(f, "Zeroed({} values, {kind})", self.len)
@@ -213,15 +213,50 @@ fn heap(bytes: usize) -> Option<Store> {
         .map(Store::Heap)
 }
 
-/// A fresh mapping holding `bytes` from a 2 MiB boundary on (the offset is returned),
-/// advised to use huge pages before anything touches it.
-fn map(bytes: usize) -> Option<(MmapMut, usize)> {
+/// A fresh mapping whose buffer starts `start` bytes in, on a 2 MiB boundary.
+struct Mapping {
+    map: MmapMut,
+    start: usize,
+    /// Bytes advised to use huge pages (counted in `HUGE_LIVE`).
+    huge: usize,
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        HUGE_LIVE.fetch_sub(self.huge, Ordering::Relaxed);
+    }
+}
+
+/// Bytes of live mappings advised to use huge pages.
+static HUGE_LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// Most bytes of live mappings advised to use huge pages; later mappings get ordinary
+/// pages. A huge page is a gamble on a virtual machine that hands free memory back to
+/// its host (virtio-balloon free page reporting, in 2 MiB blocks): touching 128 MiB
+/// took 11 ms when the host still backed the blocks, 240-300 ms when it had to fault
+/// them in again, against 50 ms in 4 KiB pages. A model of a few tens of megabytes
+/// still gains on average (mobilenet_v2 and regnet_y_400mf reach their first output
+/// in 17 and 24 ms with huge pages, 23 and 35 without, right after another process
+/// freed its memory); resnet18's 130 MB of packed weights lost (90-200 ms against
+/// 107).
+const HUGE_BUDGET: usize = 32 << 20;
+
+/// A fresh mapping holding `bytes` from a 2 MiB boundary on, advised to use huge
+/// pages before anything touches it.
+fn map(bytes: usize) -> Option<Mapping> {
     // Room to move the start to the next 2 MiB boundary; the unused head is never
     // touched and costs address space only.
     let map = MmapMut::map_anon(bytes.checked_add(HUGE_PAGE)?).ok()?;
     let start = map.as_ptr().align_offset(HUGE_PAGE).min(HUGE_PAGE);
-    advise_huge_pages(&map, start, bytes);
-    Some((map, start))
+    let live = HUGE_LIVE.fetch_add(bytes, Ordering::Relaxed);
+    let huge = if live.saturating_add(bytes) <= HUGE_BUDGET {
+        advise_huge_pages(&map, start, bytes);
+        bytes
+    } else {
+        HUGE_LIVE.fetch_sub(bytes, Ordering::Relaxed);
+        0
+    };
+    Some(Mapping { map, start, huge })
 }
 
 #[cfg(target_os = "linux")]
@@ -238,7 +273,7 @@ struct Chunks(Mutex<Option<Current>>);
 
 struct Current {
     /// Weak: the mapping goes when its last buffer does.
-    chunk: Weak<MmapMut>,
+    chunk: Weak<Mapping>,
     /// Its first byte on a 2 MiB boundary.
     base: NonNull<u8>,
     /// Bytes from `base` already handed out.
@@ -255,7 +290,7 @@ static CHUNKS: Chunks = Chunks(Mutex::new(None));
 impl Chunks {
     /// `bytes` (at most `CHUNK`) of zeroed memory no other buffer has, and the mapping
     /// they lie in; `None` when no mapping can be made.
-    fn cut(&self, bytes: usize) -> Option<(Arc<MmapMut>, NonNull<u8>)> {
+    fn cut(&self, bytes: usize) -> Option<(Arc<Mapping>, NonNull<u8>)> {
         let mut current = self
             .0
             .lock()
@@ -270,9 +305,10 @@ impl Chunks {
             }
         }
         // A new mapping; what is left of the old one stays unused (and untouched).
-        let (mut map, start) = map(CHUNK)?;
-        let base = NonNull::new(map.get_mut(start..)?.as_mut_ptr())?;
-        let chunk = Arc::new(map);
+        let mut chunk = map(CHUNK)?;
+        let start = chunk.start;
+        let base = NonNull::new(chunk.map.get_mut(start..)?.as_mut_ptr())?;
+        let chunk = Arc::new(chunk);
         *current = Some(Current {
             chunk: Arc::downgrade(&chunk),
             base,
