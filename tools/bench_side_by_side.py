@@ -271,7 +271,8 @@ def main() -> int:
                     time.sleep(SETTLE_S)
                     m = measure(rt, paths[n], threads, iters, warm, pte)
                     results.setdefault((n, threads, rt), []).append(m)
-                    print(f"round {r} {n} {threads}t {rt}: {m['median_ms']:.2f} ms", file=sys.stderr)
+                    print(f"round {r} {n} {threads}t {rt}: {m['median_ms']:.2f} ms "
+                          f"(load {m['load_ms']:.1f}, first {m['first_ms']:.1f})", file=sys.stderr)
 
     def med(n, t, rt, key="median_ms"):
         ms = results.get((n, t, rt))

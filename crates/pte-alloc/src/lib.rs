@@ -65,7 +65,7 @@ enum Store {
     Piece {
         ptr: NonNull<u8>,
         /// Held so that the mapping outlives the piece.
-        _chunk: Arc<Mapping>,
+        chunk: Arc<Mapping>,
     },
 }
 
@@ -116,7 +116,7 @@ impl<T: bytemuck::Pod> Zeroed<T> {
             return Self::try_new(len);
         }
         let store = match CHUNKS.cut(bytes) {
-            Some((chunk, ptr)) => Store::Piece { ptr, _chunk: chunk },
+            Some((chunk, ptr)) => Store::Piece { ptr, chunk },
             None => heap(bytes)?,
         };
         Some(Self::with(store, len))
@@ -179,6 +179,42 @@ impl<T: bytemuck::Pod> std::ops::DerefMut for Zeroed<T> {
         bytemuck::try_cast_slice_mut(self.bytes_mut()).unwrap_or_default()
     }
 }
+
+/// A dropped piece of a shared mapping gives its pages back at once: the mapping
+/// lives on while other pieces do, and a layer packed again for new input shapes must
+/// not leave its old weights resident.
+impl<T> Drop for Zeroed<T> {
+    fn drop(&mut self) {
+        if let Store::Piece { ptr, chunk } = &self.store {
+            give_back(chunk, *ptr, self.len.saturating_mul(size_of::<T>()));
+        }
+    }
+}
+
+/// Returns the whole pages of `bytes` from `ptr` inside `chunk` to the system.
+#[cfg(unix)]
+fn give_back(chunk: &Mapping, ptr: NonNull<u8>, bytes: usize) {
+    // The pages at either end may hold neighbouring pieces; they stay.
+    const PAGE: usize = 4096;
+    let base = chunk.map.as_ptr() as usize;
+    let first = (ptr.as_ptr() as usize).next_multiple_of(PAGE);
+    let end = (ptr.as_ptr() as usize).saturating_add(bytes) / PAGE * PAGE;
+    if end > first {
+        // SAFETY: the range lies inside this piece, which is being dropped: nothing
+        // borrows it, and no piece is ever cut from it again (cuts only move forward
+        // through a mapping). A refusal (a larger page size) leaves the pages resident.
+        let _ = unsafe {
+            chunk.map.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                first - base,
+                end - first,
+            )
+        };
+    }
+}
+
+#[cfg(not(unix))]
+fn give_back(_chunk: &Mapping, _ptr: NonNull<u8>, _bytes: usize) {}
 
 /// A copy of its own ([`Zeroed::try_new`]); like `Vec::clone`, it aborts when the
 /// system refuses the memory.
