@@ -278,7 +278,8 @@ static HUGE_LIVE: AtomicUsize = AtomicUsize::new(0);
 const HUGE_BUDGET: usize = 32 << 20;
 
 /// A fresh mapping holding `bytes` from a 2 MiB boundary on, advised to use huge
-/// pages before anything touches it.
+/// pages before anything touches it while the advised mappings stay within
+/// [`HUGE_BUDGET`].
 fn map(bytes: usize) -> Option<Mapping> {
     // Room to move the start to the next 2 MiB boundary; the unused head is never
     // touched and costs address space only.
