@@ -1310,11 +1310,13 @@ fn a_region_times_its_steps_when_profiled() {
         m.set_inputs(&inputs).unwrap();
         m.execute().unwrap();
     }
-    let profile = m.profile();
-    let region = profile
-        .iter()
-        .find(|e| e.name.contains("NHWC region"))
-        .unwrap_or_else(|| panic!("no region: {profile:?}"));
+    let region_of = |profile: Vec<pte_runtime::ProfileEntry>| {
+        profile
+            .into_iter()
+            .find(|e| e.name.contains("NHWC region"))
+            .expect("the program runs as a region")
+    };
+    let region = region_of(m.profile());
     let names: Vec<&str> = region.parts.iter().map(|p| p.name.as_str()).collect();
     assert!(
         names.iter().any(|n| n.starts_with("convolution (")),
@@ -1335,11 +1337,7 @@ fn a_region_times_its_steps_when_profiled() {
     m.set_profiling(true);
     m.set_inputs(&inputs).unwrap();
     m.execute().unwrap();
-    let again = m.profile();
-    let region = again
-        .iter()
-        .find(|e| e.name.contains("NHWC region"))
-        .unwrap();
+    let region = region_of(m.profile());
     assert!(
         region.parts.iter().all(|p| p.calls == 1),
         "{:?}",
