@@ -1256,6 +1256,139 @@ fn convolution_chains_run_channels_last_with_the_same_results() {
     }
 }
 
+impl Net {
+    /// A channel shuffle of `x` (`[n, c, h, w]`) in `groups` groups as exported: an
+    /// elided view as `[n, groups, c / groups, h, w]`, `permute_copy` of its middle
+    /// dimensions, a copy into the default dim order, an elided view back to 4-d.
+    fn shuffle(&mut self, x: i32, xs: &[usize], groups: usize) -> i32 {
+        let (n, c, h, w) = (xs[0], xs[1], xs[2], xs[3]);
+        let at = Memory::At(self.b.place(x).unwrap());
+        let v5 = self
+            .b
+            .tensor(Float, &dims(&[n, groups, c / groups, h, w]), at);
+        let swapped = dims(&[n, c / groups, groups, h, w]);
+        let p = self.b.tensor(Float, &swapped, Memory::Planned);
+        let order = self.b.int_list(&[0, 2, 1, 3, 4]);
+        self.b.call("aten::permute_copy", "out", &[v5, order, p, p]);
+        let q = self.b.tensor(Float, &swapped, Memory::Planned);
+        let (blocking, none) = (self.b.bool(false), self.b.none());
+        self.b.call(
+            "dim_order_ops::_clone_dim_order",
+            "out",
+            &[p, blocking, none, q, q],
+        );
+        let at = Memory::At(self.b.place(q).unwrap());
+        self.b.tensor(Float, &dims(xs), at)
+    }
+
+    /// `split_with_sizes_copy` of `x` along channels, the pieces placed over `reuse`
+    /// (dead tensors whose places a planner gives them) where given.
+    fn split(&mut self, x: i32, xs: &[usize], sizes: &[usize], reuse: &[i32]) -> Vec<i32> {
+        let pieces: Vec<i32> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| {
+                let memory = reuse
+                    .get(i)
+                    .map_or(Memory::Planned, |&r| Memory::At(self.b.place(r).unwrap()));
+                self.b
+                    .tensor(Float, &dims(&[xs[0], c, xs[2], xs[3]]), memory)
+            })
+            .collect();
+        let sizes: Vec<i64> = sizes.iter().map(|&s| s as i64).collect();
+        let (sizes, dim) = (self.b.int_list(&sizes), self.b.int(1));
+        let (out, ret) = (self.b.tensor_list(&pieces), self.b.tensor_list(&pieces));
+        self.b.call(
+            "aten::split_with_sizes_copy",
+            "out",
+            &[x, sizes, dim, out, ret],
+        );
+        pieces
+    }
+
+    fn cat(&mut self, parts: &[i32], ys: &[usize]) -> i32 {
+        let y = self.tensor(ys);
+        let (list, dim) = (self.b.tensor_list(parts), self.b.int(1));
+        self.b.call("aten::cat", "out", &[list, dim, y, y]);
+        y
+    }
+
+    /// shufflenet_v2's branch: pointwise, depthwise, pointwise.
+    fn branch(&mut self, x: i32, xs: &[usize], c: usize) -> (i32, Vec<usize>) {
+        let (y, ys) = self.conv(x, xs, c, 1, 1, 1, true);
+        let y = self.act(y, &ys, After::Relu);
+        let (y, ys) = self.conv(y, &ys, c, c, 3, 1, true);
+        let (y, ys) = self.conv(y, &ys, c, 1, 1, 1, true);
+        (self.act(y, &ys, After::Relu), ys)
+    }
+}
+
+/// shufflenet_v2's blocks as exported: two branches concatenated, their channels
+/// shuffled and split in halves for the next block (the pieces over the dead
+/// branches' places), a last shuffle read on by a convolution; then a shuffle in
+/// `groups` groups of one convolution's output and a split at `cut` channels (neither a
+/// multiple of the groups when `cut` is not).
+fn shuffle_network(batch: usize, size: usize, groups: usize, cut: usize) -> (Vec<u8>, Vec<usize>) {
+    let mut n = Net::new();
+    let xs = vec![batch, 8, size, size];
+    let x = n.tensor(&xs);
+    n.b.input(x);
+    let (y, ys) = n.conv(x, &xs, 16, 1, 3, 1, true);
+    let y = n.act(y, &ys, After::Relu);
+    // A block of the first kind: both branches read the whole input.
+    let (a, a_s) = n.conv(y, &ys, 16, 16, 3, 1, true);
+    let (a, a_s) = n.conv(a, &a_s, 16, 1, 1, 1, true);
+    let a = n.act(a, &a_s, After::Relu);
+    let (b, _) = n.branch(y, &ys, 16);
+    let cs = vec![batch, 32, size, size];
+    let c = n.cat(&[a, b], &cs);
+    let s = n.shuffle(c, &cs, 2);
+    let halves = n.split(s, &cs, &[16, 16], &[a, b]);
+    // A block of the second kind: one half passes, the other goes through a branch.
+    let (b, _) = n.branch(halves[1], &ys, 16);
+    let c = n.cat(&[halves[0], b], &cs);
+    let s = n.shuffle(c, &cs, 2);
+    let (y, ys) = n.conv(s, &cs, 24, 1, 1, 1, true);
+    let y = n.act(y, &ys, After::Relu);
+    let s = n.shuffle(y, &ys, groups);
+    let pieces = n.split(s, &ys, &[cut, ys[1] - cut], &[]);
+    let (p, ps) = n.conv(pieces[0], &[batch, cut, size, size], 8, 1, 3, 1, true);
+    let q = n
+        .conv(
+            pieces[1],
+            &[batch, ys[1] - cut, size, size],
+            8,
+            1,
+            1,
+            1,
+            false,
+        )
+        .0;
+    let y = n.binary("add", p, q, &ps);
+    let (y, _) = n.mean(y, &ps, false);
+    n.b.output(y);
+    (n.b.build(), xs)
+}
+
+#[test]
+fn channel_shuffles_and_splits_run_channels_last_with_the_same_results() {
+    for (batch, size, groups, cut) in [(1, 9, 3, 12), (2, 6, 4, 8), (1, 7, 2, 5), (1, 16, 3, 7)] {
+        let (bytes, xs) = shuffle_network(batch, size, groups, cut);
+        let inputs = [(xs.clone(), values(xs.iter().product(), 11))];
+        let what = format!("batch {batch} size {size} groups {groups} cut {cut}");
+        let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+        for threads in [1, 2] {
+            let (got, ran) = run(&bytes, &pte_kernels::registry(), &inputs, threads);
+            assert_close(&got, &want, 400, &format!("{what}, {threads} threads"));
+            assert_eq!(
+                ran.len(),
+                1,
+                "{what}: the network is not one region: {ran:?}"
+            );
+        }
+    }
+}
+
 /// One convolution (with batch normalization and ReLU) and what follows it: the mean
 /// over height and width (a network's head), or nothing (its output leaves NCHW).
 fn one_convolution(batch: usize, size: usize, k: usize, head: bool) -> (Vec<u8>, Vec<Vec<usize>>) {

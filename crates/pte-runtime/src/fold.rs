@@ -25,6 +25,13 @@ pub(crate) fn call_outputs(args: &[u32], values: &[Slot]) -> Option<SmallVec<[u3
     let (&last, rest) = args.split_last()?;
     match values.get(last as usize)? {
         Slot::TensorList(items) => {
+            // The out list, then the same list again as the result (`split_with_sizes_copy`
+            // as exported), or the list's tensors, then the list.
+            if let Some(&out) = rest.last() {
+                if matches!(values.get(out as usize), Some(Slot::TensorList(o)) if o == items) {
+                    return Some(items.iter().copied().chain([out, last]).collect());
+                }
+            }
             let n = items.len();
             let outs = rest.get(rest.len().checked_sub(n)?..)?;
             (outs == &items[..]).then(|| outs.iter().copied().chain([last]).collect())

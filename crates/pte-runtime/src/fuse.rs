@@ -228,6 +228,11 @@ impl<'a> Graph<'a> {
         self.viewed.of(source).any(|w| w == view)
     }
 
+    /// The views the exporter elided that read `source`'s memory.
+    pub fn views_of(&self, source: u32) -> impl Iterator<Item = u32> + '_ {
+        self.viewed.of(source)
+    }
+
     /// How many instructions refer to a value (a value that is a method input or output
     /// counts one more).
     pub fn uses(&self, v: u32) -> u32 {

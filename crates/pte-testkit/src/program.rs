@@ -42,6 +42,17 @@ impl ProgramBuilder {
         }
     }
 
+    /// Where a planned tensor sits in buffer 1: pass it as [`Memory::At`] to place
+    /// another tensor there (an exporter's view, a dead tensor's place reused).
+    pub fn place(&self, v: i32) -> Option<u64> {
+        let et::KernelTypes::Tensor(t) = self.values.get(usize::try_from(v).ok()?)?.val.as_ref()?
+        else {
+            return None;
+        };
+        let a = t.allocation_info.as_ref()?;
+        Some(u64::from(a.memory_offset_low) | (u64::from(a.memory_offset_high) << 32))
+    }
+
     fn push(&mut self, v: et::KernelTypes) -> i32 {
         self.values.push(value(v));
         (self.values.len() - 1) as i32

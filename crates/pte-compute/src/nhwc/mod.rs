@@ -38,12 +38,14 @@
 mod chain;
 mod conv;
 mod deconv;
+mod mix;
 mod pool;
 
 pub use crate::conv::{ConvWeights, WeightLayout};
 pub use chain::DepthwiseChain;
 pub use conv::ConvNhwc;
 pub use deconv::DeconvNhwc;
+pub use mix::ChannelMix;
 pub use pool::{global_avg_pool, max_pool2d_q8, pool2d, PoolKind};
 
 use crate::conv::Conv2dParams;

@@ -99,10 +99,15 @@ enum Step {
         act: Act,
         out: Dst,
     },
-    /// Concatenation along channels of up to `MAX_PARTS` values.
+    /// Concatenation along channels of up to `MAX_PARTS` values, its channels
+    /// shuffled in `groups` groups (1: none), split along channels into `outs`: a
+    /// channel shuffle and the split after it write their pieces straight from the
+    /// parts (see [`nhwc::ChannelMix`]), all in one call (the program's memory plan
+    /// may put a piece over a part, dead after the concatenation).
     Cat {
         parts: [Option<Src>; MAX_PARTS],
-        out: Dst,
+        groups: usize,
+        outs: [Option<Dst>; MAX_PARTS],
     },
     /// `op(a, b)`; with `channel`, `b` holds one value per channel of each image.
     Binary {
@@ -147,6 +152,7 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
         produced: Vec::new(),
         ids: Vec::new(),
         step_calls: Vec::new(),
+        shuffled: Vec::new(),
     };
     let mut i = 0;
     while let Some(rest) = calls.get(i..).filter(|r| !r.is_empty()) {
@@ -160,9 +166,16 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
     // Cut after the first step whose NHWC output is read outside the run (that output
     // then leaves it in NCHW), until no earlier one is.
     let calls_of = |k: usize| b.step_calls.iter().take(k).sum::<usize>();
+    // Read outside the first `n` calls, or through a view other than a shuffle's.
     let escapes = |v: u32, n: usize| {
-        let inside = calls.iter().take(n).filter(|c| refers(g, c, v)).count() as u32;
-        g.tensor(v).is_some_and(|t| spatial(&t.sizes)) && (g.uses(v) != inside || g.is_aliased(v))
+        let outside = |v: u32| {
+            let inside = calls.iter().take(n).filter(|c| refers(g, c, v)).count() as u32;
+            g.uses(v) != inside
+        };
+        let views = g
+            .views_of(v)
+            .any(|w| !b.shuffled.contains(&w) || outside(w));
+        g.tensor(v).is_some_and(|t| spatial(&t.sizes)) && (outside(v) || views)
     };
     let mut cut = b.steps.len();
     loop {
@@ -170,11 +183,12 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
         let first = (0..cut).find(|&k| {
             b.steps
                 .get(k)
-                .and_then(|s| b.output_value(s))
-                .is_some_and(|v| escapes(v, n))
+                .is_some_and(|s| b.output_values(s).into_iter().any(|v| escapes(v, n)))
         });
         match first {
             Some(k) if k + 1 < cut => cut = k + 1,
+            // One value leaves the run: a step writing several cannot end it.
+            _ if cut > 0 && b.steps.get(cut - 1).is_some_and(|s| dsts_of(s).len() > 1) => cut -= 1,
             _ => break,
         }
     }
@@ -185,7 +199,7 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
         .filter(|s| matches!(s, Step::Conv { .. }))
         .count();
     let last = steps.last_mut()?;
-    let out = b.output_value(last)?;
+    let out = b.output_values(last).first().copied()?;
     let exits_spatial = g.tensor(out).is_some_and(|t| spatial(&t.sizes));
     // One convolution is worth its conversion only when its result leaves through a
     // mean over the image: a network's last convolution and the pooling after it
@@ -203,11 +217,11 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
     let mut spares = Vec::new();
     for (k, step) in steps.iter().enumerate() {
         let own = calls.get(calls_of(k)..calls_of(k + 1)).unwrap_or_default();
-        let out = b.output_value(step);
+        let out = b.output_values(step);
         for c in own {
             for &v in outputs(c) {
                 let inside = own.iter().filter(|c| refers(g, c, v)).count() as u32;
-                let dropped = Some(v) != out
+                let dropped = !out.contains(&v)
                     && is_f32(g, v)
                     && g.tensor(v).is_some_and(|t| spatial(&t.sizes))
                     && g.uses(v) == inside
@@ -244,13 +258,17 @@ fn refers(g: &Graph<'_>, c: &Call<'_>, v: u32) -> bool {
         .any(|&a| a == v || g.tensor_list(a).is_some_and(|l| l.contains(&v)))
 }
 
+/// Makes the step's (first) output leave the run.
 fn set_exit(step: &mut Step) {
     let out = match step {
         Step::Conv { out, .. }
         | Step::MaxPool { out, .. }
         | Step::Unary { out, .. }
-        | Step::Cat { out, .. }
         | Step::Binary { out, .. } => out,
+        Step::Cat { outs, .. } => match outs.first_mut() {
+            Some(Some(out)) => out,
+            _ => return,
+        },
         Step::Mean { .. } => return,
     };
     *out = Dst::Exit(out.pos());
@@ -267,19 +285,17 @@ struct Builder<'g, 'a> {
     ids: Vec<CallId>,
     /// Calls taken by each step.
     step_calls: Vec<usize>,
+    /// The elided views that channel shuffles read (as `[n, groups, c / groups, h,
+    /// w]`): the shuffle step reads their values in NHWC.
+    shuffled: Vec<u32>,
 }
 
 impl Builder<'_, '_> {
-    fn output_value(&self, s: &Step) -> Option<u32> {
-        let pos = match s {
-            Step::Conv { out, .. }
-            | Step::MaxPool { out, .. }
-            | Step::Unary { out, .. }
-            | Step::Cat { out, .. }
-            | Step::Binary { out, .. } => out.pos(),
-            Step::Mean { out, .. } => *out,
-        };
-        self.args.get(pos).copied()
+    fn output_values(&self, s: &Step) -> SmallVec<[u32; MAX_PARTS]> {
+        dsts_of(s)
+            .iter()
+            .filter_map(|d| self.args.get(d.pos()).copied())
+            .collect()
     }
 
     /// A source for value `v`: produced here, layout-free, or an NCHW input to convert.
@@ -328,14 +344,72 @@ impl Builder<'_, '_> {
         Some(Dst::Arg(self.args.len() - 1))
     }
 
+    /// The steps for `whole`, the concatenation of `parts` by the first `used` calls
+    /// (or, with `used` 0, the one part itself), and for the channel shuffle and split
+    /// that may follow it: a concatenation step, or one step per piece of the split.
+    fn mix(
+        &mut self,
+        calls: &[Call<'_>],
+        used: usize,
+        parts: [Option<Src>; MAX_PARTS],
+        whole: u32,
+    ) -> Option<()> {
+        let g = self.g;
+        let rest = calls.get(used..).unwrap_or_default();
+        match shuffle_split(g, rest, whole, used == 1) {
+            Some(Mixed {
+                groups,
+                pieces,
+                base,
+                shuffled,
+                calls: n,
+            }) => {
+                self.shuffled.extend(shuffled);
+                let mut outs = [None; MAX_PARTS];
+                for (out, v) in outs.iter_mut().zip(pieces) {
+                    *out = Some(self.output(v)?);
+                }
+                self.steps.push(Step::Cat {
+                    parts,
+                    groups,
+                    outs,
+                });
+                // Written through its view: listed so the runtime knows it is kept.
+                self.args.extend(base);
+                self.ids.extend(calls.iter().take(used + n).map(|c| c.id));
+            }
+            None if used == 1 => {
+                let out = self.output(whole)?;
+                self.steps.push(Step::Cat {
+                    parts,
+                    groups: 1,
+                    outs: [Some(out), None, None, None],
+                });
+                self.ids.extend(calls.first().map(|c| c.id));
+            }
+            None => return None,
+        }
+        Some(())
+    }
+
     /// Takes the step at the start of `calls`; false when it cannot.
     fn step(&mut self, calls: &[Call<'_>]) -> bool {
-        let mark = (self.args.len(), self.entries.len(), self.produced.len());
+        let mark = (
+            self.args.len(),
+            self.entries.len(),
+            self.produced.len(),
+            self.steps.len(),
+            self.ids.len(),
+            self.shuffled.len(),
+        );
         let taken = self.try_step(calls);
         if taken.is_none() {
             self.args.truncate(mark.0);
             self.entries.truncate(mark.1);
             self.produced.truncate(mark.2);
+            self.steps.truncate(mark.3);
+            self.ids.truncate(mark.4);
+            self.shuffled.truncate(mark.5);
         }
         taken.is_some()
     }
@@ -438,9 +512,19 @@ impl Builder<'_, '_> {
                 for (part, &v) in parts.iter_mut().zip(values) {
                     *part = Some(self.src(v)?);
                 }
-                let out = self.output(out)?;
-                self.steps.push(Step::Cat { parts, out });
-                self.ids.push(c.id);
+                self.mix(calls, 1, parts, out)?;
+            }
+            "aten::permute_copy.out" | "aten::split_with_sizes_copy.out" => {
+                // A shuffle or split of a value the run computed (read through a view).
+                let v = arg(c, 0)?;
+                let x = self
+                    .produced
+                    .iter()
+                    .rev()
+                    .copied()
+                    .find(|&p| p == v || g.is_view_of(v, p))?;
+                let part = self.src(x)?;
+                self.mix(calls, 0, [Some(part), None, None, None], x)?;
             }
             "aten::add.out" | "aten::mul.out" => {
                 let (a, b) = (arg(c, 0)?, arg(c, 1)?);
@@ -497,6 +581,127 @@ impl Builder<'_, '_> {
         }
         Some(())
     }
+}
+
+/// What a channel shuffle and split make of a value.
+struct Mixed {
+    /// Of the shuffle (1: none).
+    groups: usize,
+    /// The values written, channels one after another.
+    pieces: SmallVec<[u32; MAX_PARTS]>,
+    /// The shuffled tensor when its one piece is a view of it.
+    base: Option<u32>,
+    /// The view of the shuffle's input that it reads.
+    shuffled: Option<u32>,
+    /// Calls taken.
+    calls: usize,
+}
+
+/// The channel shuffle and split of `x` at the start of `calls`: `permute_copy`
+/// swapping the two middle dimensions of a view of `x` as `[n, groups, c / groups, h,
+/// w]`, a copy of it into the default dim order (optional), and
+/// `split_with_sizes_copy` along channels of a view of that as `[n, c, h, w]`; the
+/// shuffle alone, read on through such a view; or the split of `x` alone. Every value
+/// in between must be read by these calls alone, and with `dropped` (`x` a
+/// concatenation that is not kept) `x` too.
+fn shuffle_split(g: &Graph<'_>, calls: &[Call<'_>], x: u32, dropped: bool) -> Option<Mixed> {
+    let sizes = g.tensor(x)?.sizes;
+    let &[n, c, h, w] = sizes.as_slice() else {
+        return None;
+    };
+    // Read by `uses` instructions and through the views `views` alone.
+    let only = |v: u32, uses: u32, views: &[u32]| {
+        g.uses(v) == uses && g.views_of(v).eq(views.iter().copied())
+    };
+    let (mut taken, mut groups, mut whole, mut shuffled) = (0, 1, x, None);
+    let first = calls.first()?;
+    if first.op == "aten::permute_copy.out" {
+        let v = arg(first, 0)?;
+        let &[vn, gs, per, vh, vw] = g.tensor(v)?.sizes.as_slice() else {
+            return None;
+        };
+        let mut dims = g.int_list(arg(first, 1)?)?;
+        dims.iter_mut().for_each(|d| *d = d.rem_euclid(5));
+        let mut y = single_output(first)?;
+        let swapped = [n, per, gs, h, w];
+        let fits = (vn, vh, vw) == (n, h, w)
+            && gs.checked_mul(per) == Some(c)
+            && dims.as_slice() == [0, 2, 1, 3, 4]
+            && g.is_view_of(v, x)
+            && only(v, 1, &[])
+            && is_f32(g, y)
+            && g.tensor(y)?.sizes.as_slice() == swapped;
+        if !fits || (dropped && !only(x, 1, &[v])) {
+            return None;
+        }
+        taken = 1;
+        if let Some(copy) = calls.get(1).filter(|k| {
+            matches!(
+                k.op,
+                "dim_order_ops::_clone_dim_order.out" | "aten::clone.out"
+            ) && arg(k, 0) == Some(y)
+                && only(y, 2, &[])
+        }) {
+            let z = single_output(copy)?;
+            if is_f32(g, z) && g.tensor(z)?.sizes.as_slice() == swapped {
+                (y, taken) = (z, 2);
+            }
+        }
+        (groups, whole, shuffled) = (gs, y, Some(v));
+    }
+    let Some(split) = calls
+        .get(taken)
+        .filter(|k| k.op == "aten::split_with_sizes_copy.out")
+    else {
+        // A shuffle whose result is read on through one view as `[n, c, h, w]`.
+        let mut views = g.views_of(whole);
+        let (view, None) = (views.next()?, views.next()) else {
+            return None;
+        };
+        let fits = groups > 1
+            && is_f32(g, view)
+            && g.tensor(view)?.sizes == sizes
+            && only(whole, 1, &[view]);
+        return fits.then(|| Mixed {
+            groups,
+            pieces: SmallVec::from_slice(&[view]),
+            base: Some(whole),
+            shuffled,
+            calls: taken,
+        });
+    };
+    let (src, dim, list) = (arg(split, 0)?, arg(split, 2)?, arg(split, 3)?);
+    let reads = if groups == 1 && taken == 0 {
+        src == x && (!dropped || only(x, 2, &[]))
+    } else {
+        g.is_view_of(src, whole)
+            && g.tensor(src)?.sizes == sizes
+            && only(src, 1, &[])
+            && only(whole, 1, &[src])
+    };
+    let pieces = g.tensor_list(list)?;
+    let mut sum = 0usize;
+    for &p in pieces {
+        let &[pn, pc, ph, pw] = g.tensor(p)?.sizes.as_slice() else {
+            return None;
+        };
+        if (pn, ph, pw) != (n, h, w) {
+            return None;
+        }
+        sum += pc;
+    }
+    let fits = reads
+        && g.int(dim)?.rem_euclid(4) == 1
+        && sum == c
+        && (1..=MAX_PARTS).contains(&pieces.len())
+        && only(list, 1, &[]);
+    fits.then(|| Mixed {
+        groups,
+        pieces: SmallVec::from_slice(pieces),
+        base: None,
+        shuffled,
+        calls: taken + 1,
+    })
 }
 
 /// True when `b` is one value per channel of `a`: `a` is `[n, c, h, w]`, `b` is
@@ -702,15 +907,21 @@ fn window(args: &Args<'_>, x: [usize; 4], at: usize) -> KernelResult<Pool2dParam
     })
 }
 
-fn dst_of(s: &Step) -> Dst {
-    match s {
+/// Where a step writes (the pieces of a split, one place for any other step).
+fn dsts_of(s: &Step) -> SmallVec<[Dst; MAX_PARTS]> {
+    match *s {
         Step::Conv { out, .. }
         | Step::MaxPool { out, .. }
         | Step::Unary { out, .. }
-        | Step::Cat { out, .. }
-        | Step::Binary { out, .. } => *out,
-        Step::Mean { out, .. } => Dst::Arg(*out),
+        | Step::Binary { out, .. } => SmallVec::from_slice(&[out]),
+        Step::Cat { outs, .. } => outs.into_iter().flatten().collect(),
+        Step::Mean { out, .. } => SmallVec::from_slice(&[Dst::Arg(out)]),
     }
+}
+
+/// Where a step writes its (first) output.
+fn dst_of(s: &Step) -> Dst {
+    dsts_of(s).first().copied().unwrap_or(Dst::Arg(usize::MAX))
 }
 
 /// The argument position holding the value a source reads (for its shape).
@@ -899,10 +1110,19 @@ impl Region {
                     s
                 }
                 Step::Unary { .. } | Step::Binary { .. } => SmallVec::from_slice(&x),
-                Step::Cat { parts, .. } => {
+                Step::Cat { parts, outs, .. } => {
                     let mut channels = 0;
                     for &part in parts.iter().flatten() {
                         channels += nchw(args, src_pos(&self.plan, part))?[1];
+                    }
+                    // The pieces of a split keep their channels (the split's sizes
+                    // are constants); `run_step` checks they add up.
+                    for out in outs.iter().flatten().skip(1) {
+                        let c = nchw(args, out.pos())?[1];
+                        args.resize(out.pos(), &[x[0], c, x[2], x[3]])?;
+                    }
+                    if outs.iter().flatten().count() > 1 {
+                        channels = nchw(args, dst_of(step).pos())?[1];
                     }
                     SmallVec::from_slice(&[x[0], channels, x[2], x[3]])
                 }
@@ -961,7 +1181,7 @@ impl Region {
             let Some(&step) = self.steps.get(i) else {
                 break;
             };
-            let Dst::Arg(o) = dst_of(&step) else {
+            let &[Dst::Arg(o)] = dsts_of(&step).as_slice() else {
                 continue;
             };
             if !spatial(&args.tensor(o)?.sizes) {
@@ -999,11 +1219,15 @@ impl Region {
                     // Written before the output's last read, or read later though
                     // computed before this step (live across it).
                     if i + 1 + j <= last {
-                        free &= span(args, dst_of(s).pos()).is_ok_and(|w| !meet(w, to));
+                        for d in dsts_of(s) {
+                            free &= span(args, d.pos()).is_ok_and(|w| !meet(w, to));
+                        }
                     }
                     let before = later.get(..j).unwrap_or_default();
                     for r in arg_reads(s) {
-                        let fresh = before.iter().any(|p| value(dst_of(p).pos()) == value(r));
+                        let fresh = before
+                            .iter()
+                            .any(|p| dsts_of(p).iter().any(|d| value(d.pos()) == value(r)));
                         if !is_o(r) && !fresh {
                             free &= span(args, r).is_ok_and(|r| !meet(r, to));
                         }
@@ -1067,9 +1291,9 @@ fn move_value(step: &mut Step, from: impl Fn(usize) -> bool, to: usize) {
             src(b);
             dst(out);
         }
-        Step::Cat { parts, out } => {
+        Step::Cat { parts, outs, .. } => {
             parts.iter_mut().flatten().for_each(src);
-            dst(out);
+            outs.iter_mut().flatten().for_each(dst);
         }
     }
 }
@@ -1078,6 +1302,8 @@ fn move_value(step: &mut Step, from: impl Fn(usize) -> bool, to: usize) {
 struct Views<'a> {
     inputs: SmallVec<[&'a [f32]; MAX_PARTS]>,
     out: &'a mut [f32],
+    /// The other pieces of a split.
+    more: SmallVec<[&'a mut [f32]; MAX_PARTS]>,
     work: &'a mut [f32],
 }
 
@@ -1143,7 +1369,9 @@ impl PreparedKernel for Region {
                 _ => (Activation::Identity, None),
             };
             let y_shape = nchw(args, out.pos())?;
-            let mut io = args.io(&reads, &[at(out.pos())])?;
+            let writes: SmallVec<[Arg; MAX_PARTS]> =
+                dsts_of(step).iter().map(|d| at(d.pos())).collect();
+            let mut io = args.io(&reads, &writes)?;
             let missing = || KernelError::Failed("missing view".into());
             let s = scratch(io.scratch, total)?;
             let (entries, rest) = s.split_at_mut(sp.exit.0.min(s.len()));
@@ -1165,11 +1393,12 @@ impl PreparedKernel for Region {
                     }
                 });
             }
-            let y = io
-                .outputs
-                .first_mut()
-                .ok_or_else(missing)?
-                .as_mut_slice::<f32>()?;
+            let (y, more) = io.outputs.split_first_mut().ok_or_else(missing)?;
+            let y = y.as_mut_slice::<f32>()?;
+            let more = more
+                .iter_mut()
+                .map(|t| t.as_mut_slice::<f32>())
+                .collect::<KernelResult<_>>()?;
             let (target, exit_to): (&mut [f32], Option<&mut [f32]>) = match out {
                 Dst::Arg(_) => (y, None),
                 Dst::Exit(_) => (exit, Some(y)),
@@ -1177,6 +1406,7 @@ impl PreparedKernel for Region {
             let v = Views {
                 inputs,
                 out: target,
+                more,
                 work,
             };
             run_step(
@@ -1228,7 +1458,14 @@ impl PreparedKernel for Region {
                 Some(Step::MaxPool { .. }) => "max pooling".into(),
                 Some(Step::Mean { .. }) => "mean".into(),
                 Some(Step::Unary { .. }) => "activation".into(),
-                Some(Step::Cat { .. }) => "concatenation".into(),
+                Some(Step::Cat { groups, outs, .. }) => {
+                    let pieces = outs.iter().flatten().count();
+                    match (*groups > 1, pieces > 1) {
+                        (true, _) => "channel shuffle".into(),
+                        (false, true) => "split".into(),
+                        (false, false) => "concatenation".into(),
+                    }
+                }
                 Some(Step::Binary { .. }) => "elementwise".into(),
                 None => String::new(),
             }
@@ -1273,29 +1510,32 @@ fn run_step(
             let x = x.get(o..o + chunk.len()).unwrap_or_default();
             elementwise::map(isa, chunk, x, activation)
         }),
-        Step::Cat { .. } => {
-            // Each pixel's channels, part after part.
-            let channels: usize = shapes.iter().map(|s| s[1]).sum();
-            super::rows::split(pool, v.out, channels, |o, chunk| {
-                let first = o / channels.max(1);
-                for (i, pixel) in chunk.chunks_mut(channels.max(1)).enumerate() {
-                    let mut at = 0;
-                    for (x, s) in v.inputs.iter().zip(shapes) {
-                        let c = s[1];
-                        let from = x.get((first + i) * c..(first + i + 1) * c);
-                        match (pixel.get_mut(at..at + c), from) {
-                            (Some(to), Some(from)) => to.copy_from_slice(from),
-                            _ => {
-                                return Err(pte_compute::Error::InvalidParameter {
-                                    what: "NHWC region: a concatenated part is short".into(),
-                                })
-                            }
-                        }
-                        at += c;
-                    }
-                }
-                Ok(())
-            })
+        Step::Cat { groups, .. } => {
+            let channels: SmallVec<[usize; MAX_PARTS]> = shapes.iter().map(|s| s[1]).collect();
+            let pixels = n * h * w;
+            let mut from = 0;
+            let total: usize = channels.iter().sum();
+            for out in std::iter::once(v.out).chain(v.more) {
+                let len = out.len().checked_div(pixels).unwrap_or(0);
+                let mix = nhwc::ChannelMix::new(&channels, *groups, from, len).map_err(compute)?;
+                super::rows::split(pool, out, len, |o, chunk| {
+                    let (first, count) = (o / len.max(1), chunk.len() / len.max(1));
+                    let parts: SmallVec<[&[f32]; MAX_PARTS]> = v
+                        .inputs
+                        .iter()
+                        .zip(&channels)
+                        .map(|(x, &c)| x.get(first * c..(first + count) * c).unwrap_or_default())
+                        .collect();
+                    mix.run(&parts, chunk)
+                })?;
+                from += len;
+            }
+            if from != total {
+                return Err(KernelError::invalid(format!(
+                    "NHWC region: pieces of {from} channels split {total}"
+                )));
+            }
+            Ok(())
         }
         Step::Binary { op, channel, .. } => {
             let b = v.inputs.get(1).copied().ok_or_else(missing)?;
