@@ -6,8 +6,10 @@
 //! looks for a run of consecutive calls it can take over — convolutions with their
 //! batch normalization, residual addition and activation, max pooling whose indices
 //! nothing reads, the mean over height and width, activations, `add` / `mul` of
-//! equal shapes or by a per-channel vector (squeeze-and-excitation), and the
-//! concatenation of up to four values along channels (squeezenet, inception) — with at
+//! equal shapes or by a per-channel vector (squeeze-and-excitation), the
+//! concatenation of up to four values along channels (squeezenet, inception), and a
+//! channel shuffle and split along channels (shufflenet), alone or after the
+//! concatenation, as one step writing the pieces straight from the parts — with at
 //! least two convolutions, or one whose result leaves through the mean over height
 //! and width (a network's last convolution and its pooling). Inside the run every 4-d
 //! value is kept NHWC *in its own planned memory* (the program's memory plan already
