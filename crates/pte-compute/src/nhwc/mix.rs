@@ -121,16 +121,6 @@ impl ChannelMix {
         })
     }
 
-    /// Output channels per pixel.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when the mix produces no channel.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// The output pixels of `out` (`[pixels, len]`) from the same pixels of the parts
     /// (`[pixels, channels_p]` each).
     pub fn run(&self, parts: &[&[f32]], out: &mut [f32]) -> Result {
@@ -182,9 +172,11 @@ impl ChannelMix {
                         3 => interleave_lines::<f32, 3>(std::array::from_fn(line), o),
                         4 => interleave_lines::<f32, 4>(std::array::from_fn(line), o),
                         g => {
+                            let lines: [&[f32]; MAX] =
+                                std::array::from_fn(|r| if r < g { line(r) } else { &[] });
                             for (q, chunk) in o.chunks_exact_mut(g).enumerate() {
-                                for (r, v) in chunk.iter_mut().enumerate() {
-                                    *v = line(r).get(q).copied().unwrap_or_default();
+                                for (v, l) in chunk.iter_mut().zip(&lines) {
+                                    *v = l.get(q).copied().unwrap_or_default();
                                 }
                             }
                         }
@@ -258,6 +250,7 @@ mod tests {
             (&[3, 5, 8], 1, 2, 12), // no shuffle: runs of parts
             (&[16], 16, 0, 16),     // as many groups as channels
             (&[9, 9, 9], 3, 3, 6),  // three parts, three groups
+            (&[12, 12], 6, 6, 18),  // six groups: the loop past the unrolled ones
             (&[4, 4, 4, 4], 4, 0, 16),
             (&[10], 1, 0, 0), // nothing
         ];
