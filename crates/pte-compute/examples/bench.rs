@@ -1124,6 +1124,24 @@ fn main() {
             );
         }
     }
+    if what == "transpose" {
+        // One transpose of f32 in a loop, for a profiler: transpose ROWS COLS THREADS
+        let v: Vec<usize> = args.iter().skip(1).filter_map(|a| a.parse().ok()).collect();
+        if let [rows, cols, threads] = v[..] {
+            let pool = ThreadPool::new(threads).unwrap();
+            let x = values(rows * cols);
+            let mut y = vec![0.0; rows * cols];
+            let s = time(
+                &mut || pte_compute::layout::transpose(&pool, &x, 1, rows, cols, &mut y).unwrap(),
+                Duration::from_secs(1),
+            );
+            println!(
+                "transpose {rows} x {cols}: {:.2} us, {:.1} GB/s read",
+                s * 1e6,
+                (x.len() * 4) as f64 / s / 1e9
+            );
+        }
+    }
     if what == "batched" {
         // A batch in a loop, for a profiler: batched COUNT M N K THREADS
         use pte_compute::{BatchMut, BatchRef};

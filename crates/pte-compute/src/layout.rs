@@ -9,8 +9,13 @@ use crate::pool::ThreadPool;
 
 /// Output rows a task of the pool writes at once.
 const BLOCK: usize = 16;
-/// Side of a tile: one cache line of `f32` read from each of as many input rows.
+/// Side of a tile of bytes: 16 bytes read from each of as many input rows.
 const TILE: usize = 16;
+/// Input rows of 32-bit values transposed as one band, eight columns at a time: each
+/// output row receives 512 contiguous bytes per band. Bands of 16 rows (a cache line
+/// per output row) ran at 21 GB/s on shufflenet's 784 × 116 and 58 × 784; 128 rows at
+/// 34 GB/s (12544 × 96: 15 → 25 GB/s; 32 × 12544 unchanged).
+const BAND: usize = 128;
 
 /// Elements a task of the pool moves at least.
 const MIN_TASK: usize = 4096;
@@ -79,7 +84,7 @@ fn interleave<T: bytemuck::Pod>(
     true
 }
 
-/// `dst[j · R + r] = lines[r][j]` for the `j` all lines and `dst` hold. Two and four
+/// `dst[j · R + r] = lines[r][j]` for the `j` all lines and `dst` hold. Two to four
 /// lines go through zipped iterators, which vectorize into register shuffles; through
 /// checked indexing each value went alone (8.5% of shufflenet_v2's time).
 pub(crate) fn interleave_lines<T: bytemuck::Pod, const R: usize>(lines: [&[T]; R], dst: &mut [T]) {
@@ -88,6 +93,12 @@ pub(crate) fn interleave_lines<T: bytemuck::Pod, const R: usize>(lines: [&[T]; R
             let (out, _) = dst.as_chunks_mut::<2>();
             for ((o, &a), &b) in out.iter_mut().zip(*a).zip(*b) {
                 *o = [a, b];
+            }
+        }
+        [a, b, c] => {
+            let (out, _) = dst.as_chunks_mut::<3>();
+            for (((o, &a), &b), &c) in out.iter_mut().zip(*a).zip(*b).zip(*c) {
+                *o = [a, b, c];
             }
         }
         [a, b, c, d] => {
@@ -116,13 +127,12 @@ pub(crate) fn interleave_lines<T: bytemuck::Pod, const R: usize>(lines: [&[T]; R
 }
 
 /// Output rows `g0..` (row `g` is column `g % cols` of matrix `g / cols`) into `y`,
-/// which holds whole rows. Tiles of [`TILE`] input rows × [`TILE`] columns, the tiles
-/// of one band of input rows before the next: the input is read through `TILE` streams
-/// at a time (reading all rows at once, up to hundreds of channels, defeated the
-/// prefetchers: 1.6 GB/s on 96 channels of 112 × 112), and each output row receives a
-/// cache line per band. Whole tiles of 32-bit values go through register transposes,
-/// of bytes through a 16 × 16 register transpose (SSE2); matrices of 2-4 rows
-/// interleave instead.
+/// which holds whole rows. Matrices of 2-4 rows interleave; 32-bit values go through
+/// register transposes in bands ([`words`]); other values in tiles of [`TILE`] input
+/// rows × [`TILE`] columns, the tiles of one band of input rows before the next (the
+/// input read through `TILE` streams at a time: reading all rows at once, up to
+/// hundreds of channels, defeated the prefetchers), whole tiles of bytes through a
+/// 16 × 16 register transpose (SSE2).
 fn transpose_rows<T: bytemuck::Pod>(
     isa: Isa,
     x: &[T],
@@ -143,7 +153,7 @@ fn transpose_rows<T: bytemuck::Pod>(
         let dst = y
             .get_mut(done * rows..(done + run) * rows)
             .unwrap_or_default();
-        if interleave(src, rows, cols, c0, dst) {
+        if interleave(src, rows, cols, c0, dst) || words(isa, src, (rows, cols), c0, dst) {
             done += run;
             continue;
         }
@@ -154,13 +164,7 @@ fn transpose_rows<T: bytemuck::Pod>(
                 let at = r0 * cols + c0 + j0;
                 if rb == TILE
                     && jb == TILE
-                    && (tile::<T, u32>(
-                        src,
-                        (at, cols),
-                        dst,
-                        (j0 * rows + r0, rows),
-                        |s, ss, d, ds| arch::transpose8x8(isa, s, ss, d, ds),
-                    ) || bytes_tile(src, (at, cols), dst, (j0 * rows + r0, rows)))
+                    && bytes_tile(src, (at, cols), dst, (j0 * rows + r0, rows))
                 {
                     continue;
                 }
@@ -179,28 +183,48 @@ fn transpose_rows<T: bytemuck::Pod>(
     }
 }
 
-/// A whole `TILE × TILE` tile of `T` seen as `U` (of the same size), from `src[s0..]`
-/// (rows `ss` apart) to `dst[d0..]` (rows `ds` apart), as four 8 × 8 transposes by
-/// `eight`: register transposes for 32-bit values, 64-bit word transposes for bytes
-/// (the 8-bit NCHW/NHWC conversions at the edges of quantized delegates went value by
-/// value: about 1 ns a byte). False (the caller copies the tile) for other element
-/// sizes or when `eight` declines.
-fn tile<T: bytemuck::Pod, U: bytemuck::Pod>(
+/// Output rows `c0..` of one matrix of `rows × cols` 32-bit values into `dst` (whole
+/// rows) on register transposes, in bands of [`BAND`] input rows (the edges of 8 × 8
+/// blocks value by value). False, with nothing written, for other element sizes or
+/// when this CPU has no such kernel.
+fn words<T: bytemuck::Pod>(
+    isa: Isa,
     src: &[T],
-    (s0, ss): (usize, usize),
+    (rows, cols): (usize, usize),
+    c0: usize,
     dst: &mut [T],
-    (d0, ds): (usize, usize),
-    eight: impl Fn(&[U], usize, &mut [U], usize) -> bool,
 ) -> bool {
-    if std::mem::size_of::<T>() != std::mem::size_of::<U>() {
+    if std::mem::size_of::<T>() != 4 || !arch::has_transpose32(isa) {
         return false;
     }
     let (Ok(src), Ok(dst)) = (
-        bytemuck::try_cast_slice::<T, U>(src),
-        bytemuck::try_cast_slice_mut::<T, U>(dst),
+        bytemuck::try_cast_slice::<T, u32>(src),
+        bytemuck::try_cast_slice_mut::<T, u32>(dst),
     ) else {
         return false;
     };
+    let run = dst.len() / rows.max(1);
+    (0..rows).step_by(BAND).all(|r0| {
+        arch::transpose32(
+            isa,
+            (src.get(r0 * cols + c0..).unwrap_or_default(), cols),
+            (dst.get_mut(r0..).unwrap_or_default(), rows),
+            BAND.min(rows - r0),
+            run,
+        )
+    })
+}
+
+/// A whole `TILE × TILE` tile of bytes from `src[s0..]` (rows `ss` apart) to
+/// `dst[d0..]` (rows `ds` apart), as four 8 × 8 transposes by `eight`. False (the
+/// caller copies the tile) when `eight` declines.
+fn tile(
+    src: &[u8],
+    (s0, ss): (usize, usize),
+    dst: &mut [u8],
+    (d0, ds): (usize, usize),
+    eight: impl Fn(&[u8], usize, &mut [u8], usize) -> bool,
+) -> bool {
     [(0, 0), (0, 8), (8, 0), (8, 8)].into_iter().all(|(i, j)| {
         let s = src.get(s0 + i * ss + j..).unwrap_or_default();
         let d = dst.get_mut(d0 + j * ds + i..).unwrap_or_default();
@@ -231,7 +255,7 @@ fn bytes_tile<T: bytemuck::Pod>(
         d.get_mut(d0..).unwrap_or_default(),
         ds,
     );
-    whole || tile::<T, u8>(src, (s0, ss), dst, (d0, ds), transpose_bytes_8x8)
+    whole || tile(s, (s0, ss), d, (d0, ds), transpose_bytes_8x8)
 }
 
 /// `dst[c · ds + r] = src[r · ss + c]` for `r, c < 8`: each row a little-endian word,
@@ -293,6 +317,10 @@ mod tests {
                 (2, 33, 999),
                 (1, 96, 200),
                 (2, 48, 40),
+                // Bands and blocks with edges of every width below eight.
+                (1, 58, 31),
+                (2, 9, 23),
+                (1, 464, 49),
                 // Two to four rows interleave (channel shuffles), whole matrices and,
                 // split between threads, runs of them.
                 (3, 2, 58),

@@ -374,27 +374,50 @@ pub(crate) fn depthwise_row<const K: usize>(
     }
 }
 
-/// `dst[j·ds + i] = src[i·ss + j]` for `i, j < 8` (32-bit values, bits unchanged) on a
-/// register transpose. False when this CPU has no such kernel or a length is off
-/// (nothing is written then).
-pub(crate) fn transpose8x8(isa: Isa, src: &[u32], ss: usize, dst: &mut [u32], ds: usize) -> bool {
-    let fits = |len: usize, stride: usize| {
-        stride
-            .checked_mul(7)
-            .and_then(|v| v.checked_add(8))
-            .is_some_and(|n| len >= n)
+/// Whether [`transpose32`] has a kernel for `isa` on this CPU.
+pub(crate) fn has_transpose32(isa: Isa) -> bool {
+    cfg!(target_arch = "x86_64") && matches!(isa, Isa::Avx2 | Isa::Avx512) && isa.is_available()
+}
+
+/// `dst[j·ds + i] = src[i·ss + j]` for `i < rows`, `j < cols` (32-bit values, bits
+/// unchanged) on register transposes. False when this CPU has no such kernel or a
+/// length is off (nothing is written then).
+pub(crate) fn transpose32(
+    isa: Isa,
+    (src, ss): (&[u32], usize),
+    (dst, ds): (&mut [u32], usize),
+    rows: usize,
+    cols: usize,
+) -> bool {
+    if rows == 0 || cols == 0 {
+        return true;
+    }
+    // The last row of a block of `lines` lines of `len` values, `stride` apart, ends
+    // inside `have`.
+    let fits = |have: usize, lines: usize, len: usize, stride: usize| {
+        (lines - 1)
+            .checked_mul(stride)
+            .and_then(|v| v.checked_add(len))
+            .is_some_and(|n| have >= n)
     };
-    let ok = matches!(isa, Isa::Avx2 | Isa::Avx512)
-        && isa.is_available()
-        && fits(src.len(), ss)
-        && fits(dst.len(), ds);
+    let ok =
+        has_transpose32(isa) && fits(src.len(), rows, cols, ss) && fits(dst.len(), cols, rows, ds);
     if !ok {
         return false;
     }
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: AVX2 is available and both blocks lie inside their slices (checked).
-        unsafe { x86::transpose8x8(src.as_ptr().cast(), ss, dst.as_mut_ptr().cast(), ds) };
+        unsafe {
+            x86::transpose32(
+                src.as_ptr().cast(),
+                ss,
+                dst.as_mut_ptr().cast(),
+                ds,
+                rows,
+                cols,
+            )
+        };
         true
     }
     #[cfg(not(target_arch = "x86_64"))]

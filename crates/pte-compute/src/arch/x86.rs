@@ -502,13 +502,51 @@ depthwise_rows!(
     _mm512_add_ps
 );
 
+/// `dst[j·ds + i] = src[i·ss + j]` for `i < rows`, `j < cols` (32-bit values, bits
+/// unchanged): whole 8 × 8 blocks on register transposes, eight columns at a time over
+/// all rows (each output row receives whole cache lines), the edges value by value.
+/// One call for a whole block: a call per 8 × 8 block, not inlined, cost as much as
+/// the moves on the small transposes of a network (7 × 7 × 464).
+///
+/// # Safety
+/// AVX2 is available; `src` holds `rows` rows of `cols` values `ss` apart, `dst`
+/// `cols` rows of `rows` values `ds` apart.
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn transpose32(
+    src: *const f32,
+    ss: usize,
+    dst: *mut f32,
+    ds: usize,
+    rows: usize,
+    cols: usize,
+) {
+    let (whole_rows, whole_cols) = (rows / 8 * 8, cols / 8 * 8);
+    // SAFETY (every access below): i < rows and j < cols, inside by the caller's contract.
+    for j0 in (0..whole_cols).step_by(8) {
+        for i0 in (0..whole_rows).step_by(8) {
+            unsafe { transpose8x8(src.add(i0 * ss + j0), ss, dst.add(j0 * ds + i0), ds) };
+        }
+        for i in whole_rows..rows {
+            for j in j0..j0 + 8 {
+                unsafe { *dst.add(j * ds + i) = *src.add(i * ss + j) };
+            }
+        }
+    }
+    for j in whole_cols..cols {
+        for i in 0..rows {
+            unsafe { *dst.add(j * ds + i) = *src.add(i * ss + j) };
+        }
+    }
+}
+
 /// `dst[j·ds + i] = src[i·ss + j]` for `i, j < 8`: an 8 × 8 block of 32-bit values
 /// transposed in registers (unpacks, shuffles, lane permutes; bits moved unchanged).
 ///
 /// # Safety
 /// AVX2 is available; `src` holds 8 rows of 8 values `ss` apart, `dst` 8 rows `ds` apart.
+#[inline]
 #[target_feature(enable = "avx2")]
-pub(crate) unsafe fn transpose8x8(src: *const f32, ss: usize, dst: *mut f32, ds: usize) {
+unsafe fn transpose8x8(src: *const f32, ss: usize, dst: *mut f32, ds: usize) {
     // SAFETY: row i < 8 of src is inside (the caller's contract).
     let [r0, r1, r2, r3, r4, r5, r6, r7]: [__m256; 8] =
         std::array::from_fn(|i| unsafe { _mm256_loadu_ps(src.add(i * ss)) });

@@ -130,25 +130,14 @@ fn transpose_panel<const W: usize>(
     let whole = kc / D * D;
     if W.is_multiple_of(D) && valid == W && whole > 0 {
         // Whole 8 × 8 blocks through register transposes, when this CPU has them.
-        let (isa, rs) = (Isa::best(), src.row_stride());
-        let sources: [Option<&[f32]>; W] = std::array::from_fn(|l| {
-            l.is_multiple_of(D)
-                .then(|| src.tail_from(first + l, k0))
-                .flatten()
-        });
-        let moved = (0..whole).step_by(D).all(|p0| {
-            let block = panel.get_mut(p0 * W..(p0 + D) * W).unwrap_or_default();
-            (0..W).step_by(D).all(|l0| {
-                let s = sources[l0].and_then(|s| s.get(p0..)).unwrap_or_default();
-                let d = block.get_mut(l0..).unwrap_or_default();
-                arch::transpose8x8(
-                    isa,
-                    bytemuck::cast_slice(s),
-                    rs,
-                    bytemuck::cast_slice_mut(d),
-                    W,
-                )
-            })
+        let moved = src.tail_from(first, k0).is_some_and(|s| {
+            arch::transpose32(
+                Isa::best(),
+                (bytemuck::cast_slice(s), src.row_stride()),
+                (bytemuck::cast_slice_mut(panel), W),
+                W,
+                whole,
+            )
         });
         if !moved {
             transpose_blocks(&rows, whole, panel);
