@@ -156,7 +156,8 @@ pub(crate) fn interleave_vectors(isa: Isa, q: usize, dst: &mut [f32], src: &[f32
 }
 
 /// Interleaves the 4-byte quads of blocks of `q` groups from `src` into `dst` as the
-/// interleaved 8-bit kernel reads them, each byte shifted by `flip` (XOR): in a block
+/// interleaved kernels read them (quads of bytes for the 8-bit kernel, `f32` values
+/// for the float one), each byte shifted by `flip` (XOR): in a block
 /// of `block` quads (`q` groups of `block / q`), quad `p` of group `g` goes from `g ·
 /// block / q + p` to `p · q + g`. Pixels are `dst_pixel` bytes apart in `dst` (whole
 /// blocks) and `src_pixel` in `src` (as many or fewer: a last block's missing groups

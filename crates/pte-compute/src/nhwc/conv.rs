@@ -213,7 +213,7 @@ impl ConvNhwc {
         match &self.algo {
             Algo::Gemm { .. } | Algo::Depthwise { .. } => Ok(0),
             Algo::Winograd(w) => w.scratch_len(&self.gemm, &self.p, threads),
-            Algo::Grouped(g) => g.scratch_len(),
+            Algo::Grouped(g) => g.scratch_len(threads),
             // One image with its padding.
             Algo::Rows { .. } => {
                 let p = &self.p;
@@ -386,7 +386,7 @@ impl ConvNhwc {
                 let x = input.get(..x_len).unwrap_or_default();
                 let epilogue = (clamp, rest, residual.is_some());
                 let io = (x, output, scratch);
-                g.run(pool, self.isa(), p, self.out, io, &self.bias, epilogue)
+                g.run(pool, self.isa(), p, io, &self.bias, epilogue)
             }
             Algo::Gemm { weights, pointwise } => {
                 if let Some(r) = residual {
