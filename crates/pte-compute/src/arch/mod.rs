@@ -36,7 +36,7 @@ pub(crate) use grouped::{
     GroupedRows, GROUPED_MR,
 };
 pub(crate) use indirect::{
-    depthwise_pixels, indirect_microkernel, IndirectRows, PanelRun, PixelTaps,
+    depthwise_pixels, even_tiles, indirect_microkernel, IndirectRows, PanelRun, PixelTaps,
     MAX_ROW_TAPS as Q8_MAX_TAPS, MAX_TAPS as INDIRECT_TAPS,
 };
 pub use q8::Q8Kernel;

@@ -3,8 +3,8 @@
 //! channel blocks for depthwise ones, residual and activation fused.
 
 use crate::arch::{
-    self, depthwise_pixels, indirect_microkernel, IndirectRows, Isa, PanelRun, PixelTaps, Post,
-    TileBias, INDIRECT_TAPS,
+    self, depthwise_pixels, even_tiles, indirect_microkernel, IndirectRows, Isa, PanelRun,
+    PixelTaps, Post, TileBias, INDIRECT_TAPS,
 };
 use crate::conv::{bias_or_zeros, Conv2dParams, ConvWeights, WeightLayout};
 use crate::elementwise::{self, Activation};
@@ -801,8 +801,7 @@ impl ConvNhwc {
                     Gather::Pixel | Gather::Rows { .. } => STRIP_TILES * mr,
                     Gather::Taps => mr,
                 };
-                for r in (0..rows_here).step_by(strip) {
-                    let rows = strip.min(rows_here - r);
+                for (r, rows) in even_tiles(rows_here, strip) {
                     for t0 in (0..taps).step_by(INDIRECT_TAPS) {
                         let seg = INDIRECT_TAPS.min(taps - t0);
                         let taps = (t0, seg, taps);
