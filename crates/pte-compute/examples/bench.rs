@@ -1170,29 +1170,42 @@ fn main() {
     }
     if what == "nhwc-layer" {
         // One NHWC layer in a loop: nhwc-layer C_IN C_OUT GROUPS SIZE K STRIDE PAD THREADS
+        // [COPIES]; with COPIES, as many layers of their own weights run in turn, so
+        // that each finds its weights out of cache, as in a network.
         let n: Vec<usize> = args.iter().skip(1).filter_map(|a| a.parse().ok()).collect();
-        if let [ci, co, g, size, k, s, pad, threads] = n[..] {
+        let (dims, copies) = match n[..] {
+            [.., c] if n.len() == 9 => (&n[..8], c.max(1)),
+            _ => (&n[..], 1),
+        };
+        if let [ci, co, g, size, k, s, pad, threads] = dims[..] {
             let p = layer(ci, co, g, size, k, s, pad);
-            let w = values(co * ci / g * k * k);
             let gemm = Gemm::with_isa(o.isa).unwrap();
             let pool = ThreadPool::new(threads).unwrap();
-            let conv = pte_compute::nhwc::ConvNhwc::new(
-                &pool,
-                gemm,
-                p,
-                pte_compute::nhwc::ConvWeights::oihw(&w),
-                None,
-                Activation::RELU,
-            )
-            .unwrap();
+            let convs: Vec<_> = (0..copies)
+                .map(|_| {
+                    let w = values(co * ci / g * k * k);
+                    pte_compute::nhwc::ConvNhwc::new(
+                        &pool,
+                        gemm,
+                        p,
+                        pte_compute::nhwc::ConvWeights::oihw(&w),
+                        None,
+                        Activation::RELU,
+                    )
+                    .unwrap()
+                })
+                .collect();
+            let conv = &convs[0];
             let (xl, yl) = conv.io_len(1).unwrap();
             let (x, mut y) = (values(xl), vec![0.0; yl]);
             let mut scratch = vec![0.0; conv.scratch_len(threads).unwrap()];
             let t = Clock::start();
             let mut runs = 0;
             while t.elapsed() < Duration::from_secs(3) {
-                conv.run(&pool, &x, 1, None, &mut y, &mut scratch).unwrap();
-                runs += 1;
+                for conv in &convs {
+                    conv.run(&pool, &x, 1, None, &mut y, &mut scratch).unwrap();
+                    runs += 1;
+                }
             }
             let ms = t.elapsed().as_secs_f64() * 1e3 / f64::from(runs);
             let [oh, ow] = conv.output_size();

@@ -416,6 +416,7 @@ impl PreparedKernel for LayerNorm {
         if bi {
             reads.push(at(3));
         }
+        let pool = args.pool();
         let mut io = args.io(&reads, &[at(5), at(6), at(7)])?;
         let missing = || KernelError::Failed("missing tensor view".into());
         let input = |i: usize| -> KernelResult<&[f32]> {
@@ -438,7 +439,8 @@ impl PreparedKernel for LayerNorm {
         );
         let pairs = super::scratch(io.scratch, rows * 2)?;
         let isa = Isa::best();
-        elementwise::layer_norm_rows(isa, out, src, row, gamma, beta, eps, Some(pairs))
+        let affine = (gamma, beta);
+        elementwise::layer_norm_rows_on(pool, isa, out, src, row, affine, eps, Some(pairs))
             .map_err(compute)?;
         for ((m, r), p) in mean
             .iter_mut()
