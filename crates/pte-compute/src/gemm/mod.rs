@@ -656,6 +656,21 @@ impl Gemm {
         let enough = |tiles: usize| tiles >= 2 * threads;
         let split_n = match packed {
             (true, false) if enough(n_tiles) => true,
+            // Packed weights that outgrow L2, or a few row tiles that the threads would
+            // share unevenly, with fewer rows than columns: each thread streams its own
+            // columns of the weights and reads all rows. Split by rows, every thread
+            // read all the weights, and 49 rows went to two threads as 36 and 13
+            // (convnext_tiny's last stage: 140 -> 200 GFLOP/s at 2 threads; its third,
+            // 196 rows and 2.4 MB of weights, 203 -> 220). Transformers' 64 to 197
+            // tokens split evenly by rows stay so (by columns, 7-15% slower).
+            (false, true)
+                if enough(n_tiles)
+                    && m < n
+                    && (k.saturating_mul(n).saturating_mul(4) > 8 * L2_PANEL_BYTES
+                        || (m_tiles % threads != 0 && m_tiles < 4 * threads)) =>
+            {
+                true
+            }
             (false, true) if enough(m_tiles) => false,
             _ => n_tiles >= m_tiles,
         };
