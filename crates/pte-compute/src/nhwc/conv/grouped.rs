@@ -1,9 +1,10 @@
 //! Grouped convolutions with few output channels per group, on the interleaved
 //! micro-kernel of [`crate::arch`] (`grouped_microkernel`): blocks of `q` groups
-//! fill one vector of outputs, the input copied once per image with its padding and
-//! each block's channels interleaved (a last block of fewer groups reads zeros for
-//! the missing ones and stores only its own channels). regnet_y_400mf's 8-channel groups filled 8 of
-//! the regular tile's 32 columns: its grouped layers were half of the model's time.
+//! fill one vector of outputs, the input copied with its padding and each block's
+//! channels interleaved, a band of output rows at a time by the thread that computes
+//! it (a last block of fewer groups reads zeros for the missing ones and stores only
+//! its own channels). regnet_y_400mf's 8-channel groups filled 8 of the regular
+//! tile's 32 columns: its grouped layers were half of the model's time.
 
 use crate::arch::{
     grouped_interleaves, grouped_microkernel, interleave_quads, interleave_vectors, GroupedOut,
