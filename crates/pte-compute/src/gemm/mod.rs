@@ -660,9 +660,10 @@ impl Gemm {
             // share unevenly, with fewer rows than columns: each thread streams its own
             // columns of the weights and reads all rows. Split by rows, every thread
             // read all the weights, and 49 rows went to two threads as 36 and 13
-            // (convnext_tiny's last stage: 140 -> 200 GFLOP/s at 2 threads; its third,
-            // 196 rows and 2.4 MB of weights, 203 -> 220). Transformers' 64 to 197
-            // tokens split evenly by rows stay so (by columns, 7-15% slower).
+            // (convnext_tiny's last stage, 49 × 3072 × 768: 143 -> 212 GFLOP/s at 2
+            // threads; its third, 196 rows and 2.4 MB of weights, 201 -> 221).
+            // Transformers' 64 to 197 tokens split evenly by rows stay so (by columns,
+            // 7-15% slower).
             (false, true)
                 if enough(n_tiles)
                     && m < n
