@@ -8,12 +8,16 @@
 //!
 //! - [`Zeroed::try_new`] gives a buffer of its own. From [`MAP_FROM`] bytes on it is a
 //!   fresh mapping, zeroed once, by the kernel, that asks for huge pages before
-//!   anything touches it (one fault per 2 MiB) while the live mappings that asked stay
-//!   within a budget (see `HUGE_BUDGET`); smaller ones come from the global allocator.
+//!   anything touches it (one fault per 2 MiB); smaller ones come from the global
+//!   allocator.
 //! - [`Zeroed::try_shared`] is for buffers that live as long as a loaded program, such
 //!   as packed weights: most layers' weights are far below 2 MiB, so they are cut one
 //!   after another from shared mappings of [`CHUNK`] bytes, and together fill huge
 //!   pages. A mapping is returned to the system when its last buffer is dropped.
+//!
+//! Each huge page is first touched here, timed: one that the host of a virtual machine
+//! had to back anew (see [`SLOW_HUGE_PAGE`]) turns huge pages off for the rest of the
+//! process.
 //!
 //! Measured from `Program::open` to the first output, one thread, against one small
 //! allocation per layer cleared by the allocator, each run right after another
@@ -31,8 +35,9 @@
 
 use std::marker::PhantomData;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
 
 use memmap2::MmapMut;
 
@@ -99,7 +104,10 @@ impl<T: bytemuck::Pod> Zeroed<T> {
             Store::Empty
         } else if bytes >= MAP_FROM {
             match map(bytes) {
-                Some(m) => Store::Mapped(m),
+                Some(m) => {
+                    m.fault_in(0..bytes);
+                    Store::Mapped(m)
+                }
                 None => heap(bytes)?,
             }
         } else {
@@ -253,57 +261,105 @@ fn heap(bytes: usize) -> Option<Store> {
 struct Mapping {
     map: MmapMut,
     start: usize,
-    /// Bytes advised to use huge pages (counted in `HUGE_LIVE`).
-    huge: usize,
+    /// Bytes of the buffer.
+    len: usize,
+    /// Whether the rest of the buffer still asks for huge pages.
+    huge: AtomicBool,
 }
 
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        HUGE_LIVE.fetch_sub(self.huge, Ordering::Relaxed);
+/// Whether huge pages are still asked for. A huge page is a gamble on a virtual
+/// machine that hands free memory back to its host (virtio-balloon free page
+/// reporting, in 2 MiB blocks): a block the host still backs is cleared in about 0.17
+/// ms, one it has to fault in again took 4.4-5.5 ms, where the same 2 MiB in 4 KiB
+/// pages (mostly recently freed, still backed) cost about 0.7 ms. Which kind the
+/// kernel hands out is not known beforehand; right after another process exited, the
+/// first 0 to 12 blocks of a fresh process were backed and the next was not.
+///
+/// Load plus first output, one thread, each run 0.5 s after an upstream worker exited
+/// (medians of 6; a fixed 32 MiB budget of huge pages / none / this probe):
+/// mobilenet_v2 42.7 / 21.9 / 25.0 ms, regnet_y_400mf 38.0 / 31.9 / 25.6,
+/// efficientnet_b0 38.6 / 33.2 / 36.7, decoder_lm 35.1 / 34.3 / 26.5, resnet18 82.7 /
+/// 105.1 / 87.5.
+static HUGE_PAGES: AtomicBool = AtomicBool::new(true);
+
+/// A first touch of a huge page that takes longer than this was backed anew by the
+/// host (see [`HUGE_PAGES`]); after it the process asks for ordinary pages. Between
+/// the two measured kinds, well above a backed block's clearing on a loaded host.
+pub const SLOW_HUGE_PAGE: Duration = Duration::from_millis(1);
+
+/// A fresh mapping holding `len` bytes from a 2 MiB boundary on, advised to use huge
+/// pages before anything touches it unless they were found slow.
+fn map(len: usize) -> Option<Mapping> {
+    // Room to move the start to the next 2 MiB boundary; the unused head is never
+    // touched and costs address space only.
+    let map = MmapMut::map_anon(len.checked_add(HUGE_PAGE)?).ok()?;
+    let start = map.as_ptr().align_offset(HUGE_PAGE).min(HUGE_PAGE);
+    let huge = HUGE_PAGES.load(Ordering::Relaxed) && advise(&map, start, len, Advice::HugePage);
+    Some(Mapping {
+        map,
+        start,
+        len,
+        huge: AtomicBool::new(huge),
+    })
+}
+
+impl Mapping {
+    /// Faults in the huge pages that start in `range` of the buffer, which its caller
+    /// is about to write and holds alone, one by one and timed: a slow one turns huge
+    /// pages off, for the rest of this buffer and for later mappings. Ordinary pages
+    /// are left to fault as they are written (populating them here, before the writes,
+    /// measured no faster: 23.0 against 21.5 ms to mobilenet_v2's first output).
+    fn fault_in(&self, range: std::ops::Range<usize>) {
+        let end = range.end.min(self.len);
+        let mut block = range.start.next_multiple_of(HUGE_PAGE);
+        while self.huge.load(Ordering::Relaxed) && block < end {
+            if !HUGE_PAGES.load(Ordering::Relaxed) {
+                advise(
+                    &self.map,
+                    self.start + block,
+                    self.len - block,
+                    Advice::NoHugePage,
+                );
+                self.huge.store(false, Ordering::Relaxed);
+                break;
+            }
+            let t = Instant::now();
+            // A write fault: a read would map the shared zero page.
+            advise(&self.map, self.start + block, 1, Advice::PopulateWrite);
+            if t.elapsed() > SLOW_HUGE_PAGE {
+                HUGE_PAGES.store(false, Ordering::Relaxed);
+            }
+            block += HUGE_PAGE;
+        }
     }
 }
 
-/// Bytes of live mappings advised to use huge pages.
-static HUGE_LIVE: AtomicUsize = AtomicUsize::new(0);
-
-/// Most bytes of live mappings advised to use huge pages; later mappings get ordinary
-/// pages. A huge page is a gamble on a virtual machine that hands free memory back to
-/// its host (virtio-balloon free page reporting, in 2 MiB blocks): touching 128 MiB
-/// took 11 ms when the host still backed the blocks, 240-300 ms when it had to fault
-/// them in again, against 50 ms in 4 KiB pages. A model of a few tens of megabytes
-/// still gains on average (mobilenet_v2 and regnet_y_400mf reach their first output
-/// in 17 and 24 ms with huge pages, 23 and 35 without, right after another process
-/// freed its memory); resnet18's 130 MB of packed weights lost (90-200 ms against
-/// 107).
-const HUGE_BUDGET: usize = 32 << 20;
-
-/// A fresh mapping holding `bytes` from a 2 MiB boundary on, advised to use huge
-/// pages before anything touches it while the advised mappings stay within
-/// [`HUGE_BUDGET`].
-fn map(bytes: usize) -> Option<Mapping> {
-    // Room to move the start to the next 2 MiB boundary; the unused head is never
-    // touched and costs address space only.
-    let map = MmapMut::map_anon(bytes.checked_add(HUGE_PAGE)?).ok()?;
-    let start = map.as_ptr().align_offset(HUGE_PAGE).min(HUGE_PAGE);
-    let live = HUGE_LIVE.fetch_add(bytes, Ordering::Relaxed);
-    let huge = if live.saturating_add(bytes) <= HUGE_BUDGET {
-        advise_huge_pages(&map, start, bytes);
-        bytes
-    } else {
-        HUGE_LIVE.fetch_sub(bytes, Ordering::Relaxed);
-        0
-    };
-    Some(Mapping { map, start, huge })
+/// What [`advise`] asks of the system for a range of a mapping.
+#[derive(Clone, Copy)]
+enum Advice {
+    HugePage,
+    NoHugePage,
+    /// Fault the pages in, writable, now.
+    PopulateWrite,
 }
 
+/// Gives `advice` for `bytes` of `map` from `offset`; whether the system took it. A
+/// refusal (no transparent huge pages, an older kernel) changes nothing: pages are
+/// then ordinary ones, faulted in as they are first written.
 #[cfg(target_os = "linux")]
-fn advise_huge_pages(map: &MmapMut, start: usize, bytes: usize) {
-    // A refusal (no transparent huge pages) leaves ordinary pages.
-    let _ = map.advise_range(memmap2::Advice::HugePage, start, bytes);
+fn advise(map: &MmapMut, offset: usize, bytes: usize, advice: Advice) -> bool {
+    let advice = match advice {
+        Advice::HugePage => memmap2::Advice::HugePage,
+        Advice::NoHugePage => memmap2::Advice::NoHugePage,
+        Advice::PopulateWrite => memmap2::Advice::PopulateWrite,
+    };
+    map.advise_range(advice, offset, bytes).is_ok()
 }
 
 #[cfg(not(target_os = "linux"))]
-fn advise_huge_pages(_map: &MmapMut, _start: usize, _bytes: usize) {}
+fn advise(_map: &MmapMut, _offset: usize, _bytes: usize, _advice: Advice) -> bool {
+    false
+}
 
 /// The mapping that shared buffers are being cut from.
 struct Chunks(Mutex<Option<Current>>);
@@ -337,6 +393,7 @@ impl Chunks {
             if let Some(chunk) = c.chunk.upgrade().filter(|_| CHUNK - c.used >= rounded) {
                 // SAFETY: `used + rounded <= CHUNK`, inside the live mapping.
                 let ptr = unsafe { c.base.add(c.used) };
+                chunk.fault_in(c.used..c.used + rounded);
                 c.used += rounded;
                 return Some((chunk, ptr));
             }
@@ -345,6 +402,7 @@ impl Chunks {
         let mut chunk = map(CHUNK)?;
         let start = chunk.start;
         let base = NonNull::new(chunk.map.get_mut(start..)?.as_mut_ptr())?;
+        chunk.fault_in(0..rounded);
         let chunk = Arc::new(chunk);
         *current = Some(Current {
             chunk: Arc::downgrade(&chunk),
@@ -398,6 +456,23 @@ mod tests {
             .unwrap()
             .iter()
             .all(|&x| x == 0));
+    }
+
+    #[test]
+    fn buffers_are_zeroed_and_writable_once_huge_pages_are_off() {
+        // As after a slow huge page; other tests of this process then get ordinary
+        // pages too, which they must work with as well.
+        let shared = Zeroed::<u8>::try_shared(3 * HUGE_PAGE / 2).unwrap();
+        HUGE_PAGES.store(false, Ordering::Relaxed);
+        for mut v in [
+            Zeroed::<u8>::try_new(5 * HUGE_PAGE / 2).unwrap(),
+            Zeroed::<u8>::try_shared(3 * HUGE_PAGE / 2).unwrap(),
+        ] {
+            assert!(v.iter().all(|&x| x == 0));
+            v.fill(1);
+            assert!(v.iter().all(|&x| x == 1));
+        }
+        assert!(shared.iter().all(|&x| x == 0));
     }
 
     #[test]
