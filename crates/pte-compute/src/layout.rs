@@ -84,11 +84,16 @@ fn interleave<T: bytemuck::Pod>(
     true
 }
 
-/// `dst[j · R + r] = lines[r][j]` for the `j` all lines and `dst` hold. Two to four
+/// `dst[j · R + r] = lines[r][j]` for the `j` all lines and `dst` hold. One to four
 /// lines go through zipped iterators, which vectorize into register shuffles; through
 /// checked indexing each value went alone (8.5% of shufflenet_v2's time).
 pub(crate) fn interleave_lines<T: bytemuck::Pod, const R: usize>(lines: [&[T]; R], dst: &mut [T]) {
     match lines.as_slice() {
+        [a] => {
+            for (o, &a) in dst.iter_mut().zip(*a) {
+                *o = a;
+            }
+        }
         [a, b] => {
             let (out, _) = dst.as_chunks_mut::<2>();
             for ((o, &a), &b) in out.iter_mut().zip(*a).zip(*b) {

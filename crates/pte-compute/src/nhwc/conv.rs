@@ -10,6 +10,7 @@ use crate::conv::{bias_or_zeros, Conv2dParams, ConvWeights, WeightLayout};
 use crate::elementwise::{self, Activation};
 use crate::error::{self, Error, Result};
 use crate::gemm::{Gemm, PackedB, L2_PANEL_BYTES};
+use crate::layout::interleave_lines;
 use crate::mat::{MatMut, MatRef, MAX_PARTS};
 use crate::pool::FirstError;
 use crate::pool::ThreadPool;
@@ -342,11 +343,25 @@ impl ConvNhwc {
                         let (dst, pad) = rest.split_at_mut(p.input[1] * c);
                         pad.fill(0.0);
                         if nchw {
-                            for ch in 0..c {
+                            let line = |ch: usize| {
                                 let at = ch * pixels + iy * p.input[1];
-                                let src = x.get(at..at + p.input[1]).unwrap_or_default();
-                                for (d, &v) in dst.iter_mut().skip(ch).step_by(c).zip(src) {
-                                    *d = v;
+                                x.get(at..at + p.input[1]).unwrap_or_default()
+                            };
+                            // An image's 1 to 4 channels (RGB, grey) interleave in
+                            // register shuffles; value by value, the copy of a 224 × 224
+                            // RGB image took as long as the convolution after it.
+                            match c {
+                                1 => interleave_lines([line(0)], dst),
+                                2 => interleave_lines([line(0), line(1)], dst),
+                                3 => interleave_lines([line(0), line(1), line(2)], dst),
+                                4 => interleave_lines([line(0), line(1), line(2), line(3)], dst),
+                                _ => {
+                                    for ch in 0..c {
+                                        let src = line(ch);
+                                        for (d, &v) in dst.iter_mut().skip(ch).step_by(c).zip(src) {
+                                            *d = v;
+                                        }
+                                    }
                                 }
                             }
                         } else {

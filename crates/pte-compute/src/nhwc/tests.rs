@@ -821,6 +821,64 @@ fn scaled_weights_equal_weights_scaled_beforehand() {
     }
 }
 
+/// A convolution given its input in NCHW gives the bits it gives for the same input
+/// in NHWC: stems of 1 to 7 channels copy it into their padded image (1 to 4 by
+/// interleaving channel rows), wider ones transpose it first.
+#[test]
+fn nchw_inputs_match_their_channels_last_copy() {
+    let gemm = Gemm::new();
+    let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
+    let (batch, input, cout) = (2, [13, 11], 10);
+    let g = Geometry {
+        input,
+        kernel: [3, 3],
+        stride: [2, 2],
+        dilation: [1, 1],
+        padding: [1, 1, 2, 1],
+    };
+    for cin in 1..=9 {
+        let p = g.conv2d(cin, cout, 1);
+        let w = data(cout * 9 * cin, cin as u32);
+        let bias = data(cout, 40 + cin as u32);
+        let pixels = input[0] * input[1];
+        let nchw = data(batch * cin * pixels, 80 + cin as u32);
+        let mut nhwc = vec![0.0; nchw.len()];
+        for (image, out) in nchw.chunks(cin * pixels).zip(nhwc.chunks_mut(cin * pixels)) {
+            for (i, &v) in image.iter().enumerate() {
+                out[(i % pixels) * cin + i / pixels] = v;
+            }
+        }
+        for pool in &pools {
+            let conv = ConvNhwc::new(
+                pool,
+                gemm,
+                p,
+                ConvWeights::oihw(&w),
+                Some(&bias),
+                crate::Activation::Identity,
+            )
+            .unwrap();
+            let y_len = conv.io_len(batch).unwrap().1;
+            let (mut want, mut got) = (vec![f32::NAN; y_len], vec![f32::NAN; y_len]);
+            let threads = pool.threads();
+            let mut scratch = vec![0.0; conv.nchw_scratch_len(batch, threads).unwrap()];
+            conv.run(pool, &nhwc, batch, None, &mut want, &mut scratch)
+                .unwrap();
+            conv.run_nchw(pool, &nchw, batch, None, &mut got, &mut scratch)
+                .unwrap();
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{cin} channels, {} ({threads} threads)",
+                conv.algorithm()
+            );
+        }
+    }
+}
+
 /// A chain gives the bits of its layers run one after the other: the same kernels on
 /// the same values, only in bands.
 #[test]
