@@ -324,9 +324,10 @@ impl Mapping {
                 break;
             }
             let t = Instant::now();
-            // A write fault: a read would map the shared zero page.
-            advise(&self.map, self.start + block, 1, Advice::PopulateWrite);
-            if t.elapsed() > SLOW_HUGE_PAGE {
+            // A write fault: a read would map the shared zero page. A kernel that
+            // cannot populate (before Linux 5.14) cannot be probed: no huge pages.
+            let probed = advise(&self.map, self.start + block, 1, Advice::PopulateWrite);
+            if !probed || t.elapsed() > SLOW_HUGE_PAGE {
                 HUGE_PAGES.store(false, Ordering::Relaxed);
             }
             block += HUGE_PAGE;
