@@ -271,7 +271,8 @@ struct Mapping {
 /// machine that hands free memory back to its host (virtio-balloon free page
 /// reporting, in 2 MiB blocks): a block the host still backs is cleared in about 0.17
 /// ms, one it has to fault in again took 4.4-5.5 ms, where the same 2 MiB in 4 KiB
-/// pages (mostly recently freed, still backed) cost about 0.7 ms. Which kind the
+/// pages (mostly recently freed, still backed) cost about 1.1 ms, faulted one by one
+/// as they were written. Which kind the
 /// kernel hands out is not known beforehand; right after another process exited, the
 /// first 0 to 12 blocks of a fresh process were backed and the next was not.
 ///
