@@ -1477,3 +1477,63 @@ fn a_region_times_its_steps_when_profiled() {
         region.parts
     );
 }
+
+impl Net {
+    /// `op(a, b)` (`relu(a)` without `b`), shaped `ys`, written over the planned bytes
+    /// of `over` as an exporter's planner may place it once `over` is dead.
+    fn over(&mut self, op: &str, a: i32, b: Option<i32>, ys: &[usize], over: i32) -> i32 {
+        let at = Memory::At(self.b.place(over).unwrap());
+        let y = self.b.tensor(Float, &dims(ys), at);
+        match b {
+            Some(b) => {
+                let alpha = self.b.int(1);
+                self.b.call(op, "out", &[a, b, alpha, y, y]);
+            }
+            None => self.b.call(op, "out", &[a, y, y]),
+        }
+        y
+    }
+
+    /// A residual block whose sum is planned over the block's input `s` (dead once the
+    /// sum is computed), the bytes of the values computed on the way taken by the
+    /// next two convolutions' outputs while the sum is still read: fused, the first
+    /// step would write over what it reads, with no spare bytes to move to.
+    fn overlapping_block(&mut self, s: i32, ss: &[usize]) -> (i32, i32) {
+        let (t, _) = self.conv(s, ss, ss[1], 1, 3, 1, false);
+        let u = self.binary("add", t, s, ss);
+        let v = self.over("aten::relu", u, None, ss, s);
+        let (w, _) = self.conv(v, ss, ss[1], 1, 1, 1, false);
+        let w = self.over("aten::relu", w, None, ss, t);
+        let (z, _) = self.conv(w, ss, ss[1], 1, 1, 1, false);
+        let z = self.binary("add", z, v, ss);
+        (self.over("aten::relu", z, None, ss, u), v)
+    }
+}
+
+#[test]
+fn steps_planned_over_their_own_inputs_run_with_the_same_results() {
+    for (batch, size) in [(1, 10), (2, 7)] {
+        let mut n = Net::new();
+        let xs = vec![batch, 8, size, size];
+        let x = n.tensor(&xs);
+        n.b.input(x);
+        let (s, ss) = n.conv(x, &xs, 16, 1, 3, 1, true);
+        let s = n.act(s, &ss, After::Relu);
+        // The first block's sum stays live through the next two blocks, whose sums
+        // must then be put elsewhere than where it is.
+        let (y, first) = n.overlapping_block(s, &ss);
+        let (y, _) = n.overlapping_block(y, &ss);
+        let (y, _) = n.overlapping_block(y, &ss);
+        let y = n.binary("add", y, first, &ss);
+        n.b.output(y);
+        let bytes = n.b.build();
+        let inputs = vec![(xs.clone(), values(xs.iter().product(), 11))];
+        let what = format!("batch {batch} size {size}");
+        let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+        for threads in [1, 2] {
+            let (got, ran) = run(&bytes, &pte_kernels::registry(), &inputs, threads);
+            assert_close(&got, &want, 400, &format!("{what}, {threads} threads"));
+            assert_eq!(ran.len(), 1, "{what}: not one region: {ran:?}");
+        }
+    }
+}

@@ -57,6 +57,9 @@ enum Src {
     Entry(usize),
     /// An NCHW input from before the run that a convolution reads as it is.
     Nchw(usize),
+    /// A value moved out of the program's memory into scratch slot `slot`
+    /// ([`Region::relocate`]); `pos` still gives its shape.
+    Slot { slot: usize, pos: usize },
 }
 
 /// Where a step writes its result.
@@ -66,12 +69,14 @@ enum Dst {
     Arg(usize),
     /// The run's last value, leaving it: computed in scratch, written NCHW here.
     Exit(usize),
+    /// Scratch slot `slot` ([`Src::Slot`]).
+    Slot { slot: usize, pos: usize },
 }
 
 impl Dst {
     fn pos(self) -> usize {
         match self {
-            Dst::Arg(p) | Dst::Exit(p) => p,
+            Dst::Arg(p) | Dst::Exit(p) | Dst::Slot { pos: p, .. } => p,
         }
     }
 }
@@ -738,6 +743,7 @@ impl Kernel for RegionKernel {
             plan: self.0.clone(),
             steps: self.0.steps.clone(),
             moved: Vec::new(),
+            slots: Vec::new(),
             placed: false,
             layers: Vec::new(),
             layer_of: Vec::new(),
@@ -857,6 +863,9 @@ struct Region {
     /// (output, spare) argument positions: the output is written into the spare's
     /// bytes and read from there.
     moved: Vec<(usize, usize)>,
+    /// The outputs (argument positions, for their sizes) each scratch slot holds in
+    /// turn ([`Src::Slot`]).
+    slots: Vec<SmallVec<[usize; 4]>>,
     /// False until `relocate` has run for the current shapes.
     placed: bool,
     layers: Vec<Layer>,
@@ -929,7 +938,7 @@ fn dst_of(s: &Step) -> Dst {
 /// The argument position holding the value a source reads (for its shape).
 fn src_pos(plan: &Plan, s: Src) -> usize {
     match s {
-        Src::Arg(p) | Src::Nchw(p) => p,
+        Src::Arg(p) | Src::Nchw(p) | Src::Slot { pos: p, .. } => p,
         Src::Entry(k) => plan.entries.get(k).copied().unwrap_or(usize::MAX),
     }
 }
@@ -950,17 +959,68 @@ fn srcs_of(step: &Step) -> SmallVec<[Src; MAX_PARTS]> {
 }
 
 /// Scratch offsets (f32) of the converted entries, the exit buffer and the working
-/// memory of one execution.
+/// memory of one execution, and the lengths of the slots after them.
 struct ScratchPlan {
     entries: SmallVec<[(usize, usize); 4]>,
     exit: (usize, usize),
     work: (usize, usize),
+    /// The length of each slot, the slots one after another past the working memory.
+    slots: SmallVec<[usize; 8]>,
 }
 
 impl ScratchPlan {
     fn total(&self) -> usize {
-        self.work.0 + self.work.1
+        self.work.0 + self.work.1 + self.slots.iter().sum::<usize>()
     }
+}
+
+/// Scratch memory cut as a [`ScratchPlan`] lays it out.
+struct ScratchViews<'s> {
+    entries: &'s mut [f32],
+    exit: &'s mut [f32],
+    work: &'s mut [f32],
+    slots: SmallVec<[&'s mut [f32]; 8]>,
+}
+
+impl ScratchPlan {
+    fn cut<'s>(&self, s: &'s mut [f32]) -> ScratchViews<'s> {
+        let (entries, rest) = s.split_at_mut(self.exit.0.min(s.len()));
+        let (exit, rest) = rest.split_at_mut(self.exit.1.min(rest.len()));
+        let (work, mut rest) = rest.split_at_mut(self.work.1.min(rest.len()));
+        let mut slots = SmallVec::new();
+        for &len in &self.slots {
+            let n = len.min(rest.len());
+            let (slot, tail) = std::mem::take(&mut rest).split_at_mut(n);
+            slots.push(slot);
+            rest = tail;
+        }
+        ScratchViews {
+            entries,
+            exit,
+            work,
+            slots,
+        }
+    }
+}
+
+/// The views of a step's inputs held in slots, and of the slot it writes (taken out;
+/// empty among the inputs, which never read it: `relocate` gives a step's output a
+/// slot no input of the step holds).
+fn slot_views<'s>(
+    slots: &'s mut SmallVec<[&mut [f32]; 8]>,
+    out: Option<usize>,
+) -> (Option<&'s mut [f32]>, SmallVec<[&'s [f32]; 8]>) {
+    let mut taken = None;
+    let mut shared = SmallVec::new();
+    for (k, slot) in slots.iter_mut().enumerate() {
+        if Some(k) == out {
+            taken = Some(&mut **slot);
+            shared.push(&[][..]);
+        } else {
+            shared.push(&**slot);
+        }
+    }
+    (taken, shared)
 }
 
 impl Region {
@@ -1012,7 +1072,7 @@ impl Region {
         for s in srcs.iter().flatten() {
             match s {
                 Src::Arg(p) => reads.push(at(*p)),
-                Src::Entry(_) => {}
+                Src::Entry(_) | Src::Slot { .. } => {}
                 Src::Nchw(_) => return Ok(false),
             }
         }
@@ -1021,32 +1081,56 @@ impl Region {
             return Ok(false);
         }
         let [n, c, h, w] = nchw(args, out.pos())?;
+        let x_len = nchw(args, src_pos(&self.plan, *x))?.iter().product();
         let pool = args.pool();
-        let mut io = args.io(&reads, &[at(out.pos())])?;
+        let writes: SmallVec<[Arg; 1]> = match out {
+            Dst::Slot { .. } => SmallVec::new(),
+            _ => SmallVec::from_slice(&[at(out.pos())]),
+        };
+        let mut io = args.io(&reads, &writes)?;
         let missing = || KernelError::Failed("missing view".into());
         let s = scratch(io.scratch, sp.total())?;
-        let (entries, rest) = s.split_at_mut(sp.exit.0.min(s.len()));
-        let (exit, work) = rest.split_at_mut(sp.exit.1.min(rest.len()));
-        let work = work.get_mut(..sp.work.1).unwrap_or_default();
+        let ScratchViews {
+            entries,
+            exit,
+            work,
+            mut slots,
+        } = sp.cut(s);
+        let into = match out {
+            Dst::Slot { slot, .. } => Some(slot),
+            _ => None,
+        };
+        let (slot_out, slot_in) = slot_views(&mut slots, into);
         let mut views = io.inputs.iter();
-        let mut view = |s: Src| -> KernelResult<&[f32]> {
+        // The chain's input and residual; both hold `len` values.
+        let mut view = |s: Src, len: usize| -> KernelResult<&[f32]> {
             match s {
                 Src::Entry(k) => {
                     let (off, len) = sp.entries.get(k).copied().unwrap_or_default();
                     Ok(entries.get(off..off + len).unwrap_or_default())
                 }
+                Src::Slot { slot, .. } => {
+                    let v = slot_in.get(slot).copied().unwrap_or_default();
+                    Ok(v.get(..len).unwrap_or_default())
+                }
                 _ => views.next().ok_or_else(missing)?.as_slice::<f32>(),
             }
         };
-        let x = view(*x)?;
-        let residual = residual.map(&mut view).transpose()?;
-        let y = io
-            .outputs
-            .first_mut()
-            .ok_or_else(missing)?
-            .as_mut_slice::<f32>()?;
+        let x = view(*x, x_len)?;
+        let residual = residual.map(|r| view(r, n * c * h * w)).transpose()?;
+        let y = match out {
+            Dst::Slot { .. } => {
+                let v = slot_out.ok_or_else(missing)?;
+                v.get_mut(..n * c * h * w).ok_or_else(missing)?
+            }
+            _ => io
+                .outputs
+                .first_mut()
+                .ok_or_else(missing)?
+                .as_mut_slice::<f32>()?,
+        };
         match out {
-            Dst::Arg(_) => chain.run(pool, x, batch, residual, y, work),
+            Dst::Arg(_) | Dst::Slot { .. } => chain.run(pool, x, batch, residual, y, work),
             Dst::Exit(_) => {
                 let exit = exit.get_mut(..y.len()).unwrap_or_default();
                 chain
@@ -1151,10 +1235,19 @@ impl Region {
             entries.push((at, n));
             at += n;
         }
+        let mut slots = SmallVec::new();
+        for held in &self.slots {
+            let mut len = 0;
+            for &p in held {
+                len = len.max(args.tensor(p)?.numel());
+            }
+            slots.push(len);
+        }
         Ok(ScratchPlan {
             entries,
             exit: (at, exit),
             work: (at + exit, work),
+            slots,
         })
     }
 
@@ -1168,9 +1261,17 @@ impl Region {
     /// spare was live at that very step in the exporter's plan, so its bytes are
     /// apart from every value live then; what is checked here is that no later step
     /// of the run writes or still reads them before the output's last read.
+    ///
+    /// An output no spare can take goes to a scratch slot of the region's own, shared
+    /// with outputs whose lives do not meet its own (most of them: regnet_y_400mf's
+    /// steps copied 4.7 MB of inputs away per execution, the spares' bytes being
+    /// taken by the next steps).
     fn relocate(&mut self, args: &mut Args<'_>) -> KernelResult {
         self.steps.clone_from(&self.plan.steps);
         self.moved.clear();
+        self.slots.clear();
+        // The last step that reads each slot's latest value.
+        let mut busy: Vec<usize> = Vec::new();
         let values = &self.plan.values;
         let value = |p: usize| values.get(p).copied();
         // A value whose bytes cannot be read (not planned, say) never takes an output.
@@ -1192,7 +1293,16 @@ impl Region {
             let Ok(out) = span(args, o) else {
                 continue;
             };
-            let reads = arg_reads(&step);
+            // The last step of a chain writes while the chain's first reads.
+            let start = self
+                .chains
+                .iter()
+                .find(|c| c.0 < i && c.0 + c.1 == i + 1)
+                .map_or(i, |c| c.0);
+            let mut reads = arg_reads(&step);
+            if start < i {
+                reads.extend(self.steps.get(start).map(arg_reads).unwrap_or_default());
+            }
             let clash = reads
                 .iter()
                 .any(|&r| span(args, r).is_ok_and(|r| meet(r, out)));
@@ -1206,6 +1316,7 @@ impl Region {
                 .rposition(|s| arg_reads(s).into_iter().any(is_o))
                 .map_or(i, |k| i + 1 + k);
             let sizes = args.tensor(o)?.sizes;
+            let mut home = None;
             for &(_, d) in self.plan.spares.iter().filter(|&&(k, _)| k == i) {
                 if args.resize(d, &sizes).is_err() {
                     continue;
@@ -1222,7 +1333,9 @@ impl Region {
                     // computed before this step (live across it).
                     if i + 1 + j <= last {
                         for d in dsts_of(s) {
-                            free &= span(args, d.pos()).is_ok_and(|w| !meet(w, to));
+                            if !matches!(d, Dst::Slot { .. }) {
+                                free &= span(args, d.pos()).is_ok_and(|w| !meet(w, to));
+                            }
                         }
                     }
                     let before = later.get(..j).unwrap_or_default();
@@ -1236,12 +1349,25 @@ impl Region {
                     }
                 }
                 if free {
-                    for s in self.steps.get_mut(i..).unwrap_or_default() {
-                        move_value(s, |p| value(p) == value(o), d);
-                    }
+                    home = Some(Home::Arg(d));
                     self.moved.push((o, d));
                     break;
                 }
+            }
+            let home = home.unwrap_or_else(|| {
+                let slot = busy.iter().position(|&b| b < start).unwrap_or_else(|| {
+                    busy.push(0);
+                    self.slots.push(SmallVec::new());
+                    busy.len() - 1
+                });
+                if let (Some(b), Some(held)) = (busy.get_mut(slot), self.slots.get_mut(slot)) {
+                    *b = last;
+                    held.push(o);
+                }
+                Home::Slot(slot)
+            });
+            for s in self.steps.get_mut(i..).unwrap_or_default() {
+                move_value(s, |p| value(p) == value(o), home);
             }
         }
         Ok(())
@@ -1254,25 +1380,35 @@ fn arg_reads(step: &Step) -> SmallVec<[usize; MAX_PARTS]> {
         .into_iter()
         .filter_map(|s| match s {
             Src::Arg(p) | Src::Nchw(p) => Some(p),
-            Src::Entry(_) => None,
+            Src::Entry(_) | Src::Slot { .. } => None,
         })
         .collect()
 }
 
-/// `step` with the value at the positions `from` picks read from or written to
-/// position `to`.
-fn move_value(step: &mut Step, from: impl Fn(usize) -> bool, to: usize) {
+/// Where [`Region::relocate`] moves a value: the bytes of another argument position,
+/// or a scratch slot.
+#[derive(Clone, Copy, Debug)]
+enum Home {
+    Arg(usize),
+    Slot(usize),
+}
+
+/// `step` with the value at the positions `from` picks read from or written to `to`.
+fn move_value(step: &mut Step, from: impl Fn(usize) -> bool, to: Home) {
     let src = |s: &mut Src| {
-        if let Src::Arg(p) | Src::Nchw(p) = s {
-            if from(*p) {
-                *p = to;
-            }
+        *s = match (*s, to) {
+            (Src::Arg(p), Home::Arg(t)) if from(p) => Src::Arg(t),
+            (Src::Nchw(p), Home::Arg(t)) if from(p) => Src::Nchw(t),
+            (Src::Arg(p), Home::Slot(slot)) if from(p) => Src::Slot { slot, pos: p },
+            (other, _) => other,
         }
     };
     let dst = |d: &mut Dst| {
-        let (Dst::Arg(p) | Dst::Exit(p)) = d;
-        if from(*p) {
-            *p = to;
+        *d = match (*d, to) {
+            (Dst::Arg(p), Home::Arg(t)) if from(p) => Dst::Arg(t),
+            (Dst::Exit(p), Home::Arg(t)) if from(p) => Dst::Exit(t),
+            (Dst::Arg(p), Home::Slot(slot)) if from(p) => Dst::Slot { slot, pos: p },
+            (other, _) => other,
         }
     };
     match step {
@@ -1311,10 +1447,12 @@ struct Views<'a> {
 
 impl PreparedKernel for Region {
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
-        let sp = self.shape(args)?;
+        let mut sp = self.shape(args)?;
         if !self.placed {
             self.relocate(args)?;
             self.placed = true;
+            // With the slots' sizes.
+            sp = self.shape(args)?;
         }
         let pool = args.pool();
         let isa = Isa::best();
@@ -1354,7 +1492,7 @@ impl PreparedKernel for Region {
                 .iter()
                 .filter_map(|s| match s {
                     Src::Arg(p) | Src::Nchw(p) => Some(at(*p)),
-                    Src::Entry(_) => None,
+                    Src::Entry(_) | Src::Slot { .. } => None,
                 })
                 .collect();
             let shapes: SmallVec<[[usize; 4]; MAX_PARTS]> = srcs
@@ -1371,14 +1509,25 @@ impl PreparedKernel for Region {
                 _ => (Activation::Identity, None),
             };
             let y_shape = nchw(args, out.pos())?;
-            let writes: SmallVec<[Arg; MAX_PARTS]> =
-                dsts_of(step).iter().map(|d| at(d.pos())).collect();
+            let writes: SmallVec<[Arg; MAX_PARTS]> = dsts_of(step)
+                .iter()
+                .filter(|d| !matches!(d, Dst::Slot { .. }))
+                .map(|d| at(d.pos()))
+                .collect();
             let mut io = args.io(&reads, &writes)?;
             let missing = || KernelError::Failed("missing view".into());
             let s = scratch(io.scratch, total)?;
-            let (entries, rest) = s.split_at_mut(sp.exit.0.min(s.len()));
-            let (exit, work) = rest.split_at_mut(sp.exit.1.min(rest.len()));
-            let work = work.get_mut(..sp.work.1).unwrap_or_default();
+            let ScratchViews {
+                entries,
+                exit,
+                work,
+                mut slots,
+            } = sp.cut(s);
+            let into = match out {
+                Dst::Slot { slot, .. } => Some(slot),
+                _ => None,
+            };
+            let (slot_out, slot_in) = slot_views(&mut slots, into);
             let arg_views: SmallVec<[&[f32]; MAX_PARTS]> = io
                 .inputs
                 .iter()
@@ -1386,25 +1535,35 @@ impl PreparedKernel for Region {
                 .collect::<KernelResult<_>>()?;
             let mut next_arg = arg_views.iter();
             let mut inputs: SmallVec<[&[f32]; MAX_PARTS]> = SmallVec::new();
-            for s in &srcs {
+            for (s, shape) in srcs.iter().zip(&shapes) {
                 inputs.push(match s {
                     Src::Arg(_) | Src::Nchw(_) => next_arg.next().copied().ok_or_else(missing)?,
                     Src::Entry(k) => {
                         let (off, len) = sp.entries.get(*k).copied().unwrap_or_default();
                         entries.get(off..off + len).unwrap_or_default()
                     }
+                    Src::Slot { slot, .. } => {
+                        let v = slot_in.get(*slot).copied().unwrap_or_default();
+                        v.get(..shape.iter().product()).unwrap_or_default()
+                    }
                 });
             }
-            let (y, more) = io.outputs.split_first_mut().ok_or_else(missing)?;
-            let y = y.as_mut_slice::<f32>()?;
-            let more = more
-                .iter_mut()
+            let mut outputs = io.outputs.iter_mut();
+            let (target, exit_to): (&mut [f32], Option<&mut [f32]>) = match out {
+                Dst::Arg(_) => (outputs.next().ok_or_else(missing)?.as_mut_slice()?, None),
+                Dst::Exit(_) => {
+                    let y = outputs.next().ok_or_else(missing)?.as_mut_slice()?;
+                    (exit, Some(y))
+                }
+                Dst::Slot { .. } => {
+                    let len = y_shape.iter().product::<usize>();
+                    let v = slot_out.ok_or_else(missing)?;
+                    (v.get_mut(..len).ok_or_else(missing)?, None)
+                }
+            };
+            let more = outputs
                 .map(|t| t.as_mut_slice::<f32>())
                 .collect::<KernelResult<_>>()?;
-            let (target, exit_to): (&mut [f32], Option<&mut [f32]>) = match out {
-                Dst::Arg(_) => (y, None),
-                Dst::Exit(_) => (exit, Some(y)),
-            };
             let v = Views {
                 inputs,
                 out: target,
