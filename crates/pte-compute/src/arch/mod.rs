@@ -374,6 +374,69 @@ pub(crate) fn depthwise_row<const K: usize>(
     }
 }
 
+/// Output rows `oy0..oy0 + R` (`R = out.len() / ow`, 1 to 4) of one NCHW plane of a
+/// depthwise K×K convolution (K = 3, 5 or 7), stride and dilation 1, on AVX-512:
+/// `rows[j]` is the input row that kernel row `j - r` reads for output row `r`, padded
+/// left and right (`None` in the padding above and below), each at least `ow + K - 1`
+/// values; `weights` holds the plane's `K · K` taps; outputs start at `bias`. False when
+/// this CPU has no such kernel or a length is off (nothing is written then).
+/// Input rows [`depthwise_plane_rows`] takes at most.
+pub(crate) const DW_PLANE_ROWS: usize = 10;
+
+pub(crate) fn depthwise_plane_rows<const K: usize>(
+    isa: Isa,
+    rows: &[Option<&[f32]>],
+    weights: &[f32],
+    bias: f32,
+    out: &mut [f32],
+    ow: usize,
+) -> bool {
+    let r = out.len() / ow.max(1);
+    let len = rows
+        .iter()
+        .flatten()
+        .map(|v| v.len())
+        .min()
+        .unwrap_or(usize::MAX);
+    let ok = matches!(K, 3 | 5 | 7)
+        && isa == Isa::Avx512
+        && isa.is_available()
+        && ow > 0
+        && (1..=4).contains(&r)
+        && out.len() == r * ow
+        && rows.len() == r + K - 1
+        && len >= ow + K - 1
+        && weights.len() >= K * K;
+    if !ok {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut ptrs = [std::ptr::null(); DW_PLANE_ROWS];
+        for (p, row) in ptrs.iter_mut().zip(rows) {
+            *p = row.map_or(std::ptr::null(), <[f32]>::as_ptr);
+        }
+        let (w, y) = (weights.as_ptr(), out.as_mut_ptr());
+        // SAFETY: AVX-512F is available; K <= 7 and r <= 4 give r + K - 1 <= 10 rows,
+        // each non-null one `len >= ow + K - 1` long; the weights and `out` hold what
+        // the kernel reads and writes (checked above).
+        unsafe {
+            match r {
+                1 => x86::dw_plane::rows::<K, 1>(&ptrs, len, w, bias, y, ow),
+                2 => x86::dw_plane::rows::<K, 2>(&ptrs, len, w, bias, y, ow),
+                3 => x86::dw_plane::rows::<K, 3>(&ptrs, len, w, bias, y, ow),
+                _ => x86::dw_plane::rows::<K, 4>(&ptrs, len, w, bias, y, ow),
+            }
+        }
+        true
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (rows, weights, bias, out);
+        false
+    }
+}
+
 /// Whether [`transpose32`] has a kernel for `isa` on this CPU.
 pub(crate) fn has_transpose32(isa: Isa) -> bool {
     cfg!(target_arch = "x86_64") && matches!(isa, Isa::Avx2 | Isa::Avx512) && isa.is_available()

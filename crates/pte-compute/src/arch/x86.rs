@@ -626,3 +626,91 @@ pub(crate) unsafe fn transpose16x16_bytes(src: *const u8, ss: usize, dst: *mut u
         }
     }
 }
+
+/// Depthwise K×K convolutions of NCHW planes, stride and dilation 1, on AVX-512: each
+/// input row is loaded once per 16 outputs (two vectors) and its K shifted runs cut
+/// from them in registers, where runs loaded one by one from memory mostly straddled
+/// two cache lines; each run serves every output row of the group it reaches.
+pub(crate) mod dw_plane {
+    use std::arch::x86_64::*;
+
+    use super::super::DW_PLANE_ROWS as MAX_ROWS;
+
+    /// Lanes `0..n` (all sixteen from `n >= 16`).
+    fn mask(n: usize) -> __mmask16 {
+        if n >= 16 {
+            0xffff
+        } else {
+            ((1u32 << n) - 1) as __mmask16
+        }
+    }
+
+    /// Lanes `s..s + 16` of the 32 lanes `a` then `b` (`s <= 6`).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn shifted(a: __m512, b: __m512, s: usize) -> __m512 {
+        let (a, b) = (_mm512_castps_si512(a), _mm512_castps_si512(b));
+        _mm512_castsi512_ps(match s {
+            1 => _mm512_alignr_epi32::<1>(b, a),
+            2 => _mm512_alignr_epi32::<2>(b, a),
+            3 => _mm512_alignr_epi32::<3>(b, a),
+            4 => _mm512_alignr_epi32::<4>(b, a),
+            5 => _mm512_alignr_epi32::<5>(b, a),
+            6 => _mm512_alignr_epi32::<6>(b, a),
+            _ => a,
+        })
+    }
+
+    /// `R` output rows of `ow` values at `out` (row stride `ow`): output `(r, x)` is
+    /// `bias + Σ w[ky·K + kx] · rows[r + ky][x + kx]`, a null row reading as zeros.
+    ///
+    /// # Safety
+    /// AVX-512F is available; `K <= 7`, `R + K - 1 <= MAX_ROWS`; every non-null row of
+    /// the first `R + K - 1` holds `len >= ow + K - 1` values; `w` holds `K · K`
+    /// values and `out` `R · ow`.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn rows<const K: usize, const R: usize>(
+        rows: &[*const f32; MAX_ROWS],
+        len: usize,
+        w: *const f32,
+        bias: f32,
+        out: *mut f32,
+        ow: usize,
+    ) {
+        for c0 in (0..ow).step_by(16) {
+            let mut acc = [_mm512_set1_ps(bias); R];
+            let have = len - c0;
+            for (j, &p) in rows.iter().enumerate().take(R + K - 1) {
+                if p.is_null() {
+                    continue;
+                }
+                // SAFETY: masked lanes stay inside the row's `len` values (masked-off
+                // lanes are not read; their addresses are only computed).
+                let (a, b) = unsafe {
+                    (
+                        _mm512_maskz_loadu_ps(mask(have), p.wrapping_add(c0)),
+                        _mm512_maskz_loadu_ps(
+                            mask(have.saturating_sub(16)),
+                            p.wrapping_add(c0 + 16),
+                        ),
+                    )
+                };
+                for kx in 0..K {
+                    let s = shifted(a, b, kx);
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        if let Some(ky) = j.checked_sub(r).filter(|&ky| ky < K) {
+                            // SAFETY: ky, kx < K: inside the K · K weights.
+                            let t = unsafe { _mm512_set1_ps(*w.add(ky * K + kx)) };
+                            *acc = _mm512_fmadd_ps(s, t, *acc);
+                        }
+                    }
+                }
+            }
+            let m = mask(ow - c0);
+            for (r, acc) in acc.iter().enumerate() {
+                // SAFETY: lanes c0.. of row r, below ow: inside `out`.
+                unsafe { _mm512_mask_storeu_ps(out.add(r * ow + c0), m, *acc) };
+            }
+        }
+    }
+}

@@ -119,6 +119,12 @@ fn cases() -> Vec<Conv2dParams> {
         case(3, 3, 3, [13, 19], [7, 7], [1, 1], [3, 3, 3, 3], [1, 1]),
         case(2, 2, 2, [17, 9], [3, 3], [2, 1], [3, 1, 2, 1], [3, 1]),
         case(2, 2, 2, [6, 6], [3, 3], [1, 1], [4, 4, 4, 4], [1, 1]),
+        // stride 1 on AVX-512 (rows cut from two loads): 5×5 with a multiplier over two
+        // whole chunks, 7×7 over three and a part with asymmetric padding, an output
+        // narrower than the kernel
+        case(4, 8, 4, [9, 32], [5, 5], [1, 1], [2, 2, 2, 2], [1, 1]),
+        case(3, 3, 3, [5, 56], [7, 7], [1, 1], [3, 1, 2, 3], [1, 1]),
+        case(2, 2, 2, [3, 3], [7, 7], [1, 1], [3, 3, 3, 3], [1, 1]),
     ]
 }
 
