@@ -207,6 +207,17 @@ fn shapes(gemm: &Gemm) -> Vec<Case> {
         n: 5,
         k: 2 * KC + 3,
     });
+    // A few rows over more than one depth block: packed weights swept whole-depth.
+    v.push(Case {
+        m: 1,
+        n: 3 * nr + 2,
+        k: 2 * KC + 5,
+    });
+    v.push(Case {
+        m: GEMV_ROWS,
+        n: nr + 1,
+        k: KC + 9,
+    });
     v
 }
 
