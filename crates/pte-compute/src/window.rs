@@ -299,7 +299,8 @@ fn weighted_plane<L: Lanes>(
 /// [`weighted_plane`] for square 3×3, 5×5 and 7×7 kernels at stride and dilation 1 on
 /// the AVX-512 kernel that cuts a row's shifted runs from two loads
 /// ([`arch::depthwise_plane_rows`]): convnext_tiny's 7×7 layers at 56 × 56, one thread,
-/// 0.94 -> 0.52 ms, 3×3 at 56 × 56 0.31 -> 0.17 (`bench layer`). False (nothing written) for any other layer or CPU.
+/// 0.94 -> 0.52 ms, 3×3 at 56 × 56 0.31 -> 0.17 (`bench layer`). False (nothing
+/// written) for any other layer or CPU.
 fn weighted_plane_shifted(
     isa: Isa,
     g: &Window,

@@ -974,53 +974,43 @@ impl ScratchPlan {
     }
 }
 
-/// Scratch memory cut as a [`ScratchPlan`] lays it out.
+/// Scratch memory cut as a [`ScratchPlan`] lays it out, for a step writing `out`.
 struct ScratchViews<'s> {
     entries: &'s mut [f32],
     exit: &'s mut [f32],
     work: &'s mut [f32],
-    slots: SmallVec<[&'s mut [f32]; 8]>,
+    /// The slot the step writes, if it writes one.
+    slot_out: Option<&'s mut [f32]>,
+    /// Every slot, for the step's inputs; the one it writes is empty there (never
+    /// read: `relocate` gives a step's output a slot none of its inputs holds).
+    slot_in: SmallVec<[&'s [f32]; 8]>,
 }
 
 impl ScratchPlan {
-    fn cut<'s>(&self, s: &'s mut [f32]) -> ScratchViews<'s> {
+    fn cut<'s>(&self, s: &'s mut [f32], out: Dst) -> ScratchViews<'s> {
         let (entries, rest) = s.split_at_mut(self.exit.0.min(s.len()));
         let (exit, rest) = rest.split_at_mut(self.exit.1.min(rest.len()));
         let (work, mut rest) = rest.split_at_mut(self.work.1.min(rest.len()));
-        let mut slots = SmallVec::new();
-        for &len in &self.slots {
+        let (mut slot_out, mut slot_in) = (None, SmallVec::new());
+        for (k, &len) in self.slots.iter().enumerate() {
             let n = len.min(rest.len());
-            let (slot, tail) = std::mem::take(&mut rest).split_at_mut(n);
-            slots.push(slot);
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
             rest = tail;
+            if matches!(out, Dst::Slot { slot, .. } if slot == k) {
+                slot_out = Some(piece);
+                slot_in.push(&[][..]);
+            } else {
+                slot_in.push(&*piece);
+            }
         }
         ScratchViews {
             entries,
             exit,
             work,
-            slots,
+            slot_out,
+            slot_in,
         }
     }
-}
-
-/// The views of a step's inputs held in slots, and of the slot it writes (taken out;
-/// empty among the inputs, which never read it: `relocate` gives a step's output a
-/// slot no input of the step holds).
-fn slot_views<'s>(
-    slots: &'s mut SmallVec<[&mut [f32]; 8]>,
-    out: Option<usize>,
-) -> (Option<&'s mut [f32]>, SmallVec<[&'s [f32]; 8]>) {
-    let mut taken = None;
-    let mut shared = SmallVec::new();
-    for (k, slot) in slots.iter_mut().enumerate() {
-        if Some(k) == out {
-            taken = Some(&mut **slot);
-            shared.push(&[][..]);
-        } else {
-            shared.push(&**slot);
-        }
-    }
-    (taken, shared)
 }
 
 impl Region {
@@ -1094,13 +1084,9 @@ impl Region {
             entries,
             exit,
             work,
-            mut slots,
-        } = sp.cut(s);
-        let into = match out {
-            Dst::Slot { slot, .. } => Some(slot),
-            _ => None,
-        };
-        let (slot_out, slot_in) = slot_views(&mut slots, into);
+            slot_out,
+            slot_in,
+        } = sp.cut(s, out);
         let mut views = io.inputs.iter();
         // The chain's input and residual; both hold `len` values.
         let mut view = |s: Src, len: usize| -> KernelResult<&[f32]> {
@@ -1521,13 +1507,9 @@ impl PreparedKernel for Region {
                 entries,
                 exit,
                 work,
-                mut slots,
-            } = sp.cut(s);
-            let into = match out {
-                Dst::Slot { slot, .. } => Some(slot),
-                _ => None,
-            };
-            let (slot_out, slot_in) = slot_views(&mut slots, into);
+                slot_out,
+                slot_in,
+            } = sp.cut(s, out);
             let arg_views: SmallVec<[&[f32]; MAX_PARTS]> = io
                 .inputs
                 .iter()
