@@ -6,7 +6,8 @@
 //! whatever the stride, padding or dilation. Each output row is then computed in
 //! chunks of [`CH`] outputs held in registers: every tap combines its run into them,
 //! and the chunk is stored once, after the activation. A weighted sum on AVX2 takes
-//! four output rows at a time, each with its own chain of multiply-adds.
+//! four output rows at a time, each with its own chain of multiply-adds; on AVX-512, at
+//! stride 1, its shifted runs are cut in registers from two loads per input row.
 
 use crate::arch::{self, madd, multiversion, Isa, Lanes};
 #[cfg(target_arch = "x86_64")]

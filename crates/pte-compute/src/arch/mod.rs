@@ -374,15 +374,15 @@ pub(crate) fn depthwise_row<const K: usize>(
     }
 }
 
+/// Input rows [`depthwise_plane_rows`] takes at most.
+pub(crate) const DW_PLANE_ROWS: usize = 10;
+
 /// Output rows `oy0..oy0 + R` (`R = out.len() / ow`, 1 to 4) of one NCHW plane of a
 /// depthwise K×K convolution (K = 3, 5 or 7), stride and dilation 1, on AVX-512:
 /// `rows[j]` is the input row that kernel row `j - r` reads for output row `r`, padded
 /// left and right (`None` in the padding above and below), each at least `ow + K - 1`
 /// values; `weights` holds the plane's `K · K` taps; outputs start at `bias`. False when
 /// this CPU has no such kernel or a length is off (nothing is written then).
-/// Input rows [`depthwise_plane_rows`] takes at most.
-pub(crate) const DW_PLANE_ROWS: usize = 10;
-
 pub(crate) fn depthwise_plane_rows<const K: usize>(
     isa: Isa,
     rows: &[Option<&[f32]>],

@@ -1,6 +1,6 @@
-//! x86-64 GEMM micro-kernels (AVX2+FMA 6×16 and AVX-512F 12×32) and the row kernel
-//! of 3×3 and 5×5 depthwise convolutions in NHWC (one source, compiled for 8 and 16
-//! lanes).
+//! x86-64 GEMM micro-kernels (AVX2+FMA 6×16 and AVX-512F 12×32), the row kernel of
+//! 3×3 and 5×5 depthwise convolutions in NHWC (one source, compiled for 8 and 16
+//! lanes), and the AVX-512 kernel of NCHW depthwise convolutions at stride 1.
 //!
 //! Each keeps `rows × (nr / lanes)` accumulators in vector registers; a step of `p` loads
 //! `nr / lanes` vectors of the B panel and broadcasts each of the `rows` values of the A
