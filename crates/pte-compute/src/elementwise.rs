@@ -246,6 +246,60 @@ pub fn map(isa: Isa, out: &mut [f32], x: &[f32], a: Activation) -> Result {
     Ok(())
 }
 
+multiversion! {
+    fn affine_slices<const FMA: bool>(out: &mut [f32], x: &[f32], scale: f32, shift: f32, a: Activation) {
+        // A product and a sum, each rounded (no fused multiply-add): the same bits as
+        // a normalization and an activation run one after the other.
+        per_activation!(a, FMA, for (o, &v) in out.iter_mut().zip(x) => (y, o) { v * scale + shift });
+    }
+}
+
+/// Values below which [`affine_planes`] stays on the calling thread.
+const PARALLEL_AFFINE: usize = 1 << 14;
+
+/// Planes of `plane` values (the last may be shorter): `out` plane `c` =
+/// `act(source(c) · scale_c + shift_c)`, `(scale_c, shift_c) = coefficients[c]` (an
+/// inference batch normalization and the activation after it, each plane read from
+/// wherever it lies), on the pool's threads when large.
+pub fn affine_planes<'x>(
+    pool: &ThreadPool,
+    isa: Isa,
+    out: &mut [f32],
+    plane: usize,
+    coefficients: &[(f32, f32)],
+    a: Activation,
+    source: impl Fn(usize) -> &'x [f32] + Sync,
+) -> Result {
+    need(
+        "normalization coefficients",
+        coefficients.len(),
+        out.len().div_ceil(plane.max(1)),
+    )?;
+    let failed = FirstError::default();
+    let run = |c: usize, o: &mut [f32]| {
+        let from = source(c);
+        if from.len() != o.len() {
+            failed.keep(Err(Error::ShapeMismatch {
+                what: format!(
+                    "plane {c} of {} values normalized into {}",
+                    from.len(),
+                    o.len()
+                ),
+            }));
+        }
+        let (scale, shift) = coefficients.get(c).copied().unwrap_or_default();
+        affine_slices(isa, o, from, scale, shift, a);
+    };
+    if out.len() < PARALLEL_AFFINE || pool.threads() == 1 {
+        out.chunks_mut(plane.max(1))
+            .enumerate()
+            .for_each(|(c, o)| run(c, o));
+    } else {
+        pool.parallel_chunks(out, plane, &mut [0u8; 0], 0, |c, o, _| run(c, o))?;
+    }
+    failed.into_result()
+}
+
 /// Applies an activation in place.
 pub fn activate(isa: Isa, x: &mut [f32], a: Activation) {
     add_scalar_activate(isa, x, 0.0, a);

@@ -248,26 +248,7 @@ impl Conv {
         );
         b.input(x);
         if bn {
-            let c = self.c_out as i32;
-            let gamma = b.constant(Float, &[c], bytemuck::cast_slice(&values(self.c_out, 3)));
-            let beta = b.constant(Float, &[c], bytemuck::cast_slice(&values(self.c_out, 4)));
-            let mean = b.constant(Float, &[c], bytemuck::cast_slice(&values(self.c_out, 5)));
-            let var: Vec<f32> = values(self.c_out, 6)
-                .iter()
-                .map(|v| v.abs() + 0.5)
-                .collect();
-            let var = b.constant(Float, &[c], bytemuck::cast_slice(&var));
-            let (momentum, eps) = (b.double(0.1), b.double(1e-5));
-            let out = b.tensor(Float, &ys, Memory::Planned);
-            let sm = b.tensor(Float, &[0], Memory::Planned);
-            let si = b.tensor(Float, &[0], Memory::Planned);
-            let list = b.tensor_list(&[out, sm, si]);
-            b.call(
-                "aten::_native_batch_norm_legit_no_training",
-                "out",
-                &[y, gamma, beta, mean, var, momentum, eps, out, sm, si, list],
-            );
-            y = out;
+            y = batch_norm(&mut b, y, &ys, true);
         }
         if residual {
             let r = b.tensor(Float, &ys, Memory::Planned);
@@ -281,6 +262,33 @@ impl Conv {
         b.output(y);
         b.build()
     }
+}
+
+/// Appends an inference batch normalization of `y` (shape `ys`, channels at dim 1),
+/// with a weight and bias when `affine`, and returns its output.
+fn batch_norm(b: &mut ProgramBuilder, y: i32, ys: &[i32], affine: bool) -> i32 {
+    let c = ys[1];
+    let n = c as usize;
+    let mut vector = |seed| b.constant(Float, &[c], bytemuck::cast_slice(&values(n, seed)));
+    let (gamma, beta) = if affine {
+        (vector(3), vector(4))
+    } else {
+        (b.none(), b.none())
+    };
+    let mean = b.constant(Float, &[c], bytemuck::cast_slice(&values(n, 5)));
+    let var: Vec<f32> = values(n, 6).iter().map(|v| v.abs() + 0.5).collect();
+    let var = b.constant(Float, &[c], bytemuck::cast_slice(&var));
+    let (momentum, eps) = (b.double(0.1), b.double(1e-5));
+    let out = b.tensor(Float, ys, Memory::Planned);
+    let sm = b.tensor(Float, &[0], Memory::Planned);
+    let si = b.tensor(Float, &[0], Memory::Planned);
+    let list = b.tensor_list(&[out, sm, si]);
+    b.call(
+        "aten::_native_batch_norm_legit_no_training",
+        "out",
+        &[y, gamma, beta, mean, var, momentum, eps, out, sm, si, list],
+    );
+    out
 }
 
 /// Appends `after` applied to `y` (shape `ys`) and returns its output.
@@ -728,6 +736,143 @@ fn max_pooling_matches_the_generic_kernel() {
             }
             let fused = ran.iter().any(|r| r == "max_pool2d");
             assert_eq!(fused, !indices_used, "{what}: {ran:?}");
+        }
+    }
+}
+
+#[test]
+fn average_pooling_matches_the_generic_kernel() {
+    // (input, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    let cases = [
+        (
+            [56usize, 56usize],
+            [2usize, 2],
+            [2usize, 2],
+            [0usize, 0],
+            false,
+            true,
+            None,
+        ),
+        ([13, 17], [3, 3], [2, 2], [1, 1], true, false, None),
+        ([13, 17], [3, 3], [2, 2], [1, 1], false, true, None),
+        ([9, 7], [3, 2], [1, 2], [1, 0], false, true, Some(5)),
+        ([7, 7], [7, 7], [1, 1], [0, 0], false, true, None),
+    ];
+    for (input, kernel, stride, pad, ceil, include_pad, divisor) in cases {
+        let axis = |a: usize| {
+            let span = input[a] + 2 * pad[a] - kernel[a];
+            let mut o = if ceil {
+                span.div_ceil(stride[a]) + 1
+            } else {
+                span / stride[a] + 1
+            };
+            if ceil && (o - 1) * stride[a] >= input[a] + pad[a] {
+                o -= 1;
+            }
+            o
+        };
+        let xs = [2, 5, input[0], input[1]];
+        let ys = dims(&[2, 5, axis(0), axis(1)]);
+        let mut b = ProgramBuilder::new();
+        let x = b.tensor(Float, &dims(&xs), Memory::Planned);
+        let list = |b: &mut ProgramBuilder, v: [usize; 2]| b.int_list(&[v[0] as i64, v[1] as i64]);
+        let (k, s, p) = (
+            list(&mut b, kernel),
+            list(&mut b, stride),
+            list(&mut b, pad),
+        );
+        let (c, i) = (b.bool(ceil), b.bool(include_pad));
+        let d = match divisor {
+            Some(d) => b.int(d),
+            None => b.none(),
+        };
+        let y = b.tensor(Float, &ys, Memory::Planned);
+        b.call("aten::avg_pool2d", "out", &[x, k, s, p, c, i, d, y, y]);
+        b.input(x);
+        b.output(y);
+        let bytes = b.build();
+        let inputs = [(xs.to_vec(), values(xs.iter().product(), 19))];
+        let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+        for threads in [1, 2] {
+            let fast = fast_only(&["aten::avg_pool2d.out"]);
+            let (got, _) = run(&bytes, &fast, &inputs, threads);
+            let what =
+                format!("{input:?} {kernel:?} {stride:?} {pad:?} {ceil} {include_pad} {divisor:?}");
+            assert_close(&got, &want, kernel[0] * kernel[1], &what);
+        }
+    }
+}
+
+#[test]
+fn concatenations_normalized_and_activated_match_the_calls_one_by_one() {
+    // (part channels, batch, height × width, batch norm weights, activation); parts past
+    // eight are read in a second group; an empty part list is a lone batch norm.
+    type Case = (&'static [usize], usize, [usize; 2], bool, After);
+    let cases: [Case; 6] = [
+        (&[64, 32, 32], 1, [56, 56], true, After::Relu),
+        (&[3, 5], 2, [7, 9], false, After::Relu),
+        (
+            &[16, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8],
+            1,
+            [14, 14],
+            true,
+            After::Relu,
+        ),
+        (
+            &[4, 6, 2, 7, 1, 3, 5, 2, 9],
+            2,
+            [5, 3],
+            true,
+            After::Nothing,
+        ),
+        (&[], 2, [6, 5], true, After::Hardtanh),
+        (&[2, 3], 3, [1, 1], true, After::Silu),
+    ];
+    for (parts, batch, [h, w], affine, after) in cases {
+        let mut b = ProgramBuilder::new();
+        let channels = if parts.is_empty() {
+            6
+        } else {
+            parts.iter().sum()
+        };
+        let mut inputs = Vec::new();
+        let mut xs = Vec::new();
+        for (k, &c) in parts
+            .iter()
+            .chain(parts.is_empty().then_some(&6))
+            .enumerate()
+        {
+            let sizes = vec![batch, c, h, w];
+            let x = b.tensor(Float, &dims(&sizes), Memory::Planned);
+            b.input(x);
+            xs.push(x);
+            inputs.push((sizes.clone(), values(sizes.iter().product(), 30 + k as u64)));
+        }
+        let ys = dims(&[batch, channels, h, w]);
+        let mut y = xs[0];
+        if !parts.is_empty() {
+            let list = b.tensor_list(&xs);
+            let dim = b.int(1);
+            y = b.tensor(Float, &ys, Memory::Planned);
+            b.call("aten::cat", "out", &[list, dim, y, y]);
+        }
+        y = batch_norm(&mut b, y, &ys, affine);
+        y = activation(&mut b, y, &ys, after);
+        b.output(y);
+        let bytes = b.build();
+        let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+        let refused = [
+            "aten::cat.out",
+            "aten::_native_batch_norm_legit_no_training.out",
+        ];
+        for threads in [1, 2] {
+            let (got, ran) = run(&bytes, &fast_only(&refused), &inputs, threads);
+            let what = format!("{parts:?} batch {batch} {h}x{w} {affine} {after:?}");
+            assert_close(&got, &want, 1, &what);
+            let fused = ran
+                .iter()
+                .any(|r| r.starts_with("fused") && r.contains("batch_norm"));
+            assert!(fused, "{what}: {ran:?}");
         }
     }
 }

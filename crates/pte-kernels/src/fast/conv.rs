@@ -279,43 +279,11 @@ pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Sp
         return Ok(None);
     }
     let activation = l.act.resolve(args)?;
-    // Batch normalization folded into the weights and bias:
-    // w' = w·s, b' = (b - mean)·s + beta with s = gamma / sqrt(var + eps), in f64.
+    // Batch normalization folded into the weights and bias.
     let (scale, bias) = match l.bn {
         None => (None, bias.map(<[f32]>::to_vec)),
         Some(bn) => {
-            let vector = |i: usize| -> KernelResult<Option<&[f32]>> {
-                if args.is_none(i)? {
-                    return Ok(None);
-                }
-                match constant_f32(args, i)? {
-                    Some(v) if v.len() == c_out => Ok(Some(v)),
-                    _ => Err(KernelError::invalid(format!(
-                        "{}: batch normalization parameter {i} must be a constant of {c_out} floats",
-                        args.op()
-                    ))),
-                }
-            };
-            let (gamma, beta) = (vector(bn)?, vector(bn + 1)?);
-            let (Some(mean), Some(var)) = (vector(bn + 2)?, vector(bn + 3)?) else {
-                return Err(KernelError::invalid(format!(
-                    "{}: batch normalization needs its running statistics",
-                    args.op()
-                )));
-            };
-            let eps = args.double(bn + 4)?;
-            let at = |v: Option<&[f32]>, c: usize, default: f64| {
-                v.and_then(|v| v.get(c)).map_or(default, |&x| f64::from(x))
-            };
-            let scale: Vec<f64> = (0..c_out)
-                .map(|c| at(gamma, c, 1.0) / (at(Some(var), c, 1.0) + eps).sqrt())
-                .collect();
-            let b: Vec<f32> = (0..c_out)
-                .zip(&scale)
-                .map(|(c, &s)| {
-                    ((at(bias, c, 0.0) - at(Some(mean), c, 0.0)) * s + at(beta, c, 0.0)) as f32
-                })
-                .collect();
+            let (scale, b) = batch_norm_coefficients(args, bn, c_out, bias)?;
             (Some(scale), Some(b))
         }
     };
@@ -334,6 +302,49 @@ pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Sp
         batch,
         out_sizes,
     }))
+}
+
+/// The per-channel factor and the shift of an inference batch normalization whose
+/// weight, bias, running mean and variance are at `bn..bn + 4` and eps at `bn + 4`,
+/// applied to a value that already had `bias` added: `x·s + (b - mean)·s + beta` with
+/// `s = gamma / sqrt(var + eps)`, in f64, the shift rounded to f32.
+pub(super) fn batch_norm_coefficients(
+    args: &Args<'_>,
+    bn: usize,
+    channels: usize,
+    bias: Option<&[f32]>,
+) -> KernelResult<(Vec<f64>, Vec<f32>)> {
+    let vector = |i: usize| -> KernelResult<Option<&[f32]>> {
+        if args.is_none(i)? {
+            return Ok(None);
+        }
+        match constant_f32(args, i)? {
+            Some(v) if v.len() == channels => Ok(Some(v)),
+            _ => Err(KernelError::invalid(format!(
+                "{}: batch normalization parameter {i} must be a constant of {channels} floats",
+                args.op()
+            ))),
+        }
+    };
+    let (gamma, beta) = (vector(bn)?, vector(bn + 1)?);
+    let (Some(mean), Some(var)) = (vector(bn + 2)?, vector(bn + 3)?) else {
+        return Err(KernelError::invalid(format!(
+            "{}: batch normalization needs its running statistics",
+            args.op()
+        )));
+    };
+    let eps = args.double(bn + 4)?;
+    let at = |v: Option<&[f32]>, c: usize, default: f64| {
+        v.and_then(|v| v.get(c)).map_or(default, |&x| f64::from(x))
+    };
+    let scale: Vec<f64> = (0..channels)
+        .map(|c| at(gamma, c, 1.0) / (at(Some(var), c, 1.0) + eps).sqrt())
+        .collect();
+    let shift = (0..channels)
+        .zip(&scale)
+        .map(|(c, &s)| ((at(bias, c, 0.0) - at(Some(mean), c, 0.0)) * s + at(beta, c, 0.0)) as f32)
+        .collect();
+    Ok((scale, shift))
 }
 
 /// The NCHW layer of the call's current arguments (see [`spec`]).

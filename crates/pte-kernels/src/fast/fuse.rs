@@ -11,6 +11,8 @@
 //! - consecutive `permute_copy` / `unsqueeze_copy` / `squeeze_copy` / `clone` calls,
 //!   each reading the one before, that move data: one strided copy (attention exports
 //!   chains of four);
+//! - `cat` along dim 1 → `_native_batch_norm_legit_no_training` [→ activation], or the
+//!   normalization and activation alone: one pass from the parts (`norm.rs`);
 //! - `_softmax` over the last dimension → PyTorch's decomposition of `_safe_softmax`
 //!   (`eq(x, -inf)`, `logical_not`, `any`, `logical_not`, `full_like(0)`, `where`: rows
 //!   of -inf only become zeros), as attention exports it: one safe softmax.
@@ -77,6 +79,9 @@ impl Fuser for Patterns {
                 "aten::mm.out" => product_chain(g, rest, Op::Mm),
                 "aten::max_pool2d_with_indices.out" => max_pool(g, c),
                 "aten::_softmax.out" => safe_softmax(g, rest),
+                "aten::cat.out" | "aten::_native_batch_norm_legit_no_training.out" => {
+                    super::norm::propose(g, rest)
+                }
                 _ => None,
             };
             match found {

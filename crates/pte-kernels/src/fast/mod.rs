@@ -14,8 +14,9 @@
 //! runtime finds it safe, a convolution with the batch normalization, residual
 //! addition and activation after it (batch normalization folded into the weights), a
 //! matrix product with its activation, a max pooling whose indices nothing reads, and
-//! a softmax with the calls of PyTorch's `_safe_softmax` decomposition after it, and a
-//! chain of copies that only rearrange elements.
+//! a softmax with the calls of PyTorch's `_safe_softmax` decomposition after it, a
+//! concatenation with the batch normalization and activation after it (pre-activation
+//! networks such as DenseNet), and a chain of copies that only rearrange elements.
 //!
 //! A prepared fast kernel re-reads its arguments' shapes and scalars at every call and
 //! prepares itself again if they changed (dynamic shapes), so it never runs on stale
@@ -35,6 +36,7 @@
 mod conv;
 mod fuse;
 mod linear;
+mod norm;
 mod pool;
 mod region;
 mod rows;
@@ -83,6 +85,7 @@ pub fn install(r: &mut KernelRegistry) {
     wrap(r, "aten::mm.out", linear::prepare_mm);
     wrap(r, "aten::bmm.out", linear::prepare_bmm);
     wrap(r, "aten::max_pool2d_with_indices.out", pool::prepare_max);
+    wrap(r, "aten::avg_pool2d.out", pool::prepare_avg);
     for (name, fast) in [
         ("aten::relu.out", rows::relu as Prepare),
         ("aten::sigmoid.out", rows::sigmoid),

@@ -1,8 +1,10 @@
-//! `aten::max_pool2d_with_indices.out` on `pte_compute::pooling` for float32 NCHW
-//! (or CHW) inputs; when nothing reads the indices (the usual case in a network) the
-//! fuser swaps it for a call without them, which runs the vectorized window engine.
+//! `aten::max_pool2d_with_indices.out` and `aten::avg_pool2d.out` on
+//! `pte_compute::pooling` for float32 NCHW (or CHW) inputs, planes split over the
+//! method's threads; when nothing reads the indices (the usual case in a network) the
+//! fuser swaps max pooling for a call without them, which runs the vectorized window
+//! engine.
 
-use pte_compute::pooling::{self, Pool2dParams};
+use pte_compute::pooling::{self, AvgOptions, Pool2dParams};
 use pte_compute::Isa;
 use pte_runtime::{Args, KernelError, KernelResult, PreparedKernel};
 use smallvec::SmallVec;
@@ -49,6 +51,47 @@ fn qualifies(args: &Args<'_>, out: usize) -> KernelResult<bool> {
     Ok(matches!(x.rank(), 3 | 4))
 }
 
+/// An average pooling call site: `[x, kernel, stride, padding, ceil_mode,
+/// count_include_pad, divisor_override, out]`.
+pub(super) struct AvgPool;
+
+/// Prepares `avg_pool2d` when its input and output are float32 and any divisor
+/// override is positive.
+pub(super) fn prepare_avg(args: &Args<'_>, _: &dyn pte_runtime::Kernel) -> super::Prepared {
+    let divisor_ok = args.opt_int(6)?.is_none_or(|d| d > 0);
+    Ok((divisor_ok && qualifies(args, 7)?).then(|| Box::new(AvgPool) as Box<dyn PreparedKernel>))
+}
+
+impl PreparedKernel for AvgPool {
+    fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
+        let (p, sizes) = params(args, 1, None, 4)?;
+        let divisor_override = match args.opt_int(6)? {
+            Some(d) => Some(usize::try_from(d).map_err(|_| {
+                KernelError::invalid(format!(
+                    "{}: divisor_override {d} must be positive",
+                    args.op()
+                ))
+            })?),
+            None => None,
+        };
+        let opts = AvgOptions {
+            count_include_pad: args.bool(5)?,
+            divisor_override,
+        };
+        args.resize(7, &sizes)?;
+        let pool = args.pool();
+        let mut io = args.io(&[at(0)], &[at(7)])?;
+        let missing = || KernelError::Failed("missing tensor view".into());
+        let x = io.inputs.first().ok_or_else(missing)?.as_slice::<f32>()?;
+        let y = io
+            .outputs
+            .first_mut()
+            .ok_or_else(missing)?
+            .as_mut_slice::<f32>()?;
+        pooling::avg_pool2d(pool, &p, opts, x, y).map_err(compute)
+    }
+}
+
 /// A window list as two values (one value stands for both).
 fn pair(list: &[i64]) -> Option<[usize; 2]> {
     let v = |i: usize| list.get(i).and_then(|&x| usize::try_from(x).ok());
@@ -59,8 +102,15 @@ fn pair(list: &[i64]) -> Option<[usize; 2]> {
     }
 }
 
-/// The window of the call, and the output sizes.
-fn params(args: &Args<'_>) -> KernelResult<(Pool2dParams, SmallVec<[usize; 4]>)> {
+/// The window of the call, and the output sizes: the kernel, stride and padding lists
+/// at `k`, `k + 1` and `k + 2`, the dilation list at `dilation` (none: 1) and
+/// `ceil_mode` at `ceil`.
+fn params(
+    args: &Args<'_>,
+    k: usize,
+    dilation: Option<usize>,
+    ceil: usize,
+) -> KernelResult<(Pool2dParams, SmallVec<[usize; 4]>)> {
     let x = args.tensor(0)?;
     let bad = || {
         KernelError::invalid(format!(
@@ -68,11 +118,14 @@ fn params(args: &Args<'_>) -> KernelResult<(Pool2dParams, SmallVec<[usize; 4]>)>
             args.op()
         ))
     };
-    let (kernel, stride, padding, dilation) = (
-        args.int_list(1)?,
-        args.int_list(2)?,
-        args.int_list(3)?,
-        args.int_list(4)?,
+    let dilation = match dilation {
+        Some(i) => args.int_list(i)?,
+        None => smallvec::smallvec![1],
+    };
+    let (kernel, stride, padding) = (
+        args.int_list(k)?,
+        args.int_list(k + 1)?,
+        args.int_list(k + 2)?,
     );
     let kernel = pair(&kernel).ok_or_else(bad)?;
     let stride = if stride.is_empty() {
@@ -97,7 +150,7 @@ fn params(args: &Args<'_>) -> KernelResult<(Pool2dParams, SmallVec<[usize; 4]>)>
         stride,
         padding,
         dilation,
-        ceil_mode: args.bool(5)?,
+        ceil_mode: args.bool(ceil)?,
     };
     let out = p
         .output()
@@ -109,7 +162,7 @@ fn params(args: &Args<'_>) -> KernelResult<(Pool2dParams, SmallVec<[usize; 4]>)>
 
 impl PreparedKernel for MaxPool {
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
-        let (p, sizes) = params(args)?;
+        let (p, sizes) = params(args, 1, Some(4), 5)?;
         args.resize(self.out, &sizes)?;
         if let Some(i) = self.indices {
             args.resize(i, &sizes)?;
