@@ -165,3 +165,17 @@ fn scratch(buf: &mut pte_runtime::Buffer, len: usize) -> KernelResult<&mut [f32]
 fn at(i: usize) -> Arg {
     Arg::At(i)
 }
+
+/// The first input and the first output of an `io` call as float32 slices.
+pub(super) fn views<'a>(
+    io: &'a mut pte_runtime::Io<'_>,
+) -> KernelResult<(&'a [f32], &'a mut [f32])> {
+    let missing = || KernelError::Failed("missing tensor view".into());
+    let x = io.inputs.first().ok_or_else(missing)?.as_slice::<f32>()?;
+    let y = io
+        .outputs
+        .first_mut()
+        .ok_or_else(missing)?
+        .as_mut_slice::<f32>()?;
+    Ok((x, y))
+}

@@ -172,12 +172,15 @@ impl PreparedKernel for Prepared {
         let first = args.tensor(0)?;
         let mut channels = 0usize;
         for k in 0..l.parts {
-            channels += self
+            let c = self
                 .part(args, k, &first)?
                 .sizes
                 .get(1)
                 .copied()
                 .unwrap_or(0);
+            channels = channels
+                .checked_add(c)
+                .ok_or_else(|| KernelError::invalid("cat: channel count overflows"))?;
         }
         if channels != self.coefficients.len() {
             return Err(KernelError::invalid(format!(

@@ -9,7 +9,7 @@ use pte_compute::Isa;
 use pte_runtime::{Args, KernelError, KernelResult, PreparedKernel};
 use smallvec::SmallVec;
 
-use super::{at, compute, f32_tensor, scratch};
+use super::{at, compute, f32_tensor, scratch, views};
 
 /// A max pooling call site: the input at 0, its window lists at 1 to 5, the values at
 /// `out`, the indices (if wanted) at `indices`.
@@ -81,13 +81,7 @@ impl PreparedKernel for AvgPool {
         args.resize(7, &sizes)?;
         let pool = args.pool();
         let mut io = args.io(&[at(0)], &[at(7)])?;
-        let missing = || KernelError::Failed("missing tensor view".into());
-        let x = io.inputs.first().ok_or_else(missing)?.as_slice::<f32>()?;
-        let y = io
-            .outputs
-            .first_mut()
-            .ok_or_else(missing)?
-            .as_mut_slice::<f32>()?;
+        let (x, y) = views(&mut io)?;
         pooling::avg_pool2d(pool, &p, opts, x, y).map_err(compute)
     }
 }

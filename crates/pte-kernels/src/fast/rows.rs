@@ -13,7 +13,7 @@ use pte_runtime::{Arg, Args, Kernel, KernelError, KernelResult, PreparedKernel, 
 use smallvec::SmallVec;
 
 use super::conv::Act;
-use super::{at, compute, f32_tensor};
+use super::{at, compute, f32_tensor, views};
 
 /// Elements below which an elementwise loop stays on one thread.
 const PARALLEL: usize = 1 << 12;
@@ -115,18 +115,6 @@ impl PreparedKernel for Unary {
             elementwise::map(isa, c, x, act)
         })
     }
-}
-
-/// The first input and the first output of an `io` call as float32 slices.
-fn views<'a>(io: &'a mut pte_runtime::Io<'_>) -> KernelResult<(&'a [f32], &'a mut [f32])> {
-    let missing = || KernelError::Failed("missing tensor view".into());
-    let x = io.inputs.first().ok_or_else(missing)?.as_slice::<f32>()?;
-    let y = io
-        .outputs
-        .first_mut()
-        .ok_or_else(missing)?
-        .as_mut_slice::<f32>()?;
-    Ok((x, y))
 }
 
 /// `add`, `sub`, `mul` (tensor or scalar `other`), with the generic kernel for shapes
