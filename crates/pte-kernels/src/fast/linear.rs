@@ -9,7 +9,7 @@ use pte_runtime::{Args, Charge, Kernel, KernelError, KernelResult, PreparedKerne
 use smallvec::SmallVec;
 
 use super::conv::Act;
-use super::{at, charge, compute, constant_f32, f32_tensor, scratch, settle};
+use super::{at, charge, compute, constant_f32, f32_tensor, scratch, settle, views};
 
 /// Which operator a [`Packed`] call site runs, and where its arguments are.
 #[derive(Clone, Copy, Debug)]
@@ -244,13 +244,7 @@ impl PreparedKernel for Packed {
         let activation = self.act.resolve(args)?;
         let pool = args.pool();
         let mut io = args.io(&[at(xi)], &[at(self.out)])?;
-        let missing = || KernelError::Failed("missing tensor view".into());
-        let x = io.inputs.first().ok_or_else(missing)?.as_slice::<f32>()?;
-        let y = io
-            .outputs
-            .first_mut()
-            .ok_or_else(missing)?
-            .as_mut_slice::<f32>()?;
+        let (x, y) = views(&io.inputs, &mut io.outputs)?;
         let len = self
             .gemm
             .scratch_len(m, n, k, false, true, pool.threads())

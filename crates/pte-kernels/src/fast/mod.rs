@@ -166,14 +166,15 @@ fn at(i: usize) -> Arg {
     Arg::At(i)
 }
 
-/// The first input and the first output of an `io` call as float32 slices.
+/// The first input and the first output of an `io` call as float32 slices (its two
+/// lists, so that the caller may still borrow its scratch).
 pub(super) fn views<'a>(
-    io: &'a mut pte_runtime::Io<'_>,
+    inputs: &'a [pte_runtime::TensorData<'_>],
+    outputs: &'a mut [pte_runtime::TensorDataMut<'_>],
 ) -> KernelResult<(&'a [f32], &'a mut [f32])> {
     let missing = || KernelError::Failed("missing tensor view".into());
-    let x = io.inputs.first().ok_or_else(missing)?.as_slice::<f32>()?;
-    let y = io
-        .outputs
+    let x = inputs.first().ok_or_else(missing)?.as_slice::<f32>()?;
+    let y = outputs
         .first_mut()
         .ok_or_else(missing)?
         .as_mut_slice::<f32>()?;

@@ -81,7 +81,7 @@ impl PreparedKernel for AvgPool {
         args.resize(7, &sizes)?;
         let pool = args.pool();
         let mut io = args.io(&[at(0)], &[at(7)])?;
-        let (x, y) = views(&mut io)?;
+        let (x, y) = views(&io.inputs, &mut io.outputs)?;
         pooling::avg_pool2d(pool, &p, opts, x, y).map_err(compute)
     }
 }

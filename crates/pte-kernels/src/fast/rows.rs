@@ -108,7 +108,7 @@ impl PreparedKernel for Unary {
         let act = self.act.resolve(args)?;
         let pool = args.pool();
         let mut io = args.io(&[at(0)], &[at(self.out)])?;
-        let (x, y) = views(&mut io)?;
+        let (x, y) = views(&io.inputs, &mut io.outputs)?;
         let isa = Isa::best();
         split(pool, y, 1, |o, c| {
             let x = x.get(o..o + c.len()).unwrap_or_default();
@@ -246,7 +246,7 @@ impl PreparedKernel for Binary {
             Some(t) => t.as_slice::<f32>()?,
             None => &[],
         };
-        let (x, y) = views(&mut io)?;
+        let (x, y) = views(&io.inputs, &mut io.outputs)?;
         let one = [scalar.or_else(|| other.first().copied()).unwrap_or(0.0)];
         match shape {
             Shape::Same => split(pool, y, 1, |o, c| {
@@ -314,7 +314,7 @@ fn last_dim_rows(
     args.resize(out, &x.sizes)?;
     let pool = args.pool();
     let mut io = args.io(&[at(0)], &[at(out)])?;
-    let (x, y) = views(&mut io)?;
+    let (x, y) = views(&io.inputs, &mut io.outputs)?;
     let isa = Isa::best();
     split(pool, y, row, |o, c| {
         let x = x.get(o..o + c.len()).unwrap_or_default();
@@ -486,7 +486,7 @@ impl PreparedKernel for Mean {
         }
         args.resize(4, &sizes)?;
         let mut io = args.io(&[at(0)], &[at(4)])?;
-        let (x, y) = views(&mut io)?;
+        let (x, y) = views(&io.inputs, &mut io.outputs)?;
         pooling::global_avg_pool(Isa::best(), x, inner, y).map_err(compute)
     }
 }
