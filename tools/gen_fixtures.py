@@ -1536,6 +1536,10 @@ EXTRA_BENCH = [
     "densenet121",
     "resnet50",
     "convnext_tiny",
+    "resnext50_32x4d",
+    "regnet_x_400mf",
+    "efficientnet_v2_s",
+    "swin_t",
 ]
 
 

@@ -121,36 +121,66 @@ fn a_tensor_read_through_an_elided_view_keeps_its_planned_memory() {
     let mut b = ProgramBuilder::new();
     let (start, end, step) = (b.int(0), b.int(4), b.int(1));
     let range = b.tensor(Float, &[4], Memory::Planned);
-    let bytes = {
-        b.call(
-            "aten::arange",
-            "start_out",
-            &[start, end, step, range, range],
-        );
-        let view = b.tensor(Float, &[2, 2], Memory::Planned);
-        let out = b.tensor(Float, &[2, 2], Memory::Planned);
-        b.call("aten::relu", "out", &[view, out, out]);
-        b.output(out);
-        b.build()
-    };
-    // Plan the view at the range's place, as the exporter does for a static view_copy.
-    let mut image = pte_format::ProgramImage::parse(&bytes).unwrap();
-    let plan = &mut image.program.execution_plan.as_mut().unwrap()[0];
-    let values = plan.values.as_mut().unwrap();
-    let place = |v: &pte_format::schema::executorch_flatbuffer::EValue| match &v.val {
-        Some(pte_format::schema::executorch_flatbuffer::KernelTypes::Tensor(t)) => {
-            t.allocation_info.clone()
-        }
-        _ => None,
-    };
-    let at = place(&values[range as usize]);
-    if let Some(pte_format::schema::executorch_flatbuffer::KernelTypes::Tensor(t)) =
-        &mut values[range as usize + 1].val
-    {
-        t.allocation_info = at;
-    }
-    let bytes = image.to_bytes(&Default::default()).unwrap();
+    b.call(
+        "aten::arange",
+        "start_out",
+        &[start, end, step, range, range],
+    );
+    // At the range's place, as the exporter plans a static view_copy.
+    let view = b.tensor(Float, &[2, 2], Memory::At(b.place(range).unwrap()));
+    let out = b.tensor(Float, &[2, 2], Memory::Planned);
+    b.call("aten::relu", "out", &[view, out, out]);
+    b.output(out);
+    let bytes = b.build();
     let mut m = load(&bytes, &pte_kernels::registry());
     let out = run(&mut m);
     assert_eq!(out, bytemuck::cast_slice::<f32, u8>(&[0.0, 1.0, 2.0, 3.0]));
+}
+
+#[test]
+fn a_tensor_read_through_an_elided_view_by_a_fused_call_keeps_its_planned_memory() {
+    // Swin Transformer's shifted-window mask: computed from constants, then read through
+    // a view by a permute and a clone that fuse into one copy. The folds that follow
+    // the fusions (here because of the weight transpose before `mm`) must see the fused
+    // call as reading the view, or the mask folds away from the view's place.
+    let mut b = ProgramBuilder::new();
+    let x = b.tensor(Float, &[3, 4], Memory::Planned);
+    let weights: Vec<f32> = (0..20).map(|i| i as f32).collect();
+    let w = b.constant(Float, &[5, 4], bytemuck::cast_slice(&weights));
+    let transpose = b.int_list(&[1, 0]);
+    let wt = b.tensor(Float, &[4, 5], Memory::Planned);
+    b.call("aten::permute_copy", "out", &[w, transpose, wt, wt]);
+    let y = b.tensor(Float, &[3, 5], Memory::Planned);
+    b.call("aten::mm", "out", &[x, wt, y, y]);
+    let (start, end, step) = (b.int(0), b.int(24), b.int(1));
+    let range = b.tensor(Float, &[24], Memory::Planned);
+    b.call(
+        "aten::arange",
+        "start_out",
+        &[start, end, step, range, range],
+    );
+    let view = b.tensor(Float, &[2, 3, 4], Memory::At(b.place(range).unwrap()));
+    let dims = b.int_list(&[2, 0, 1]);
+    let permuted = b.tensor(Float, &[4, 2, 3], Memory::Planned);
+    b.call(
+        "aten::permute_copy",
+        "out",
+        &[view, dims, permuted, permuted],
+    );
+    let none = b.none();
+    let out = b.tensor(Float, &[4, 2, 3], Memory::Planned);
+    b.call("aten::clone", "out", &[permuted, none, out, out]);
+    b.input(x);
+    b.output(out);
+    b.output(y);
+    let mut m = load(&b.build(), &pte_kernels::registry());
+    m.set_profiling(true);
+    let got = run(&mut m);
+    let ran: Vec<String> = m.profile().into_iter().map(|e| e.name).collect();
+    assert!(ran.contains(&"fused copies".to_owned()), "{ran:?}");
+    // out[i][j][k] = view[j][k][i] = 12j + 4k + i.
+    let expected: Vec<f32> = (0..4)
+        .flat_map(|i| (0..2).flat_map(move |j| (0..3).map(move |k| (12 * j + 4 * k + i) as f32)))
+        .collect();
+    assert_eq!(got, bytemuck::cast_slice::<f32, u8>(&expected));
 }

@@ -68,7 +68,7 @@ pub(crate) struct Method<'a> {
 }
 
 impl Method<'_> {
-    fn is_pure(&self, op: u32) -> bool {
+    pub(crate) fn is_pure(&self, op: u32) -> bool {
         op as usize >= self.fused_from
             || self
                 .op_names

@@ -17,7 +17,6 @@ use crate::args::Args;
 use crate::fuse::{referenced, CallId};
 use crate::memory::{Memory, Storage};
 use crate::method::Instr;
-use crate::registry::KernelRegistry;
 use crate::value::Slot;
 
 /// The values a call writes, by the calling convention; `None` when it does not follow it.
@@ -187,29 +186,27 @@ pub(crate) fn viewed(
 /// tensors that elided views read (see [`viewed`]), which must keep their planned
 /// memory. A call whose kernel fails at load is left to run (and fail) at execution, as
 /// it would without folding: it may sit in a branch that never runs.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn fold_constants(
     deferred: &[CallId],
     chains: &mut [Vec<Instr>],
-    call_args: &[u32],
-    op_names: &[String],
-    kernels: &KernelRegistry,
+    m: &crate::alias::Method<'_>,
     values: &mut [Slot],
     memory: &mut Memory,
     inputs: &[u32],
-    outputs: &[u32],
     pool: &pte_compute::ThreadPool,
 ) -> Views {
+    let crate::alias::Method {
+        call_args,
+        op_names,
+        kernels,
+        io,
+        ..
+    } = *m;
     let mut folded: Vec<CallId> = Vec::new();
-    let pure = |op: u32| {
-        op_names
-            .get(op as usize)
-            .is_some_and(|name| kernels.is_pure(name))
-    };
-    let mut writes = writes(chains, call_args, &pure, values);
+    // Fused calls count as pure here: what they only read (an elided view among them)
+    // is not written, so the view's source keeps its planned memory.
+    let mut writes = writes(chains, call_args, &|op| m.is_pure(op), values);
     let viewed = viewed(chains, call_args, values, &writes, inputs);
-    let io: Vec<u32> = inputs.iter().chain(outputs).copied().collect();
-    let io = &io[..];
     let calls = chains.iter().enumerate().flat_map(|(chain, instrs)| {
         instrs
             .iter()

@@ -496,13 +496,16 @@ impl Method {
         let mut viewed = crate::fold::fold_constants(
             &deferred,
             &mut chains,
-            &call_args,
-            &op_names,
-            kernels,
+            &crate::alias::Method {
+                call_args: &call_args,
+                op_names: &op_names,
+                kernels,
+                fused_from: op_names.len(),
+                io: &io,
+            },
             &mut values,
             &mut memory,
             &inputs,
-            &outputs,
             &compute_pool,
         );
 
@@ -553,13 +556,16 @@ impl Method {
             let late = crate::fold::fold_constants(
                 &[],
                 &mut chains,
-                &call_args,
-                &op_names,
-                kernels,
+                &crate::alias::Method {
+                    call_args: &call_args,
+                    op_names: &op_names,
+                    kernels,
+                    fused_from,
+                    io: &io,
+                },
                 &mut values,
                 &mut memory,
                 &inputs,
-                &outputs,
                 &compute_pool,
             );
             viewed.merge(&late);
