@@ -91,8 +91,43 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", report(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The error and its causes, joined by ": ". Our error types show their source in
+/// their own message too, so a cause the message already ends with is not repeated.
+fn report(e: &anyhow::Error) -> String {
+    let mut message = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if message.ends_with(&text) {
+            continue;
+        }
+        if !message.is_empty() {
+            message.push_str(": ");
+        }
+        message.push_str(&text);
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::report;
+
+    #[test]
+    fn a_cause_is_reported_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let e = anyhow::Error::new(pte_format::FormatError::Io {
+            path: "m.pte".into(),
+            source: io,
+        })
+        .context("loading m.pte");
+        assert_eq!(report(&e), "loading m.pte: cannot read m.pte: no such file");
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(report(&plain), "outer: inner");
     }
 }

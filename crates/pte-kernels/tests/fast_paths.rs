@@ -977,14 +977,18 @@ fn activations_match_the_generic_kernels() {
 #[test]
 fn binary_operations_match_the_generic_kernels() {
     // (self, other): equal shapes, a per-channel vector (NCHW and trailing), a
-    // one-element tensor; `other` as a scalar below.
-    let shapes: [(&[usize], &[usize]); 6] = [
+    // one-element tensor, `self`'s last dims repeated over the first (an attention
+    // bias over the heads, split over threads; fewer dims); `other` as a scalar below.
+    let shapes: [(&[usize], &[usize]); 9] = [
         (&[2, 3, 5, 7], &[2, 3, 5, 7]),
         (&[1, 96, 28, 28], &[1, 96, 1, 1]),
         (&[2, 16, 9, 9], &[16, 1, 1]),
         (&[3, 197, 192], &[192]),
         (&[4, 50, 33], &[1, 1, 33]),
         (&[5, 70_000], &[1]),
+        (&[64, 3, 49, 49], &[1, 3, 49, 49]),
+        (&[7, 5, 33], &[5, 33]),
+        (&[3, 1, 4, 9], &[1, 1, 4, 9]),
     ];
     for (xs, ys) in shapes {
         for (op, alpha) in [("add", true), ("sub", true), ("mul", false)] {

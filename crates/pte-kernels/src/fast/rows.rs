@@ -136,6 +136,9 @@ enum Shape {
     },
     /// A scalar (argument or one-element tensor).
     Scalar,
+    /// `other` holds `self`'s last dims (ones before them): it repeats along the rest,
+    /// as an attention bias over the batch of heads does.
+    Tiled,
 }
 
 fn binary(
@@ -210,13 +213,19 @@ impl Binary {
                 y.sizes.get(i - pad).copied().unwrap_or(1)
             }
         };
-        let axes: SmallVec<[usize; 2]> = (0..x.rank()).filter(|&i| ys(i) != 1).collect();
-        match axes.as_slice() {
-            [c] if x.sizes.get(*c) == Some(&ys(*c)) => Ok(Some(Shape::Channels {
-                inner: x.sizes.get(c + 1..).unwrap_or_default().iter().product(),
-            })),
-            _ => Ok(None),
+        // Counted, not collected: a call of another shape must not allocate to find out.
+        let mut axes = (0..x.rank()).filter(|&i| ys(i) != 1);
+        if let (Some(c), None) = (axes.next(), axes.next()) {
+            if x.sizes.get(c) == Some(&ys(c)) {
+                return Ok(Some(Shape::Channels {
+                    inner: x.sizes.get(c + 1..).unwrap_or_default().iter().product(),
+                }));
+            }
         }
+        let tiled = (0..x.rank())
+            .skip_while(|&i| ys(i) == 1)
+            .all(|i| x.sizes.get(i) == Some(&ys(i)));
+        Ok((tiled && y.numel() > 0).then_some(Shape::Tiled))
     }
 }
 
@@ -264,6 +273,13 @@ impl PreparedKernel for Binary {
             Shape::Scalar => split(pool, y, 1, |o, c| {
                 let a = x.get(o..o + c.len()).unwrap_or_default();
                 elementwise::binary_channels(isa, c, a, &one, c.len(), op, Activation::Identity)
+            }),
+            Shape::Tiled => split(pool, y, other.len(), |o, c| {
+                let a = x.get(o..o + c.len()).unwrap_or_default();
+                for (c, a) in c.chunks_mut(other.len()).zip(a.chunks(other.len())) {
+                    elementwise::binary(isa, c, a, other, op, Activation::Identity)?;
+                }
+                Ok(())
             }),
             Shape::Channels { inner } => {
                 let channels = other.len();
