@@ -117,6 +117,10 @@ fn bench_gemm(o: &Opts) {
         (128, 784, 1152),
         (256, 196, 2304),
         (512, 49, 4608),
+        // resnext50 pointwise convolutions (pixels x c_out x c_in)
+        (3136, 128, 256),
+        (3136, 256, 128),
+        (784, 512, 256),
         // vector-matrix
         (1, 1024, 1024),
     ];
@@ -823,13 +827,24 @@ fn bench_nhwc(o: &Opts) {
         ("r18 3x3 512 7", 512, 512, 1, 7, 3, 1, 1),
         ("stem 3x3 s2 3->32 224", 3, 32, 1, 224, 3, 2, 1),
         ("stem 7x7 s2 3->64 224", 3, 64, 1, 224, 7, 2, 3),
+        ("rx50 g32 128 56", 128, 128, 32, 56, 3, 1, 1),
+        ("rx50 g32 256 28", 256, 256, 32, 28, 3, 1, 1),
+        ("rx50 g32 512 14", 512, 512, 32, 14, 3, 1, 1),
+        ("rx50 g32 1024 7", 1024, 1024, 32, 7, 3, 1, 1),
+        ("rx50 g32 256 56 s2", 256, 256, 32, 56, 3, 2, 1),
+        ("rx50 pw s2 256->512 56", 256, 512, 1, 56, 1, 2, 0),
+        ("rx50 pw 256->128 56", 256, 128, 1, 56, 1, 1, 0),
+        ("regx g2 32 56", 32, 32, 2, 56, 3, 1, 1),
+        ("regx g4 64 28", 64, 64, 4, 28, 3, 1, 1),
+        ("regx g10 160 14", 160, 160, 10, 14, 3, 1, 1),
+        ("regx g25 400 7", 400, 400, 25, 7, 3, 1, 1),
     ];
     println!(
         "## NHWC convolutions, milliseconds per layer (median of {} rounds)\n",
         o.rounds
     );
-    println!("| layer | algorithm | 1T | 2T |");
-    println!("|---|---|---:|---:|");
+    println!("| layer | algorithm | 1T | 2T | GFLOP/s 1T |");
+    println!("|---|---|---:|---:|---:|");
     let g = Gemm::with_isa(o.isa).unwrap();
     let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
     for &(name, ci, co, groups, size, k, s, pad) in shapes {
@@ -857,11 +872,14 @@ fn bench_nhwc(o: &Opts) {
         let mut f0 = || conv.run(&pools[0], &x, 1, None, y0, s0).unwrap();
         let mut f1 = || conv.run(&pools[1], &x, 1, None, y1, s1).unwrap();
         let t = race(&mut [&mut f0, &mut f1], o.rounds, o.min);
+        let [oh, ow] = p.output().unwrap();
+        let flops = 2.0 * (oh * ow * co * ci / groups * k * k) as f64;
         println!(
-            "| {name} | {} | {:.3} | {:.3} |",
+            "| {name} | {} | {:.3} | {:.3} | {:.1} |",
             conv.algorithm(),
             t[0] * 1e3,
-            t[1] * 1e3
+            t[1] * 1e3,
+            flops / t[0] / 1e9
         );
     }
     println!();

@@ -731,16 +731,9 @@ impl QConvNhwc {
                             // Each pixel's first tap in the padded copy (the tile may
                             // span output rows), its taps the table's offsets.
                             let mut pixels = [0usize; Q8_MR];
-                            for (i, at) in pixels.iter_mut().take(rows).enumerate() {
-                                let (n_img, pix) = (
-                                    (r0 + r + i) / (oh * ow).max(1),
-                                    (r0 + r + i) % (oh * ow).max(1),
-                                );
-                                let (oy, ox) = (pix / ow.max(1), pix % ow.max(1));
-                                *at = n_img * image
-                                    + (oy * p.stride[0] * wp + ox * p.stride[1]) * pixel;
-                            }
-                            let pixels = pixels.get(..rows).unwrap_or_default();
+                            let pixels = pixels.get_mut(..rows).unwrap_or_default();
+                            self.first_taps(r0 + r, pixels);
+                            let pixels = &*pixels;
                             let a = x.get(start..).unwrap_or_default();
                             let a = IndirectRows::table(a, pixels, &self.tap_offsets, kc)?;
                             arch::q8_microkernel(self.kernel, &a, &run, yc, place, &post)?;
@@ -792,6 +785,33 @@ impl QConvNhwc {
             }
         }
         Ok(())
+    }
+
+    /// Where each pixel of a run of output pixels from `first` (row-major over the
+    /// batch) has its first tap in the padded copy. Stepped pixel by pixel: dividing
+    /// for each one cost more than the products of a small group (regnet_x's 16
+    /// channels).
+    fn first_taps(&self, first: usize, out: &mut [usize]) {
+        let p = &self.p;
+        let [oh, ow] = self.out;
+        let (oh, ow) = (oh.max(1), ow.max(1));
+        let pixel = self.copied_pixel();
+        let [hp, wp] = self.copied_size();
+        let image = hp * wp * pixel;
+        let (mut n, pix) = (first / (oh * ow), first % (oh * ow));
+        let (mut oy, mut ox) = (pix / ow, pix % ow);
+        for at in out {
+            *at = n * image + (oy * p.stride[0] * wp + ox * p.stride[1]) * pixel;
+            ox += 1;
+            if ox == ow {
+                ox = 0;
+                oy += 1;
+                if oy == oh {
+                    oy = 0;
+                    n += 1;
+                }
+            }
+        }
     }
 
     /// Where each of `rows` output pixels from `first` reads each tap of group `g`:

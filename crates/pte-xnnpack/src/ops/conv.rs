@@ -552,6 +552,10 @@ impl<T: Q8> QuantConv<T> {
 }
 
 impl<T: Q8> Kernel for QuantConv<T> {
+    fn variant(&self) -> Option<&'static str> {
+        self.layer.as_ref().map(|(layer, _)| layer.algorithm())
+    }
+
     fn reshape(&mut self, inputs: &[Option<&[usize]>], outputs: &mut [Dims]) -> KResult {
         let [n, h, w, _] = input_nhwc(shape_of(inputs, 0)?, self.cin)?;
         if self.layer.as_ref().map(|(_, s)| *s) != Some([h, w]) {
