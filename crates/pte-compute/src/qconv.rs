@@ -82,15 +82,14 @@ enum Algo {
 enum Gather {
     /// A 1×1 stride-1 convolution: the output pixel's own input pixel.
     Pixel,
-    /// One row per kernel tap (padding: the row of `za`).
-    Taps,
     /// One row per kernel row, in an input copied with its padding: a stem's few
     /// channels make each tap's row too short to keep the kernel busy.
     Rows,
     /// One row per kernel tap, each a fixed offset from the pixel in an input copied
-    /// with its padding ([`QConvNhwc::tap_offsets`]): grouped convolutions, where
-    /// gathering every tap of every tile once per group cost more than the products
-    /// (regnet's 8-channel groups: about 60% of the model's time).
+    /// with its padding ([`QConvNhwc::tap_offsets`]). Listing every tap of every tile
+    /// (once per group) cost more than the products of regnet's 8-channel groups
+    /// (about 60% of the model's time), and a tenth of resnet18's and
+    /// efficientnet_v2_s's dense 3×3 layers; the copy costs less.
     Table,
     /// As [`Gather::Table`], for `q` groups at a time in one interleaved panel (see
     /// [`crate::arch`]'s `Q8Panels`): groups of fewer than 16 output channels fill a
@@ -121,7 +120,8 @@ pub struct QConvNhwc {
     zero: i32,
     lo: f32,
     hi: f32,
-    /// A row of `za`: what taps in the padding read.
+    /// A row of `za`: what a depthwise convolution's taps in the padding read (the
+    /// other algorithms read a padded copy).
     pad_row: Vec<u8>,
     /// For [`Gather::Table`], where tap `ky · kw + kx` of a pixel is in the padded copy,
     /// from the pixel's first tap.
@@ -302,10 +302,8 @@ impl QConvNhwc {
                 Gather::Rows
             } else if let Some(q) = interleave {
                 Gather::Interleaved(q)
-            } else if p.groups > 1 {
-                Gather::Table
             } else {
-                Gather::Taps
+                Gather::Table
             };
             Algo::Gemm {
                 panels: groups,
@@ -325,7 +323,7 @@ impl QConvNhwc {
             zero: q.output_zero,
             lo: (q.output_min - q.output_zero) as f32,
             hi: (q.output_max - q.output_zero) as f32,
-            pad_row: vec![za_byte; if depthwise { p.in_channels } else { cig4 }],
+            pad_row: vec![za_byte; if depthwise { p.in_channels } else { 0 }],
             tap_offsets: Vec::new(),
             kernel,
         }
@@ -402,7 +400,7 @@ impl QConvNhwc {
                 !self.signed
                     && self.dup == 1
                     && self.cig4 == self.p.channels_per_group().0
-                    && matches!(gather, Gather::Pixel | Gather::Taps)
+                    && matches!(gather, Gather::Pixel)
             }
             Algo::Depthwise { .. } => true,
         }
@@ -687,9 +685,6 @@ impl QConvNhwc {
         let [oh, ow] = self.out;
         let [hp, wp] = self.copied_size();
         let image = hp * wp * pixel;
-        // The gathered rows, for `Gather::Taps` only: filled in (15 KiB) on first use,
-        // not on every call.
-        let mut lists = None;
         for (g, packed) in panels.iter().enumerate() {
             // The set's output channels: a group's, or (interleaved) all.
             let set_cols = if q > 1 { cout } else { cog };
@@ -770,16 +765,6 @@ impl QConvNhwc {
                                 i += len;
                             }
                         }
-                        Gather::Taps => {
-                            let list = lists.get_or_insert_with(|| {
-                                let list: [&[u8]; MAX_TAPS * Q8_MR] = [&[]; MAX_TAPS * Q8_MR];
-                                list
-                            });
-                            self.tap_rows(x, g, r0 + r, rows, list);
-                            let list = list.get(..taps * rows).unwrap_or_default();
-                            let a = IndirectRows::new(list, rows, taps, kc)?;
-                            arch::q8_microkernel(self.kernel, &a, &run, yc, place, &post)?;
-                        }
                     }
                 }
             }
@@ -809,45 +794,6 @@ impl QConvNhwc {
                 if oy == oh {
                     oy = 0;
                     n += 1;
-                }
-            }
-        }
-    }
-
-    /// Where each of `rows` output pixels from `first` reads each tap of group `g`:
-    /// `list[t · rows + i]`, the row of `za` for taps in the padding.
-    fn tap_rows<'x>(
-        &'x self,
-        x: &'x [u8],
-        g: usize,
-        first: usize,
-        rows: usize,
-        list: &mut [&'x [u8]],
-    ) {
-        let p = &self.p;
-        let [oh, ow] = self.out;
-        let kc = self.cig4;
-        let pixel = p.groups * kc;
-        let image = p.input[0] * p.input[1] * pixel;
-        let (mut n_img, pix) = (first / (oh * ow).max(1), first % (oh * ow).max(1));
-        let (mut oy, mut ox) = (pix / ow.max(1), pix % ow.max(1));
-        let taps = p.kernel[0] * p.kernel[1];
-        for i in 0..rows {
-            for t in 0..taps {
-                let (ky, kx) = (t / p.kernel[1], t % p.kernel[1]);
-                let at = p
-                    .input_at([oy, ox], [ky, kx])
-                    .map(|(iy, ix)| n_img * image + (iy * p.input[1] + ix) * pixel + g * kc);
-                if let Some(slot) = list.get_mut(t * rows + i) {
-                    *slot = at.and_then(|o| x.get(o..o + kc)).unwrap_or(&self.pad_row);
-                }
-            }
-            ox += 1;
-            if ox == ow {
-                ox = 0;
-                oy += 1;
-                if oy == oh {
-                    (oy, n_img) = (0, n_img + 1);
                 }
             }
         }
