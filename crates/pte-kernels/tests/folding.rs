@@ -38,9 +38,8 @@ impl pte_runtime::Kernel for Forward {
     }
 }
 
-/// `x @ transpose(W)` with W constant, then a constant chain: `arange(4) * 2` added.
-fn linear_program() -> Vec<u8> {
-    let mut b = ProgramBuilder::new();
+/// `y = x @ transpose(W)`, x [3, 4] and W [5, 4] constant: the input and the product.
+fn weight_product(b: &mut ProgramBuilder) -> (i32, i32) {
     let x = b.tensor(Float, &[3, 4], Memory::Planned);
     let weights: Vec<f32> = (0..20).map(|i| i as f32 / 7.0 - 1.0).collect();
     let w = b.constant(Float, &[5, 4], bytemuck::cast_slice(&weights));
@@ -49,6 +48,13 @@ fn linear_program() -> Vec<u8> {
     b.call("aten::permute_copy", "out", &[w, dims, wt, wt]);
     let y = b.tensor(Float, &[3, 5], Memory::Planned);
     b.call("aten::mm", "out", &[x, wt, y, y]);
+    (x, y)
+}
+
+/// `x @ transpose(W)` with W constant, then a constant chain: `arange(4) * 2` added.
+fn linear_program() -> Vec<u8> {
+    let mut b = ProgramBuilder::new();
+    let (x, y) = weight_product(&mut b);
     let (start, end, step) = (b.int(0), b.int(5), b.int(1));
     let range = b.tensor(Float, &[5], Memory::Planned);
     b.call(
@@ -144,14 +150,7 @@ fn a_tensor_read_through_an_elided_view_by_a_fused_call_keeps_its_planned_memory
     // the fusions (here because of the weight transpose before `mm`) must see the fused
     // call as reading the view, or the mask folds away from the view's place.
     let mut b = ProgramBuilder::new();
-    let x = b.tensor(Float, &[3, 4], Memory::Planned);
-    let weights: Vec<f32> = (0..20).map(|i| i as f32).collect();
-    let w = b.constant(Float, &[5, 4], bytemuck::cast_slice(&weights));
-    let transpose = b.int_list(&[1, 0]);
-    let wt = b.tensor(Float, &[4, 5], Memory::Planned);
-    b.call("aten::permute_copy", "out", &[w, transpose, wt, wt]);
-    let y = b.tensor(Float, &[3, 5], Memory::Planned);
-    b.call("aten::mm", "out", &[x, wt, y, y]);
+    let (x, y) = weight_product(&mut b);
     let (start, end, step) = (b.int(0), b.int(24), b.int(1));
     let range = b.tensor(Float, &[24], Memory::Planned);
     b.call(

@@ -552,17 +552,19 @@ impl Method {
                 }
             }
         }
+        // The method as fused: fused calls count as pure (they group pure calls only).
+        let fused = crate::alias::Method {
+            call_args: &call_args,
+            op_names: &op_names,
+            kernels,
+            fused_from,
+            io: &io,
+        };
         if !deferred.is_empty() {
             let late = crate::fold::fold_constants(
                 &[],
                 &mut chains,
-                &crate::alias::Method {
-                    call_args: &call_args,
-                    op_names: &op_names,
-                    kernels,
-                    fused_from,
-                    io: &io,
-                },
+                &fused,
                 &mut values,
                 &mut memory,
                 &inputs,
@@ -571,18 +573,7 @@ impl Method {
             viewed.merge(&late);
         }
         // Copies that move no data.
-        crate::alias::elide(
-            &mut chains,
-            &mut values,
-            &mut viewed,
-            &crate::alias::Method {
-                call_args: &call_args,
-                op_names: &op_names,
-                kernels,
-                fused_from,
-                io: &io,
-            },
-        );
+        crate::alias::elide(&mut chains, &mut values, &mut viewed, &fused);
         let unused: Vec<bool> = chains_calls_unused(&chains, kernel_calls.len());
 
         // The other kernels, prepared once per call site.
