@@ -1,6 +1,6 @@
 //! Benchmarks of pte-compute against the `gemm` crate and rayon, printed as tables.
 //!
-//! `cargo run --release -p pte-compute --example bench [peak|gemm|conv|nhwc|chain|pool|attention|ops|all] [--quick] [--isa avx2|avx512|generic] [--cpu-time]`
+//! `cargo run --release -p pte-compute --example bench [peak|gemm|conv|nhwc|cold|chain|pool|attention|ops|all] [--quick] [--isa avx2|avx512|generic] [--cpu-time]`
 //!
 //! Each figure is the median of several rounds; the rounds of the compared
 //! implementations are interleaved so that machine noise hits them alike.
@@ -975,6 +975,64 @@ fn bench_chain(o: &Opts) {
     println!();
 }
 
+/// 1×1 convolutions whose weights are in cache (one layer run again and again)
+/// against weights that come from memory, as a network's do once per execution
+/// (copies of the layer run in turn, 96 MiB of weights in all).
+fn bench_cold(o: &Opts) {
+    use pte_compute::nhwc::{ConvNhwc, ConvWeights};
+    println!(
+        "## 1×1 convolutions, weights in cache and from memory, 1 thread, GFLOP/s (best of {} rounds)\n",
+        o.rounds
+    );
+    println!("| layer | weights KiB | in cache | from memory |");
+    println!("|---|---:|---:|---:|");
+    let g = Gemm::with_isa(o.isa).unwrap();
+    let pool = ThreadPool::new(1).unwrap();
+    // (in, out, size): resnext50's and regnet_x_400mf's pointwise layers.
+    for (ci, co, size) in [
+        (256, 128, 56),
+        (512, 256, 28),
+        (1024, 512, 14),
+        (2048, 1024, 7),
+        (1024, 2048, 7),
+        (160, 160, 14),
+        (400, 400, 7),
+    ] {
+        let p = layer(ci, co, 1, size, 1, 1, 0);
+        let (w, bias) = (values(ci * co), values(co));
+        let copies = (96 << 20) / (ci * co * 4) + 1;
+        let convs: Vec<_> = (0..copies)
+            .map(|_| {
+                let weights = ConvWeights::oihw(&w);
+                ConvNhwc::new(&pool, g, p, weights, Some(&bias), Activation::RELU).unwrap()
+            })
+            .collect();
+        let (xl, yl) = convs[0].io_len(1).unwrap();
+        let x = values(xl);
+        let mut y = vec![0.0; yl];
+        let mut scratch = vec![0.0; convs[0].scratch_len(1).unwrap()];
+        let mut best = [f64::MAX; 2];
+        for _ in 0..o.rounds {
+            for (b, layers) in best.iter_mut().zip([&convs[..1], &convs[..]]) {
+                let t = Clock::start();
+                for i in 0..copies {
+                    let conv = &layers[i % layers.len()];
+                    conv.run(&pool, &x, 1, None, &mut y, &mut scratch).unwrap();
+                }
+                *b = b.min(t.elapsed().as_secs_f64() / copies as f64);
+            }
+        }
+        let flops = 2.0 * (size * size * ci * co) as f64;
+        println!(
+            "| {ci}→{co} at {size}×{size} | {} | {:.1} | {:.1} |",
+            ci * co * 4 / 1024,
+            flops / best[0] / 1e9,
+            flops / best[1] / 1e9
+        );
+    }
+    println!();
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -1033,6 +1091,9 @@ fn main() {
     }
     if what == "nhwc" || what == "all" {
         bench_nhwc(&o);
+    }
+    if what == "cold" || what == "all" {
+        bench_cold(&o);
     }
     if what == "chain" || what == "all" {
         bench_chain(&o);

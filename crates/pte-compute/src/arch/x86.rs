@@ -17,6 +17,24 @@ pub(crate) const AVX2_NR: usize = 16;
 pub(crate) const AVX512_MR: usize = 12;
 pub(crate) const AVX512_NR: usize = 32;
 
+/// Bytes ahead of the depth step being multiplied that the product kernels prefetch
+/// their packed weights from. Constant weights come from memory once per execution,
+/// and the first row tile to read a block of panels otherwise waits on each of its
+/// cache lines: cold 1×1 convolutions with 8 MB of weights over 49 pixels (resnext50's
+/// last stage) ran at 95 GFLOP/s, 108 with the prefetch (interleaved, 3 rounds).
+pub(crate) const PREFETCH_AHEAD: usize = 4096;
+
+/// Prefetches into L1 the `bytes` bytes [`PREFETCH_AHEAD`] bytes past `p`, a cache
+/// line at a time.
+#[inline(always)]
+pub(crate) fn prefetch_ahead(p: *const u8, bytes: usize) {
+    let ahead = p.wrapping_add(PREFETCH_AHEAD).cast::<i8>();
+    for line in (0..bytes).step_by(64) {
+        // SAFETY: a prefetch is a hint; it does not fault on any address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line)) };
+    }
+}
+
 /// Generates a kernel over `$v` vectors: `$name::<R>` plus a dispatcher on `rows`.
 macro_rules! kernel {
     ($feat:literal, $name:ident, $dispatch:ident, $v:ty, $mr:expr, $nr:expr, $lanes:expr,

@@ -816,7 +816,7 @@ impl ConvNhwc {
                     Gather::Pixel | Gather::Rows { .. } => STRIP_TILES * mr,
                     Gather::Taps => mr,
                 };
-                for (r, rows) in even_tiles(rows_here, strip) {
+                for (r, rows) in even_tiles(rows_here, strip, strip) {
                     for t0 in (0..taps).step_by(INDIRECT_TAPS) {
                         let seg = INDIRECT_TAPS.min(taps - t0);
                         let taps = (t0, seg, taps);

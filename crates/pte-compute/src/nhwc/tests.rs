@@ -219,6 +219,31 @@ fn convolutions_match_a_direct_loop() {
             4,
             false,
         ),
+        // Grouped layers large enough for two threads: 7 output rows (regnet's last
+        // stage, 16 channels per group), and 13 rows at stride 2 with 2 groups per
+        // vector, both shared by pixels as rows too few to share evenly.
+        (
+            [7, 7],
+            [3, 3],
+            [1, 1],
+            [1, 1],
+            [1, 1, 1, 1],
+            25,
+            16,
+            16,
+            false,
+        ),
+        (
+            [25, 13],
+            [3, 3],
+            [2, 2],
+            [1, 1],
+            [1, 1, 1, 1],
+            20,
+            8,
+            8,
+            false,
+        ),
         ([7, 9], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 37, 1, 1, true),
         ([8, 8], [3, 3], [2, 2], [1, 1], [0, 1, 1, 0], 20, 1, 1, true),
         ([6, 6], [5, 5], [1, 1], [2, 2], [4, 4, 4, 4], 5, 1, 1, true),
