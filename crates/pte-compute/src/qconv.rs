@@ -92,8 +92,9 @@ enum Gather {
     /// efficientnet_v2_s's dense 3×3 layers; the copy costs less.
     Table,
     /// As [`Gather::Table`], for `q` groups at a time in one interleaved panel (see
-    /// [`crate::arch`]'s `Q8Panels`): groups of fewer than 16 output channels fill a
-    /// whole vector. The copy interleaves each block's input quads alike.
+    /// [`crate::arch`]'s `Q8Panels`): groups of 2, 4 or 8 output channels fill a
+    /// whole vector, and groups of 16 (`q` = 1) take one call per tile for all of
+    /// them. The copy interleaves each block's input quads alike.
     Interleaved(usize),
 }
 
@@ -673,12 +674,14 @@ impl QConvNhwc {
         let (cout, cog) = (p.out_channels, p.channels_per_group().1);
         let rows_here = yc.len() / cout.max(1);
         let taps = p.kernel[0] * p.kernel[1];
-        // Groups per panel, its columns, and the bytes of a pixel it reads.
+        // Groups per interleaved panel (0: plain panels), its columns, and the bytes
+        // of a pixel it reads.
         let (q, nr) = match gather {
             Gather::Interleaved(q) => (q, Q8_LANES),
-            _ => (1, Q8_NR),
+            _ => (0, Q8_NR),
         };
-        let part = q * self.cig4;
+        let interleaved = q > 0;
+        let part = q.max(1) * self.cig4;
         let pixel = self.copied_pixel();
         let panel = taps * self.cig4 * nr;
         let block = (L2_PANEL_BYTES / panel.max(1)).max(1);
@@ -687,7 +690,7 @@ impl QConvNhwc {
         let image = hp * wp * pixel;
         for (g, packed) in panels.iter().enumerate() {
             // The set's output channels: a group's, or (interleaved) all.
-            let set_cols = if q > 1 { cout } else { cog };
+            let set_cols = if interleaved { cout } else { cog };
             let count = set_cols.div_ceil(nr);
             for q0 in (0..count).step_by(block) {
                 let n = block.min(count - q0);
@@ -701,7 +704,7 @@ impl QConvNhwc {
                 let j0 = g * cog + q0 * nr;
                 // Where the run's rows start in a pixel, and the bytes they read: the
                 // group's, or (interleaved) its panels' blocks.
-                let (start, kc) = if q > 1 {
+                let (start, kc) = if interleaved {
                     (q0 * part, n * part)
                 } else {
                     (g * part, part)
@@ -1232,6 +1235,30 @@ mod tests {
                 false,
             ),
             ([5, 6], [1, 1], [1, 1], [1, 1], [0; 4], 4, 8, 8, false),
+            // Groups of 16 outputs, one per panel (regnet_x's): whole quads per group,
+            // and 12 input channels per group at stride 2 with uneven padding.
+            (
+                [7, 7],
+                [3, 3],
+                [1, 1],
+                [1, 1],
+                [1, 1, 1, 1],
+                5,
+                16,
+                16,
+                false,
+            ),
+            (
+                [9, 8],
+                [3, 3],
+                [2, 2],
+                [1, 1],
+                [1, 0, 1, 1],
+                3,
+                12,
+                16,
+                false,
+            ),
             (
                 [12, 11],
                 [7, 7],
@@ -1363,12 +1390,13 @@ mod tests {
                 }
                 for kernel in Q8Kernel::available() {
                     let conv = QConvNhwc::for_kernel(p, dw, &w, &q, kernel).unwrap();
-                    // Groups of 2, 4 or 8 outputs share a vector on VNNI.
+                    // Groups of 2, 4 or 8 outputs share a vector on VNNI; groups of
+                    // 16 fill one each.
                     let interleaves = kernel == Q8Kernel::Vnni
                         && !dw
                         && wz == 0
                         && groups > 1
-                        && [2, 4, 8].contains(&cog)
+                        && [2, 4, 8, 16].contains(&cog)
                         && (p.kernel != [1, 1] || stride != [1, 1] || padding != [0; 4]);
                     assert_eq!(conv.algorithm() == "interleaved", interleaves, "{p:?}");
                     for threads in [1, 2, 3] {

@@ -33,9 +33,12 @@ pub(crate) const Q8_MR: usize = 12;
 
 /// Consecutive panels one call multiplies: `count` panels `stride` bytes apart, every
 /// one [`Q8_NR`] columns wide but the last, of which only `cols` are stored.
-/// `interleave` is 1, or the `q` groups (2, 4 or 8, VNNI only) of each interleaved
+/// `interleave` is 0, or the `q` groups (1, 2, 4 or 8, VNNI only) of each interleaved
 /// panel, [`Q8_LANES`] columns wide (see the module docs), their stored columns in
 /// channel order; panel `k` then reads the `k`-th of `count` equal parts of each row.
+/// One group per panel (16 output channels, regnet_x's) takes all of a tile's groups
+/// in one call, as interleaved groups do: a call per group and tile was a fifth of
+/// such a layer.
 #[derive(Clone, Copy)]
 pub(crate) struct Q8Panels<'a> {
     pub data: &'a [i8],
@@ -49,7 +52,7 @@ pub(crate) struct Q8Panels<'a> {
 pub(crate) const Q8_LANES: usize = 16;
 
 /// The groups per interleaved panel the VNNI kernel takes.
-pub(crate) const Q8_INTERLEAVES: [usize; 3] = [2, 4, 8];
+pub(crate) const Q8_INTERLEAVES: [usize; 4] = [1, 2, 4, 8];
 
 /// The requantization of a tile's columns (from its first): per-column bias and
 /// scale, output zero point, and the clamp bounds less the zero point.
@@ -162,7 +165,7 @@ pub(crate) fn q8_microkernel(
 ) -> Result {
     let (rows, taps, kc) = a.shape();
     let q = b.interleave;
-    let interleaved = q != 1;
+    let interleaved = q != 0;
     // Columns of a panel, and the depth groups of four it reads (of each group).
     let (nr, part) = if interleaved {
         (Q8_LANES, 4 * q * b.count)
@@ -387,8 +390,8 @@ mod x86 {
     /// `4 · kq` bytes for each of `taps` taps; panel `k < panels` of `b` holds `taps ·
     /// kq · NR · 4` bytes from `b + k · stride`; `c` the tile `(i, j) -> c[i · rs + j]`,
     /// `i < rows`, `j < (panels - 1) · NR + cols` (`1 <= cols <= NR`); the post's bias
-    /// and scale hold as many values. `q > 1` (2, 4 or 8): interleaved panels of `q`
-    /// groups, 16 columns and `taps · kq · 64` bytes each, panel `k` reading bytes
+    /// and scale hold as many values. `q > 0` (1, 2, 4 or 8): interleaved panels of
+    /// `q` groups, 16 columns and `taps · kq · 64` bytes each, panel `k` reading bytes
     /// `4 · q · kq · k..` of each row.
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn vnni<A: RowPtrs<u8>>(
@@ -411,6 +414,7 @@ mod x86 {
             };
         }
         match q {
+            0 => rows!(0: 1 2 3 4 5 6 7 8 9 10 11),
             1 => rows!(1: 1 2 3 4 5 6 7 8 9 10 11),
             2 => rows!(2: 1 2 3 4 5 6 7 8 9 10 11),
             4 => rows!(4: 1 2 3 4 5 6 7 8 9 10 11),
@@ -419,7 +423,7 @@ mod x86 {
     }
 
     /// The `R`-row tile across the panels (of `Q` interleaved groups each when `Q >
-    /// 1`).
+    /// 0`).
     ///
     /// # Safety
     /// As [`vnni`]'s, with `R` rows and `q = Q`.
@@ -434,7 +438,7 @@ mod x86 {
         post: RawQ8,
     ) {
         // Columns of a panel: two vectors, or one of interleaved groups.
-        let nr = if Q == 1 { Q8_NR } else { super::Q8_LANES };
+        let nr = if Q == 0 { Q8_NR } else { super::Q8_LANES };
         for k in 0..panels {
             let n = if k + 1 < panels { nr } else { cols };
             // SAFETY: k < panels: panel k, its part of the rows, its columns of the tile
@@ -446,13 +450,13 @@ mod x86 {
                     ..post
                 };
                 // Interleaved panels read their own blocks of each row.
-                let skip = if Q == 1 { 0 } else { 4 * Q * kq * k };
+                let skip = 4 * Q * kq * k;
                 let args = (taps, kq, a, b.add(k * stride), skip);
                 let ck = c.add(k * nr);
-                if Q > 1 || n <= 16 {
+                if Q > 0 || n <= 16 {
                     put::<R, 1, A, Q>(args, (ck, rs, n), post);
                 } else {
-                    put::<R, 2, A, 1>(args, (ck, rs, n - 16), post);
+                    put::<R, 2, A, 0>(args, (ck, rs, n - 16), post);
                 }
             }
         }
@@ -478,9 +482,9 @@ mod x86 {
     }
 
     /// One panel: the first `W` vectors of 16 columns of the `R`-row tile at `c`, of
-    /// which the last has `last` columns, reading each row from byte `skip`; `Q > 1`:
+    /// which the last has `last` columns, reading each row from byte `skip`; `Q > 0`:
     /// one interleaved panel of `Q` groups (`W` is 1), its sums put back in channel
-    /// order before the store.
+    /// order before the store when `Q > 1`.
     ///
     /// # Safety
     /// As [`tile`]'s for one panel at `b`; `c` holds `16 · (W - 1) + last` bytes per
@@ -500,14 +504,14 @@ mod x86 {
             }
         };
         // Bytes of a panel per depth group of four.
-        let step = if Q == 1 { Q8_NR * 4 } else { 64 };
+        let step = if Q == 0 { Q8_NR * 4 } else { 64 };
         // SAFETY: the first `16 · (W - 1) + last` columns of the post are readable;
         // masked lanes are not read.
         let bias: [__m512i; W] = std::array::from_fn(|v| unsafe {
             _mm512_maskz_loadu_epi32(mask(v), post.bias.add(16 * v))
         });
         // Interleaved: the bias in the accumulators' lane order, and the order back.
-        let (to_lanes, to_channels) = if Q == 1 {
+        let (to_lanes, to_channels) = if Q <= 1 {
             (_mm512_setzero_si512(), _mm512_setzero_si512())
         } else {
             // SAFETY: 16 indices read from local arrays.
@@ -522,7 +526,7 @@ mod x86 {
                 )
             }
         };
-        let bias = if Q == 1 {
+        let bias = if Q <= 1 {
             bias
         } else {
             bias.map(|b| _mm512_permutexvar_epi32(to_lanes, b))
@@ -540,7 +544,11 @@ mod x86 {
                     let bv: [__m512i; W] =
                         std::array::from_fn(|v| _mm512_loadu_si512(bp.add(64 * v).cast()));
                     for (row, &ap) in acc.iter_mut().zip(&rows) {
-                        let av = splat_quads::<Q>(ap.add(4 * Q * p));
+                        let av = if Q == 0 {
+                            splat_quads::<1>(ap.add(4 * p))
+                        } else {
+                            splat_quads::<Q>(ap.add(4 * Q * p))
+                        };
                         for (x, &y) in row.iter_mut().zip(&bv) {
                             *x = _mm512_dpbusd_epi32(*x, av, y);
                         }
@@ -556,7 +564,7 @@ mod x86 {
         });
         for (i, row) in acc.iter().enumerate() {
             for (v, (&x, &s)) in row.iter().zip(&scale).enumerate() {
-                let x = if Q == 1 {
+                let x = if Q <= 1 {
                     x
                 } else {
                     _mm512_permutexvar_epi32(to_channels, x)
