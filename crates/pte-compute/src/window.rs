@@ -9,9 +9,9 @@
 //! four output rows at a time, each with its own chain of multiply-adds; on AVX-512, at
 //! stride 1, its shifted runs are cut in registers from two loads per input row.
 
-use crate::arch::{self, madd, multiversion, Isa, Lanes};
+use crate::arch::{self, madd, multiversion, Isa};
 #[cfg(target_arch = "x86_64")]
-use crate::arch::{Avx2, Wide};
+use crate::arch::{Avx2, Lanes, Wide};
 use crate::elementwise::{self, Activation};
 
 /// Outputs computed at once in registers.
@@ -263,6 +263,8 @@ const ROWS: usize = 4;
 /// each tap, loaded once, serves them all: convnext's 7×7 layers went from 21 to 28
 /// GFLOP/s at 56×56, 14 to 21 at 14×14 (`bench depthwise`, one thread). What bounds it
 /// now is loads of runs that straddle two cache lines (aligned runs measured 42).
+// Only the AVX2 kernels run it (other targets take `weighted_plane_loop`).
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn weighted_plane<L: Lanes>(
@@ -348,6 +350,7 @@ fn weighted_plane_shifted(
 }
 
 /// A plane laid out by [`pad_and_offsets`], with the kernel's taps.
+#[cfg(target_arch = "x86_64")]
 struct Padded<'a> {
     rows: &'a [f32],
     row_len: usize,
@@ -356,6 +359,7 @@ struct Padded<'a> {
     taps: &'a [f32],
 }
 
+#[cfg(target_arch = "x86_64")]
 impl Padded<'_> {
     /// The padded input row that kernel row `ky` reads for output row `oy`; empty
     /// where that row is padding.
@@ -377,6 +381,7 @@ impl Padded<'_> {
 
 /// `R` output rows from `oy0` (`out`, `R × ow`), chunk by chunk: per kernel tap, one
 /// multiply-add into each row's accumulator, from that row's run of the tap's input row.
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn row_group<L: Lanes, const R: usize>(
     l: L,
