@@ -16,6 +16,9 @@ use pte_compute::{
     ThreadPool,
 };
 
+/// Temporaries for the layers' weights, lent again from one layer to the next.
+static STAGING: pte_compute::Staging = pte_compute::Staging::new();
+
 /// Set by `--cpu-time`: time by the process's CPU time instead of the wall clock. On a
 /// shared machine a one-thread run is then not charged for the time another process
 /// held its core (use it for one-thread rows only: two threads add up their CPU time).
@@ -855,6 +858,7 @@ fn bench_nhwc(o: &Opts) {
         let bias = values(co);
         let conv = ConvNhwc::new(
             &pools[0],
+            &STAGING,
             g,
             p,
             ConvWeights::oihw(&w),
@@ -903,7 +907,16 @@ fn bench_chain(o: &Opts) {
     let conv = |p: Conv2dParams, act: Activation| {
         let w = values(p.out_channels * p.in_channels / p.groups * p.kernel[0] * p.kernel[1]);
         let bias = values(p.out_channels);
-        ConvNhwc::new(&pools[0], g, p, ConvWeights::oihw(&w), Some(&bias), act).unwrap()
+        ConvNhwc::new(
+            &pools[0],
+            &STAGING,
+            g,
+            p,
+            ConvWeights::oihw(&w),
+            Some(&bias),
+            act,
+        )
+        .unwrap()
     };
     let (mut c, mut size) = (32, 112);
     for (t, out, n, s) in MOBILENET_V2_BLOCKS {
@@ -1006,7 +1019,16 @@ fn bench_cold(o: &Opts) {
         let convs: Vec<_> = (0..copies)
             .map(|_| {
                 let weights = ConvWeights::oihw(&w);
-                ConvNhwc::new(&pool, g, p, weights, Some(&bias), Activation::RELU).unwrap()
+                ConvNhwc::new(
+                    &pool,
+                    &STAGING,
+                    g,
+                    p,
+                    weights,
+                    Some(&bias),
+                    Activation::RELU,
+                )
+                .unwrap()
             })
             .collect();
         let (xl, yl) = convs[0].io_len(1).unwrap();
@@ -1267,6 +1289,7 @@ fn main() {
                     let w = values(co * ci / g * k * k);
                     pte_compute::nhwc::ConvNhwc::new(
                         &pool,
+                        &STAGING,
                         gemm,
                         p,
                         pte_compute::nhwc::ConvWeights::oihw(&w),

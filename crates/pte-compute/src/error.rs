@@ -78,3 +78,12 @@ pub(crate) fn need(what: &'static str, len: usize, needed: usize) -> Result {
         Ok(())
     }
 }
+
+/// `len` f32 values lent by `staging`, or [`Error::OutOfMemory`] naming `what`.
+pub(crate) fn staged<'a>(
+    staging: &'a pte_alloc::Staging,
+    len: usize,
+    what: &'static str,
+) -> Result<pte_alloc::Staged<'a, f32>> {
+    staging.take(len).ok_or(Error::OutOfMemory { what, len })
+}

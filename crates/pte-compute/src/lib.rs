@@ -159,3 +159,4 @@ pub use error::{Error, Result};
 pub use gemm::{BatchMut, BatchRef, Bias, Epilogue, Gemm, Lhs, PackedA, PackedB, Rhs};
 pub use mat::{MatMut, MatRef};
 pub use pool::ThreadPool;
+pub use pte_alloc::{Staged, Staging};

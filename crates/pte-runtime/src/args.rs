@@ -132,7 +132,11 @@ pub struct Args<'a> {
     pub(crate) values: &'a mut [Slot],
     pub(crate) memory: &'a mut Memory,
     pub(crate) pool: &'a pte_compute::ThreadPool,
+    pub(crate) staging: &'a pte_compute::Staging,
 }
+
+/// What executions lend from (see [`Args::staging`]): nothing is kept.
+pub(crate) static PASSING: pte_compute::Staging = pte_compute::Staging::passing();
 
 impl<'a> Args<'a> {
     /// The operator (or delegate) name, for messages.
@@ -173,6 +177,13 @@ impl<'a> Args<'a> {
     /// load, its thread count sizes per-thread working memory.
     pub fn pool(&self) -> &'a pte_compute::ThreadPool {
         self.pool
+    }
+
+    /// Temporaries for preparing a kernel (weights rearranged before they are packed):
+    /// while a method loads, each buffer given back is lent to the next kernel, so the
+    /// load faults its temporaries in once; during an execution nothing is kept.
+    pub fn staging(&self) -> &'a pte_compute::Staging {
+        self.staging
     }
 
     /// The method's memory budget: state a kernel prepares (packed weights) is charged

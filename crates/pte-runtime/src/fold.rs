@@ -272,6 +272,7 @@ pub(crate) fn fold_constants(
             values,
             memory,
             pool,
+            staging: &crate::args::PASSING,
         };
         let ran = k.prepare(&a).and_then(|mut p| p.run(&mut a)).is_ok();
         // Each output now holds a constant: its own buffer, or (a kernel that made its

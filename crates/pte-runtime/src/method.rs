@@ -577,6 +577,7 @@ impl Method {
         let unused: Vec<bool> = chains_calls_unused(&chains, kernel_calls.len());
 
         // The other kernels, prepared once per call site.
+        let staging = pte_compute::Staging::new();
         let mut prepared = Vec::with_capacity(kernel_calls.len());
         for (k, (op, args)) in kernel_calls.iter().enumerate() {
             if unused.get(k) != Some(&false) {
@@ -599,6 +600,7 @@ impl Method {
                 values: &mut values,
                 memory: &mut memory,
                 pool: &compute_pool,
+                staging: &staging,
             };
             prepared.push(Some(kernel.prepare(&a).map_err(|source| {
                 RuntimeError::Kernel {
@@ -610,6 +612,7 @@ impl Method {
             })?));
         }
 
+        drop(staging);
         crate::fold::release_consumed(&chains, &call_args, &mut values, &prepared, &mut memory);
 
         let largest_dim = values
@@ -932,6 +935,7 @@ impl Method {
                             values,
                             memory,
                             pool: compute_pool,
+                            staging: &crate::args::PASSING,
                         };
                         let result =
                             match kernels.get_mut(*kernel as usize).and_then(Option::as_mut) {
@@ -956,6 +960,7 @@ impl Method {
                             values,
                             memory,
                             pool: compute_pool,
+                            staging: &crate::args::PASSING,
                         };
                         handle
                             .run(&mut a)

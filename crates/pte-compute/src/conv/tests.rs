@@ -6,6 +6,8 @@
 use super::*;
 use crate::gemm::tests::values;
 
+static STAGING: crate::Staging = crate::Staging::new();
+
 fn reference(
     p: &Conv2dParams,
     x: &[f32],
@@ -278,6 +280,7 @@ fn nhwc_convolutions_match_the_reference() {
             let act = [Activation::Identity, Activation::RELU6, Activation::Silu][i % 3];
             let conv = crate::nhwc::ConvNhwc::new(
                 &pools[i % 2],
+                &STAGING,
                 gemm,
                 *p,
                 crate::nhwc::ConvWeights::oihw(&w),

@@ -104,15 +104,9 @@ impl Panels {
     /// writes fresh memory, and the page faults of a large weight scale with threads.
     fn new(isa: Isa, src: &MatRef<'_>, w: usize, pool: Option<&ThreadPool>) -> Result<Self> {
         let (lines, depth) = (src.rows(), src.cols());
-        let len = pack::packed_len(lines, depth, w).ok_or(Error::SizeOverflow {
-            what: "packed operand",
-        })?;
-        let mut buf = pte_alloc::Zeroed::try_shared(len).ok_or(Error::OutOfMemory {
-            what: "packed operand",
-            len,
-        })?;
-        let panel = depth * w;
-        if let Some(dst) = Some(&mut buf[..]).filter(|_| panel > 0) {
+        let mut packed = Self::zeroed(isa, lines, depth, w)?;
+        let (len, panel) = (packed.buf.len(), depth * w);
+        if let Some(dst) = Some(&mut packed.buf[..]).filter(|_| panel > 0) {
             let pack_panels = |first: usize, dst: &mut [f32]| {
                 let l0 = first * w;
                 let count = (dst.len() / panel * w).min(lines.saturating_sub(l0));
@@ -133,6 +127,18 @@ impl Panels {
                 None => pack_panels(0, dst),
             }
         }
+        Ok(packed)
+    }
+
+    /// Zeroed panels of `w` lines for `lines × depth`, for a caller that writes them.
+    fn zeroed(isa: Isa, lines: usize, depth: usize, w: usize) -> Result<Self> {
+        let len = pack::packed_len(lines, depth, w).ok_or(Error::SizeOverflow {
+            what: "packed operand",
+        })?;
+        let buf = pte_alloc::Zeroed::try_shared(len).ok_or(Error::OutOfMemory {
+            what: "packed operand",
+            len,
+        })?;
         Ok(Self {
             isa,
             lines,
@@ -236,6 +242,13 @@ impl PackedB {
     /// per-channel factor into weights already packed.
     pub fn scale_columns(&mut self, scale: &[f64]) -> Result {
         self.0.scale_lines(scale)
+    }
+    /// The panels, for a caller that fills them itself: one run of `k × w` values per
+    /// `w` columns, in which B's element (r, c) sits at `r * w + c % w` of run `c / w`
+    /// (columns past n stay zero); and `w`.
+    pub(crate) fn panels_mut(&mut self) -> (std::slice::ChunksExactMut<'_, f32>, usize) {
+        let (depth, w) = (self.0.depth, self.0.w);
+        (self.0.buf.chunks_exact_mut((depth * w).max(1)), w)
     }
     /// Rows (k).
     pub fn rows(&self) -> usize {
@@ -376,6 +389,12 @@ impl Gemm {
     /// [`Self::pack_b`] on the threads of `pool`.
     pub fn pack_b_on(&self, pool: &ThreadPool, b: MatRef<'_>) -> Result<PackedB> {
         Panels::new(self.isa, &b.t(), self.nr, Some(pool)).map(PackedB)
+    }
+
+    /// A zeroed `k × n` right operand in this product's panels, for a caller that
+    /// computes the values into place (see [`PackedB::panels_mut`]).
+    pub(crate) fn zeroed_b(&self, k: usize, n: usize) -> Result<PackedB> {
+        Panels::zeroed(self.isa, n, k, self.nr).map(PackedB)
     }
 
     /// Scratch (in f32 elements) that [`Gemm::run`] needs for an `m × n × k` product on

@@ -14,6 +14,7 @@ use crate::layout::interleave_lines;
 use crate::mat::{MatMut, MatRef, MAX_PARTS};
 use crate::pool::FirstError;
 use crate::pool::ThreadPool;
+use pte_alloc::Staging;
 
 mod grouped;
 mod winograd;
@@ -78,9 +79,11 @@ impl std::fmt::Debug for ConvNhwc {
 impl ConvNhwc {
     /// Prepares a convolution of geometry `p` with `weights`, an optional bias per
     /// output channel, and an activation applied after the bias (and residual); large
-    /// weights are packed on the threads of `pool`.
+    /// weights are packed on the threads of `pool`, rearranged first in temporaries
+    /// from `staging`.
     pub fn new(
         pool: &ThreadPool,
+        staging: &Staging,
         gemm: Gemm,
         p: Conv2dParams,
         weights: ConvWeights<'_>,
@@ -107,7 +110,6 @@ impl ConvNhwc {
             Algo::Grouped(Grouped::new(gemm.isa(), &p, &weights)?)
         } else {
             let mut packed = Vec::with_capacity(p.groups);
-            let mut reordered = Vec::new();
             for g in 0..p.groups {
                 // B is K × cog, K ordered (tap, input channel): packed from the stored
                 // weights when each output channel's are one such run, else from a
@@ -123,12 +125,12 @@ impl ConvNhwc {
                     (None, WeightLayout::Oihw) => {
                         // Each output channel's [cig][taps] to [taps][cig]: runs again.
                         let stored = weights.data().get(group).unwrap_or_default();
-                        reordered.resize(cog * k, 0.0);
+                        let mut reordered = error::staged(staging, cog * k, "reordered weights")?;
                         crate::layout::transpose(pool, stored, cog, cig, taps, &mut reordered)?;
                         gemm.pack_b_on(pool, MatRef::row_major(&reordered, cog, k)?.t())?
                     }
                     (None, _) => {
-                        reordered.resize(k * cog, 0.0);
+                        let mut reordered = error::staged(staging, k * cog, "reordered weights")?;
                         for (d, row) in reordered.chunks_exact_mut(cog.max(1)).enumerate() {
                             let (t, i) = (d / cig, d % cig);
                             for (co, v) in row.iter_mut().enumerate() {

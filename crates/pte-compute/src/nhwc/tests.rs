@@ -3,6 +3,9 @@ use crate::gemm::Gemm;
 use crate::pool::ThreadPool;
 use crate::Isa;
 
+/// Shared by every test: layers are built with temporaries other layers left behind.
+static STAGING: crate::Staging = crate::Staging::new();
+
 fn data(n: usize, seed: u32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
     (0..n)
@@ -402,7 +405,8 @@ fn convolutions_match_a_direct_loop() {
                         ConvWeights::ohwi(&w)
                     };
                     let p = g.conv2d(groups * cig, groups * cog, groups);
-                    let conv = ConvNhwc::new(&pool, gemm, p, weights, Some(&b), act).unwrap();
+                    let conv =
+                        ConvNhwc::new(&pool, &STAGING, gemm, p, weights, Some(&b), act).unwrap();
                     let [oh, ow] = conv.output_size();
                     let y_len = batch * oh * ow * groups * cog;
                     // Without and with a residual (the clamp fused in the stores, or
@@ -651,7 +655,8 @@ fn few_output_channels_per_group_take_the_interleaved_kernel() {
             let w = data(groups * cog * 9 * cig, 2);
             let p = g.conv2d(groups * cig, groups * cog, groups);
             let act = crate::Activation::Identity;
-            let conv = ConvNhwc::new(&pool, gemm, p, ConvWeights::ohwi(&w), None, act).unwrap();
+            let conv =
+                ConvNhwc::new(&pool, &STAGING, gemm, p, ConvWeights::ohwi(&w), None, act).unwrap();
             // A vector of outputs holds whole groups.
             let lanes = match isa {
                 Isa::Avx512 => 16,
@@ -727,8 +732,16 @@ fn winograd_matches_a_direct_loop() {
                 (crate::Activation::Silu, true),
             ] {
                 let p = g.conv2d(cin, cout, 1);
-                let conv = ConvNhwc::new(&pools[1], gemm, p, ConvWeights::ohwi(&w), Some(&b), act)
-                    .unwrap();
+                let conv = ConvNhwc::new(
+                    &pools[1],
+                    &STAGING,
+                    gemm,
+                    p,
+                    ConvWeights::ohwi(&w),
+                    Some(&b),
+                    act,
+                )
+                .unwrap();
                 assert_eq!(conv.algorithm(), algorithm, "{g:?} {cin}->{cout}");
                 for pool in &pools {
                     let mut y = vec![f32::NAN; batch * oh * ow * cout];
@@ -811,8 +824,16 @@ fn scaled_weights_equal_weights_scaled_beforehand() {
         let x = data(input[0] * input[1] * groups * cig, 99);
         let bias = data(cout, 98);
         let run = |w: ConvWeights<'_>| {
-            let conv =
-                ConvNhwc::new(&pool, gemm, p, w, Some(&bias), crate::Activation::Identity).unwrap();
+            let conv = ConvNhwc::new(
+                &pool,
+                &STAGING,
+                gemm,
+                p,
+                w,
+                Some(&bias),
+                crate::Activation::Identity,
+            )
+            .unwrap();
             let (_, y_len) = conv.io_len(1).unwrap();
             let mut y = vec![f32::NAN; y_len];
             let mut scratch = vec![0.0; conv.scratch_len(1).unwrap()];
@@ -833,6 +854,7 @@ fn scaled_weights_equal_weights_scaled_beforehand() {
         // One factor too few is refused.
         assert!(ConvNhwc::new(
             &pool,
+            &STAGING,
             gemm,
             p,
             weights(&w).scaled(&scale[1..]),
@@ -876,6 +898,7 @@ fn nchw_inputs_match_their_channels_last_copy() {
         for pool in &pools {
             let conv = ConvNhwc::new(
                 pool,
+                &STAGING,
                 gemm,
                 p,
                 ConvWeights::oihw(&w),
@@ -954,7 +977,16 @@ fn depthwise_chains_match_their_layers_run_in_turn() {
                 let w = data(ci * co, seed);
                 let b = data(co, seed + 1);
                 let p = g.conv2d(ci, co, 1);
-                ConvNhwc::new(&pools[0], gemm, p, ConvWeights::ohwi(&w), Some(&b), act).unwrap()
+                ConvNhwc::new(
+                    &pools[0],
+                    &STAGING,
+                    gemm,
+                    p,
+                    ConvWeights::ohwi(&w),
+                    Some(&b),
+                    act,
+                )
+                .unwrap()
             };
             let first = if expand { cin } else { mid };
             let e = pointwise(first, mid, input, act, seed);
@@ -967,8 +999,16 @@ fn depthwise_chains_match_their_layers_run_in_turn() {
             };
             let (w, b) = (data(k * k * mid, seed + 2), data(mid, seed + 3));
             let p = g.conv2d(mid, mid, mid);
-            let d =
-                ConvNhwc::new(&pools[0], gemm, p, ConvWeights::hwo(&w), Some(&b), silu).unwrap();
+            let d = ConvNhwc::new(
+                &pools[0],
+                &STAGING,
+                gemm,
+                p,
+                ConvWeights::hwo(&w),
+                Some(&b),
+                silu,
+            )
+            .unwrap();
             let q = pointwise(
                 mid,
                 cout,
@@ -1031,6 +1071,7 @@ fn depthwise_chains_match_their_layers_run_in_turn() {
     let w = data(9 * 8, 1);
     let d = ConvNhwc::new(
         &pool,
+        &STAGING,
         Gemm::new(),
         g.conv2d(8, 8, 8),
         ConvWeights::hwo(&w),

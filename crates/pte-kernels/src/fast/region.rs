@@ -788,6 +788,7 @@ fn build_layer(args: &Args<'_>, layout: &Layout, held: &mut Charge) -> KernelRes
     )?;
     let conv = ConvNhwc::new(
         args.pool(),
+        args.staging(),
         Gemm::new(),
         spec.p,
         spec.weights(),

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use pte_compute::nhwc::{ConvNhwc, ConvWeights, DeconvNhwc, DepthwiseChain, Geometry};
 use pte_compute::qconv::{QConvNhwc, QuantParams};
-use pte_compute::{Activation, Gemm, ThreadPool};
+use pte_compute::{Activation, Gemm, Staging, ThreadPool};
 use pte_runtime::Charge;
 
 use super::linear::{charge, quant_bias, requant_scales};
@@ -168,8 +168,10 @@ impl FloatConv {
             Kind::Depthwise => ConvWeights::hwo(&weights),
             Kind::Regular => ConvWeights::ohwi(&weights),
         };
+        // OHWI weights are packed as they are stored, with no temporary to lend.
         ConvNhwc::new(
             &self.pool,
+            &Staging::passing(),
             Gemm::new(),
             geo.conv2d(groups * cig, groups * cog, groups),
             weights,

@@ -116,8 +116,8 @@ pub(super) struct Winograd {
 
 impl Winograd {
     /// Transforms `weight(o, tap, i)` (output channel, tap of the 3×3 window in
-    /// row-major order, input channel) for `variant`, in f64, and packs them, both on
-    /// the threads of `pool`.
+    /// row-major order, input channel) for `variant`, in f64, straight into the
+    /// product's panels, on the threads of `pool`.
     pub(super) fn new(
         gemm: &Gemm,
         pool: &ThreadPool,
@@ -137,25 +137,35 @@ impl Winograd {
             cout,
             "winograd weights",
         )?;
-        // [input channel][position][output channel]: an input channel's 36 (or 16)
-        // rows are one contiguous run, and threads take blocks of IB input channels.
-        // OB output channels at a time so that the f64 arithmetic runs on vectors and
-        // each store is a contiguous run; IB input channels per pass over the output
-        // channels, so that the weights of a block are read a cache line at a time
-        // (one input channel per pass read each weight from a different line: 27 ms of
-        // resnet18's load).
+        // One packed `cin × cout` operand per position, computed into place: no
+        // intermediate copy of the transformed weights (resnet18's 31 MB of them, and a
+        // pass to pack them, were a fifth of its load). A task takes one panel of `nr`
+        // output channels, in every position's operand; in it, OB output channels at a
+        // time so that the f64 arithmetic runs on vectors and each store is a
+        // contiguous run, the input channels in order, so that each output channel's
+        // weights are read in memory order (OIHW).
         const OB: usize = 8;
-        const IB: usize = 16;
-        let mut u = pte_alloc::Zeroed::<f32>::try_new(len).ok_or(Error::OutOfMemory {
-            what: "winograd weights",
-            len,
-        })?;
-        let row = positions * cout;
-        pool.parallel_chunks(&mut u, IB * row, &mut [0u8; 0], 0, |block, u, _| {
-            let i0 = block * IB;
-            for o0 in (0..cout).step_by(OB) {
-                for (i, u) in (i0..cin).zip(u.chunks_exact_mut(row)) {
-                    let n = OB.min(cout - o0);
+        let mut weights = (0..positions)
+            .map(|_| gemm.zeroed_b(cin, cout))
+            .collect::<Result<Vec<_>>>()?;
+        let mut nr = 0;
+        let mut tasks: Vec<Vec<&mut [f32]>> = Vec::new();
+        for b in &mut weights {
+            let (runs, w) = b.panels_mut();
+            nr = w;
+            tasks.resize_with(runs.len(), Vec::new);
+            for (task, run) in tasks.iter_mut().zip(runs) {
+                task.push(run);
+            }
+        }
+        pool.parallel_chunks(&mut tasks, 1, &mut [0u8; 0], 0, |q, task, _| {
+            let Some(runs) = task.first_mut() else {
+                return;
+            };
+            let panel = q * nr..((q + 1) * nr).min(cout);
+            for i in 0..cin {
+                for o0 in panel.clone().step_by(OB) {
+                    let n = OB.min(panel.end - o0);
                     // w[r][c][lane]: tap (r, c) of output channel o0 + lane.
                     let mut w = [[[0.0f64; OB]; 3]; 3];
                     for (r, wr) in w.iter_mut().enumerate() {
@@ -165,6 +175,7 @@ impl Winograd {
                             }
                         }
                     }
+                    let at = i * nr + (o0 - panel.start);
                     // Row a of G w, then its product with row b of G.
                     for (a, ga) in g.iter().enumerate() {
                         let mut rw = [[0.0f64; OB]; 3];
@@ -178,8 +189,10 @@ impl Winograd {
                             for (x, k) in rw.iter().zip(gb) {
                                 v.iter_mut().zip(x).for_each(|(v, x)| *v += x * k);
                             }
-                            let at = (a * alpha + b) * cout + o0;
-                            if let Some(dst) = u.get_mut(at..at + n) {
+                            let run = runs
+                                .get_mut(a * alpha + b)
+                                .and_then(|r| r.get_mut(at..at + n));
+                            if let Some(dst) = run {
                                 dst.iter_mut().zip(&v).for_each(|(d, v)| *d = *v as f32);
                             }
                         }
@@ -187,12 +200,6 @@ impl Winograd {
                 }
             }
         })?;
-        let weights = (0..positions)
-            .map(|p| {
-                let m = MatRef::new(u.get(p * cout..).unwrap_or_default(), cin, cout, row, 1)?;
-                gemm.pack_b_on(pool, m)
-            })
-            .collect::<Result<Vec<_>>>()?;
         // Blocks sized for L2, unless the weights outweigh an image's transformed
         // inputs and products: then the whole image is one block, so that each
         // transformed weight is streamed once per image rather than once per block
