@@ -373,16 +373,13 @@ impl ConvNhwc {
                             }
                         }
                     })?;
-                    if let Some(r) = residual.and_then(|r| r.get(n * yi..(n + 1) * yi)) {
-                        y.copy_from_slice(r);
-                    }
                     let gather = Gather::Rows { width: wp };
                     self.run_indirect(
                         pool,
                         std::slice::from_ref(weights),
                         padded,
                         1,
-                        residual.is_some(),
+                        residual.map(|r| r.get(n * yi..(n + 1) * yi).unwrap_or_default()),
                         y,
                         gather,
                     )?;
@@ -406,9 +403,6 @@ impl ConvNhwc {
                 g.run(pool, self.isa(), p, io, &self.bias, epilogue)
             }
             Algo::Gemm { weights, pointwise } => {
-                if let Some(r) = residual {
-                    output.copy_from_slice(r);
-                }
                 let gather = if *pointwise {
                     Gather::Pixel
                 } else {
@@ -419,7 +413,7 @@ impl ConvNhwc {
                     weights,
                     input,
                     batch,
-                    residual.is_some(),
+                    residual,
                     output,
                     gather,
                 )
@@ -605,6 +599,9 @@ impl ConvNhwc {
     /// [`Gather::Rows`]), the weights' panels streamed from cache in blocks that stay
     /// in L2 while the row tiles pass. Threads split the output's rows, or its
     /// channels when the weights are the larger operand ([`Self::splits_channels`]).
+    /// With a `residual` (as long as `y`), each task first copies its part of it into
+    /// its part of `y`, and its products add to it: the copy runs on every thread, and
+    /// leaves what the products read in cache.
     #[allow(clippy::too_many_arguments)] // one product's operands and how to read them
     fn run_indirect(
         &self,
@@ -612,10 +609,11 @@ impl ConvNhwc {
         weights: &[PackedB],
         x: &[f32],
         batch: usize,
-        accumulate: bool,
+        residual: Option<&[f32]>,
         y: &mut [f32],
         gather: Gather,
     ) -> Result {
+        let accumulate = residual.is_some();
         let p = &self.p;
         let (mr, nr) = self.gemm.isa().gemm_tile();
         let cig = p.channels_per_group().0;
@@ -635,7 +633,16 @@ impl ConvNhwc {
             let parts = MatMut::row_major(y, m, cout)?.into_parts(true, per_task * nr);
             pool.parallel_for(tasks, |t, _| {
                 let cols = t * per_task..((t + 1) * per_task).min(panels);
-                if let Some(c) = parts.take(t) {
+                if let Some(mut c) = parts.take(t) {
+                    if let Some(r) = residual {
+                        let (j0, width) = (t * per_task * nr, c.cols());
+                        for i in 0..m {
+                            let src = r.get(i * cout + j0..i * cout + j0 + width);
+                            if let (Some(dst), Some(src)) = (c.row_run(i, 0, width), src) {
+                                dst.copy_from_slice(src);
+                            }
+                        }
+                    }
                     let run = (x, 0, accumulate, epilogue, block, gather);
                     failed.keep(self.indirect_rows(weights, run, c, cols));
                 }
@@ -653,6 +660,10 @@ impl ConvNhwc {
         let rows_per_task = tiles.div_ceil(tasks) * mr;
         let panels = 0..p.channels_per_group().1.div_ceil(nr);
         pool.parallel_chunks(y, rows_per_task * cout, &mut [0u8; 0], 0, |task, yc, _| {
+            let at = task * rows_per_task * cout;
+            if let Some(r) = residual.and_then(|r| r.get(at..at + yc.len())) {
+                yc.copy_from_slice(r);
+            }
             let rows = yc.len() / cout.max(1);
             let c = MatMut::row_major(yc, rows, cout);
             let run = (x, task * rows_per_task, accumulate, epilogue, block, gather);
