@@ -403,20 +403,30 @@ impl ConvNhwc {
                 g.run(pool, self.isa(), p, io, &self.bias, epilogue)
             }
             Algo::Gemm { weights, pointwise } => {
+                // Without padding and with each kernel row one run of input (a strided
+                // 1×1 projection, say), a tile's pixels in an output row are a fixed
+                // distance apart in the input itself: they are read in place, one
+                // image at a time, as from a padded copy, rather than listed tile by
+                // tile (regnet's 32-channel 1×1 stride-2 layer: 69 → 100 GFLOP/s).
+                if !*pointwise && p.groups == 1 && p.padding == [0; 4] && p.dilation[1] == 1 {
+                    let (xi, yi) = self.io_len(1)?;
+                    let gather = Gather::Rows { width: p.input[1] };
+                    for (n, (x, y)) in input
+                        .chunks_exact(xi.max(1))
+                        .zip(output.chunks_exact_mut(yi.max(1)))
+                        .enumerate()
+                    {
+                        let r = residual.map(|r| r.get(n * yi..(n + 1) * yi).unwrap_or_default());
+                        self.run_indirect(pool, weights, x, 1, r, y, gather)?;
+                    }
+                    return Ok(());
+                }
                 let gather = if *pointwise {
                     Gather::Pixel
                 } else {
                     Gather::Taps
                 };
-                self.run_indirect(
-                    pool,
-                    weights,
-                    input,
-                    batch,
-                    residual,
-                    output,
-                    gather,
-                )
+                self.run_indirect(pool, weights, input, batch, residual, output, gather)
             }
         }
     }

@@ -375,6 +375,14 @@ fn convolutions_match_a_direct_loop() {
             false,
         ),
         ([3, 3], [1, 1], [1, 1], [1, 1], [0; 4], 1, 600, 300, false),
+        // No padding, each kernel row one run of the input: read in place, row by row
+        // of the output (strided 1×1 projections, valid convolutions); with weights
+        // larger than L2, split by channels; a dilated row is not one run.
+        ([9, 11], [1, 1], [2, 2], [1, 1], [0; 4], 1, 24, 40, false),
+        ([9, 10], [3, 3], [2, 2], [1, 1], [0; 4], 1, 20, 36, false),
+        ([12, 9], [3, 3], [1, 2], [2, 1], [0; 4], 1, 17, 16, false),
+        ([10, 12], [3, 3], [1, 1], [1, 2], [0; 4], 1, 16, 16, false),
+        ([5, 5], [1, 1], [2, 2], [1, 1], [0; 4], 1, 600, 300, false),
     ];
     for isa in Isa::available() {
         let gemm = Gemm::with_isa(isa).unwrap();
