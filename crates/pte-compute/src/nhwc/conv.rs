@@ -407,7 +407,7 @@ impl ConvNhwc {
                 // 1×1 projection, say), a tile's pixels in an output row are a fixed
                 // distance apart in the input itself: they are read in place, one
                 // image at a time, as from a padded copy, rather than listed tile by
-                // tile (regnet's 32-channel 1×1 stride-2 layer: 69 → 100 GFLOP/s).
+                // tile (regnet's 32-channel 1×1 stride-2 layer: 69 → 93 GFLOP/s).
                 if !*pointwise && p.groups == 1 && p.padding == [0; 4] && p.dilation[1] == 1 {
                     let (xi, yi) = self.io_len(1)?;
                     let gather = Gather::Rows { width: p.input[1] };
