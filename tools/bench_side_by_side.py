@@ -16,8 +16,11 @@ XNNPACK-lowered `.pte` and on the plain one; ONNX Runtime on the same model expo
 ONNX (written next to the plain program on first use, from the same seeded weights). A
 process reports its load time, first execution and the median of `--iterations` timed
 executions after warm-up. The table shows medians over rounds, pte's ratio to the
-faster of upstream-XNNPACK and ONNX Runtime (below 1: pte is faster), and time to first
-output (load + first execution). Needs the reference environment plus onnx, onnxscript
+faster of upstream-XNNPACK and ONNX Runtime (below 1: pte is faster), the same ratio
+paired (each round's, then their median: a round's runtimes run back to back, so they
+share the machine's state, where a shared two-vCPU virtual machine sometimes runs two
+threads near one thread's speed for a while), and time to first output (load + first
+execution). Needs the reference environment plus onnx, onnxscript
 and onnxruntime from PyPI.
 
 `pte bench` maps every program with `--mmap`, as upstream's `MmapDataLoader` maps it.
@@ -278,6 +281,14 @@ def main() -> int:
         ms = results.get((n, t, rt))
         return statistics.median(x[key] for x in ms) if ms else float("nan")
 
+    def paired(n, t, rt, peers):
+        # Round i of every runtime is entry i of its list (upstream's portable program,
+        # timed in round 0 only, is never a peer).
+        runs = [results.get((n, t, r), []) for r in (rt, *peers)]
+        ratios = [runs[0][i]["median_ms"] / min(r[i]["median_ms"] for r in runs[1:])
+                  for i in range(min(map(len, runs)))]
+        return statistics.median(ratios) if ratios else float("nan")
+
     def first_output(n, t, rt):
         ms = results.get((n, t, rt))
         return statistics.median(x["load_ms"] + x["first_ms"] for x in ms) if ms else float("nan")
@@ -287,28 +298,30 @@ def main() -> int:
         print(f"the XNNPACK-lowered file in both; medians of {args.rounds} rounds x {args.iterations} "
               f"executions, ms; ratio = pte / upstream, below 1: pte is faster; first output = "
               f"load + first execution; max |diff| = pte against upstream's recorded outputs\n")
-        print("| model | threads | pte | upstream XNNPACK | ratio | first output: pte | upstream "
-              "| ratio | max abs diff |")
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("| model | threads | pte | upstream XNNPACK | ratio | paired | first output: pte "
+              "| upstream | ratio | max abs diff |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for n in names:
             for t in threads_list:
                 ours, xnn = med(n, t, "pte_xnnpack"), med(n, t, "et_xnnpack")
                 f_ours, f_xnn = first_output(n, t, "pte_xnnpack"), first_output(n, t, "et_xnnpack")
-                print(f"| {n} | {t} | {ours:.2f} | {xnn:.2f} | {ours / xnn:.2f} | {f_ours:.1f} "
-                      f"| {f_xnn:.1f} | {f_ours / f_xnn:.2f} | {diffs[n]:.2e} |")
+                pair = paired(n, t, "pte_xnnpack", ["et_xnnpack"])
+                print(f"| {n} | {t} | {ours:.2f} | {xnn:.2f} | {ours / xnn:.2f} | {pair:.2f} "
+                      f"| {f_ours:.1f} | {f_xnn:.1f} | {f_ours / f_xnn:.2f} | {diffs[n]:.2e} |")
         write_json(args, results)
         return 0
     print(f"medians of {args.rounds} rounds x {args.iterations} executions, ms; "
           f"ratio = pte / min(upstream XNNPACK, ONNX Runtime), below 1: pte is faster\n")
     header = ("| model | threads | pte | upstream XNNPACK | ONNX Runtime | upstream portable | ratio "
-              "| first output: pte | upstream XNNPACK | ORT |")
+              "| paired | first output: pte | upstream XNNPACK | ORT |")
     print(header)
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in names:
         for t in threads_list:
             ours, xnn, ort_ = med(n, t, "pte"), med(n, t, "et_xnnpack"), med(n, t, "ort")
+            pair = paired(n, t, "pte", ["et_xnnpack", "ort"])
             print(f"| {n} | {t} | {ours:.2f} | {xnn:.2f} | {ort_:.2f} | {med(n, t, 'et_portable'):.0f} "
-                  f"| {ours / min(xnn, ort_):.2f} | {first_output(n, t, 'pte'):.1f} "
+                  f"| {ours / min(xnn, ort_):.2f} | {pair:.2f} | {first_output(n, t, 'pte'):.1f} "
                   f"| {first_output(n, t, 'et_xnnpack'):.1f} | {first_output(n, t, 'ort'):.1f} |")
     write_json(args, results)
     return 0
