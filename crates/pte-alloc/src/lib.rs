@@ -467,11 +467,7 @@ impl<T> Drop for Staged<'_, T> {
         if !self.home.keeps {
             return;
         }
-        let mut spare = self
-            .home
-            .spare
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut spare = self.home.lock();
         // Of two buffers out at once, the larger is kept.
         if spare.as_ref().is_none_or(|s| s.len() < self.buf.len()) {
             *spare = Some(std::mem::take(&mut self.buf));
