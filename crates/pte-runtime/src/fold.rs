@@ -334,7 +334,7 @@ pub(crate) fn release_consumed(
     let mut still_read = vec![false; values.len()];
     for instr in chains.iter().flatten() {
         // Value indices at the positions the call captured.
-        let captured: SmallVec<[u32; 4]> = match instr {
+        let mut captured: SmallVec<[u32; 4]> = match instr {
             Instr::Kernel { kernel, args, .. } => {
                 let positions = prepared
                     .get(*kernel as usize)
@@ -350,10 +350,18 @@ pub(crate) fn release_consumed(
             }
             _ => SmallVec::new(),
         };
-        let refs = referenced(instr, call_args, values);
-        for &v in &refs {
+        // Sorted, so that each value's references and captures are counted in one
+        // pass: a fused region refers to hundreds of values (counting each value's
+        // references anew took shufflenet's load 0.4 ms).
+        let mut refs = referenced(instr, call_args, values);
+        refs.sort_unstable();
+        captured.sort_unstable();
+        for run in refs.chunk_by(|a, b| a == b) {
+            let Some(&v) = run.first() else { continue };
+            let from = captured.partition_point(|&c| c < v);
+            let held = captured.get(from..).unwrap_or_default();
             // Captured everywhere this instruction refers to it, or still read.
-            if refs_count(&refs, v) != refs_count(&captured, v) {
+            if held.iter().take_while(|&&c| c == v).count() != run.len() {
                 if let Some(r) = still_read.get_mut(v as usize) {
                     *r = true;
                 }
@@ -368,8 +376,4 @@ pub(crate) fn release_consumed(
             }
         }
     }
-}
-
-fn refs_count(refs: &[u32], v: u32) -> usize {
-    refs.iter().filter(|&&r| r == v).count()
 }
