@@ -264,11 +264,12 @@ impl<'a> ConvWeights<'a> {
         cig: usize,
         cout: usize,
     ) -> f32 {
-        let v = self.raw(at, taps, cig, cout);
-        match self.scale.and_then(|s| s.get(at.0)) {
-            Some(&s) => (f64::from(v) * s) as f32,
-            None => v,
-        }
+        scaled(self.raw(at, taps, cig, cout), self.factor(at.0))
+    }
+
+    /// Output channel `o`'s factor, if the weights have one.
+    pub(crate) fn factor(&self, o: usize) -> Option<f64> {
+        self.scale.and_then(|s| s.get(o)).copied()
     }
 
     /// Output channels `o0..o0 + n`'s weights, each run of `k` contiguous in the
@@ -289,6 +290,12 @@ impl<'a> ConvWeights<'a> {
         let start = o0.checked_mul(k)?;
         contiguous.then(|| self.data.get(start..start.checked_add(n.checked_mul(k)?)?))?
     }
+}
+
+/// A weight times its output channel's factor (see [`ConvWeights::factor`]), rounded
+/// once.
+pub(crate) fn scaled(w: f32, factor: Option<f64>) -> f32 {
+    factor.map_or(w, |s| (f64::from(w) * s) as f32)
 }
 
 /// A bias of `channels` values (zeros when there is none), checked.

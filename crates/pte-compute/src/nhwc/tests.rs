@@ -794,6 +794,10 @@ fn scaled_weights_equal_weights_scaled_beforehand() {
         ([14, 13], [3, 3], 1, 1, 1, 16, 17, WeightLayout::Oihw), // Winograd
         ([10, 9], [3, 3], 1, 1, 24, 1, 1, WeightLayout::Oihw), // depthwise
         ([10, 9], [5, 5], 2, 2, 24, 1, 1, WeightLayout::Hwo),
+        // Grouped (where the instruction set has the kernel), a last block of
+        // interleaved groups short of one.
+        ([9, 8], [3, 3], 1, 1, 5, 8, 4, WeightLayout::Oihw),
+        ([7, 6], [3, 3], 2, 1, 3, 6, 4, WeightLayout::Ohwi),
     ];
     let gemm = Gemm::new();
     let pool = ThreadPool::new(1).unwrap();
@@ -873,6 +877,9 @@ fn scaled_weights_equal_weights_scaled_beforehand() {
     }
     for a in ["pointwise", "rows", "indirect", "winograd-2x2", "depthwise"] {
         assert!(algorithms.contains(&a), "{a} not covered: {algorithms:?}");
+    }
+    if !crate::arch::grouped_interleaves(crate::Isa::best()).is_empty() {
+        assert!(algorithms.contains(&"grouped"), "{algorithms:?}");
     }
 }
 
