@@ -996,16 +996,17 @@ fn bench_chain(o: &Opts) {
 fn bench_cold(o: &Opts) {
     use pte_compute::nhwc::{ConvNhwc, ConvWeights};
     println!(
-        "## 1×1 convolutions, weights in cache and from memory, 1 thread, GFLOP/s (best of {} rounds)\n",
+        "## 1×1 convolutions, everything in cache, weights from memory, activations from memory, 1 thread, GFLOP/s (best of {} rounds)\n",
         o.rounds
     );
-    println!("| layer | weights KiB | in cache | from memory |");
-    println!("|---|---:|---:|---:|");
+    println!("| layer | weights KiB | in cache | weights from memory | activations from memory |");
+    println!("|---|---:|---:|---:|---:|");
     let g = Gemm::with_isa(o.isa).unwrap();
     let pool = ThreadPool::new(1).unwrap();
     // (in, out, size): resnext50's and regnet_x_400mf's pointwise layers.
     for (ci, co, size) in [
         (256, 128, 56),
+        (128, 256, 56),
         (512, 256, 28),
         (1024, 512, 14),
         (2048, 1024, 7),
@@ -1032,26 +1033,32 @@ fn bench_cold(o: &Opts) {
             })
             .collect();
         let (xl, yl) = convs[0].io_len(1).unwrap();
-        let x = values(xl);
-        let mut y = vec![0.0; yl];
+        // Inputs and outputs cycled through 64 MB, for the activations from memory.
+        let sets = (64 << 20) / ((xl + yl) * 4) + 2;
+        let xs: Vec<Vec<f32>> = (0..sets).map(|_| values(xl)).collect();
+        let mut ys = vec![vec![0.0; yl]; sets];
         let mut scratch = vec![0.0; convs[0].scratch_len(1).unwrap()];
-        let mut best = [f64::MAX; 2];
+        let mut best = [f64::MAX; 3];
         for _ in 0..o.rounds {
-            for (b, layers) in best.iter_mut().zip([&convs[..1], &convs[..]]) {
+            for (k, b) in best.iter_mut().enumerate() {
+                let layers = if k == 1 { &convs[..] } else { &convs[..1] };
                 let t = Clock::start();
                 for i in 0..copies {
                     let conv = &layers[i % layers.len()];
-                    conv.run(&pool, &x, 1, None, &mut y, &mut scratch).unwrap();
+                    let io = if k == 2 { i % sets } else { 0 };
+                    conv.run(&pool, &xs[io], 1, None, &mut ys[io], &mut scratch)
+                        .unwrap();
                 }
                 *b = b.min(t.elapsed().as_secs_f64() / copies as f64);
             }
         }
         let flops = 2.0 * (size * size * ci * co) as f64;
         println!(
-            "| {ci}→{co} at {size}×{size} | {} | {:.1} | {:.1} |",
+            "| {ci}→{co} at {size}×{size} | {} | {:.1} | {:.1} | {:.1} |",
             ci * co * 4 / 1024,
             flops / best[0] / 1e9,
-            flops / best[1] / 1e9
+            flops / best[1] / 1e9,
+            flops / best[2] / 1e9
         );
     }
     println!();
