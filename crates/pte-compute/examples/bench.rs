@@ -1040,12 +1040,18 @@ fn bench_cold(o: &Opts) {
         let mut scratch = vec![0.0; convs[0].scratch_len(1).unwrap()];
         let mut best = [f64::MAX; 3];
         for _ in 0..o.rounds {
-            for (k, b) in best.iter_mut().enumerate() {
-                let layers = if k == 1 { &convs[..] } else { &convs[..1] };
+            // (weights from memory, activations from memory) per column.
+            let cold = [(false, false), (true, false), (false, true)];
+            for (b, (cold_weights, cold_activations)) in best.iter_mut().zip(cold) {
+                let layers = if cold_weights {
+                    &convs[..]
+                } else {
+                    &convs[..1]
+                };
                 let t = Clock::start();
                 for i in 0..copies {
                     let conv = &layers[i % layers.len()];
-                    let io = if k == 2 { i % sets } else { 0 };
+                    let io = if cold_activations { i % sets } else { 0 };
                     conv.run(&pool, &xs[io], 1, None, &mut ys[io], &mut scratch)
                         .unwrap();
                 }
