@@ -1540,6 +1540,11 @@ EXTRA_BENCH = [
     "regnet_x_400mf",
     "efficientnet_v2_s",
     "swin_t",
+    "vgg16",
+    "alexnet",
+    "wide_resnet50_2",
+    "inception_v3",
+    "maxvit_t",
 ]
 
 
@@ -1547,7 +1552,7 @@ def _torchvision(name: str):
     def build():
         import torchvision
 
-        kwargs = {"aux_logits": False, "init_weights": True} if name == "googlenet" else {}
+        kwargs = {"aux_logits": False, "init_weights": True} if name in ("googlenet", "inception_v3") else {}
         model = getattr(torchvision.models, name)(weights=None, **kwargs)
         return _calibrate_bn(model), torch.randn(1, 3, 224, 224)
 

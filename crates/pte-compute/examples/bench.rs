@@ -843,6 +843,10 @@ fn bench_nhwc(o: &Opts) {
         ("regx g4 64 28", 64, 64, 4, 28, 3, 1, 1),
         ("regx g10 160 14", 160, 160, 10, 14, 3, 1, 1),
         ("regx g25 400 7", 400, 400, 25, 7, 3, 1, 1),
+        ("regx g2 32 112 s2", 32, 32, 2, 112, 3, 2, 1),
+        ("regx g4 64 56 s2", 64, 64, 4, 56, 3, 2, 1),
+        ("regx g10 160 28 s2", 160, 160, 10, 28, 3, 2, 1),
+        ("regx g25 400 14 s2", 400, 400, 25, 14, 3, 2, 1),
     ];
     println!(
         "## NHWC convolutions, milliseconds per layer (median of {} rounds)\n",

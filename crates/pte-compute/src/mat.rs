@@ -271,6 +271,26 @@ impl<'a> MatMut<'a> {
         )
     }
 
+    /// Splits into a grid of blocks of `rows` rows and `cols` columns, numbered row
+    /// by row (those past [`MAX_PARTS`] are not handed out: the caller keeps the grid
+    /// smaller), for threads to write at once.
+    pub(crate) fn into_grid(self, rows: usize, cols: usize) -> MatParts<'a> {
+        let across = self.cols.div_ceil(cols.max(1)).max(1);
+        let (mut below, mut row) = (Some(self), None);
+        MatParts(
+            std::array::from_fn(|t| {
+                if t % across == 0 {
+                    let (head, tail) = below.take()?.split_at_row(rows);
+                    (below, row) = (Some(tail), Some(head));
+                }
+                let (head, tail) = row.take()?.split_at_col(cols);
+                row = Some(tail);
+                Some(head)
+            })
+            .map(Mutex::new),
+        )
+    }
+
     /// Element (i, j), None outside the view.
     pub fn get(&self, i: usize, j: usize) -> Option<f32> {
         // SAFETY: in-view elements are inside the borrowed buffer (checked at `new`).
@@ -378,6 +398,26 @@ mod tests {
         assert!(MatMut::new(&mut w, 1, 3, 0, 1).is_ok());
         assert!(MatMut::new(&mut w, 4, 0, 0, 1).is_ok());
         assert!(MatMut::new(&mut w, 3, 2, 2, 1).is_ok());
+    }
+
+    #[test]
+    fn grids_cover_the_matrix_once() {
+        let mut w = vec![0f32; 7 * 5];
+        let parts = MatMut::row_major(&mut w, 7, 5).unwrap().into_grid(3, 2);
+        for t in 0..9 {
+            let mut part = parts.take(t).unwrap();
+            assert!(parts.take(t).is_none());
+            for i in 0..part.rows() {
+                for j in 0..part.cols() {
+                    assert!(part.set(i, j, part.get(i, j).unwrap() + t as f32 + 1.0));
+                }
+            }
+        }
+        // Rows 0-2, 3-5 and 6; columns 0-1, 2-3 and 4.
+        let want = |i: usize, j: usize| (i / 3 * 3 + j / 2 + 1) as f32;
+        for (k, &v) in w.iter().enumerate() {
+            assert_eq!(v, want(k / 5, k % 5), "element {k}");
+        }
     }
 
     #[test]

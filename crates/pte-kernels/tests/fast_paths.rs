@@ -1277,6 +1277,39 @@ impl Net {
         (y, ys)
     }
 
+    /// `avg_pool2d` of a square window `k`, stride `s`, padding `p`.
+    fn avg_pool(
+        &mut self,
+        x: i32,
+        xs: &[usize],
+        [k, s, p]: [usize; 3],
+        (ceil, include_pad, divisor): (bool, bool, Option<i64>),
+    ) -> (i32, Vec<usize>) {
+        // PyTorch's output size: a ceil-mode window must start inside the input or
+        // its leading padding.
+        let out = |i: usize| {
+            let o = (i + 2 * p - k + if ceil { s - 1 } else { 0 }) / s + 1;
+            if ceil && (o - 1) * s >= i + p {
+                o - 1
+            } else {
+                o
+            }
+        };
+        let ys = vec![xs[0], xs[1], out(xs[2]), out(xs[3])];
+        let kl = self.b.int_list(&[k as i64, k as i64]);
+        let sl = self.b.int_list(&[s as i64, s as i64]);
+        let pl = self.b.int_list(&[p as i64, p as i64]);
+        let (c, inc) = (self.b.bool(ceil), self.b.bool(include_pad));
+        let d = match divisor {
+            Some(d) => self.b.int(d),
+            None => self.b.none(),
+        };
+        let y = self.tensor(&ys);
+        self.b
+            .call("aten::avg_pool2d", "out", &[x, kl, sl, pl, c, inc, d, y, y]);
+        (y, ys)
+    }
+
     fn mean(&mut self, x: i32, xs: &[usize], keep: bool) -> (i32, Vec<usize>) {
         let ys = if keep {
             vec![xs[0], xs[1], 1, 1]
@@ -1292,9 +1325,10 @@ impl Net {
     }
 }
 
-/// A network with the blocks of resnet, mobilenet_v2, efficientnet, mobilenet_v3 and
-/// squeezenet: stem, max pool, a residual block, an inverted residual with depthwise
-/// convolution, squeeze-and-excitation blocks, a concatenation, global average pooling. With `leak`, an inner value is also a
+/// A network with the blocks of resnet, mobilenet_v2, efficientnet, mobilenet_v3,
+/// squeezenet and inception: stem, max pool, a residual block, an inverted residual
+/// with depthwise convolution, squeeze-and-excitation blocks, a concatenation, average
+/// pooling of windows, global average pooling. With `leak`, an inner value is also a
 /// method output (the run must end there); with `external`, the residual of the first
 /// block is a second method input (converted at the run's start).
 fn network(batch: usize, size: usize, leak: bool, external: bool) -> (Vec<u8>, Vec<Vec<usize>>) {
@@ -1364,7 +1398,14 @@ fn network(batch: usize, size: usize, leak: bool, external: bool) -> (Vec<u8>, V
     let y = n.tensor(&es);
     let (list, dim) = (n.b.tensor_list(&[a, b]), n.b.int(-3));
     n.b.call("aten::cat", "out", &[list, dim, y, y]);
-    let (y, _) = n.mean(y, &es, false);
+    // inception's branch pooling, then average pooling in the other modes: not
+    // counting the padding, in ceil mode (counting it), over a fixed divisor
+    let (y, ys) = n.avg_pool(y, &es, [3, 1, 1], (false, true, None));
+    let (y, ys) = n.conv(y, &ys, 24, 1, 1, 1, false);
+    let (y, ys) = n.avg_pool(y, &ys, [3, 1, 1], (false, false, None));
+    let (y, ys) = n.avg_pool(y, &ys, [3, 2, 1], (true, true, None));
+    let (y, ys) = n.avg_pool(y, &ys, [2, 1, 0], (false, true, Some(3)));
+    let (y, _) = n.mean(y, &ys, false);
     n.b.output(y);
     (n.b.build(), inputs)
 }

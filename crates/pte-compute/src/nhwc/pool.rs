@@ -15,6 +15,38 @@ pub enum PoolKind {
     Max,
     /// The mean over the window's positions inside the image (padding excluded).
     Average,
+    /// The window's sum over its positions inside the image and its padding
+    /// (PyTorch's `count_include_pad`). As in PyTorch, the trailing padding is taken
+    /// to be as wide as the leading one: positions a `ceil_mode` window reaches beyond
+    /// it do not count.
+    AverageCountingPadding,
+    /// The window's sum over a fixed divisor (PyTorch's `divisor_override`).
+    AverageOver(usize),
+}
+
+impl PoolKind {
+    /// What output `(oy, ox)`'s sum (or maximum) is multiplied by, its window's
+    /// positions inside the image being `ys` and `xs`.
+    fn scale(self, g: &Geometry, (oy, ox): (usize, usize), (ys, xs): (Span, Span)) -> f32 {
+        // Positions from the window's start up to the end of the padded image.
+        let padded = |o: usize, [input, kernel, stride, dilation, pad]: [usize; 5]| {
+            (input + 2 * pad)
+                .checked_sub(o * stride + 1)
+                .map_or(0, |room| (room / dilation.max(1) + 1).min(kernel))
+        };
+        let along = |a: usize| {
+            let pad = if a == 0 { g.padding[0] } else { g.padding[3] };
+            let at = |v: [usize; 2]| if a == 0 { v[0] } else { v[1] };
+            [at(g.input), at(g.kernel), at(g.stride), at(g.dilation), pad]
+        };
+        let count = match self {
+            PoolKind::Max => return 1.0,
+            PoolKind::Average => ys.count * xs.count,
+            PoolKind::AverageCountingPadding => padded(oy, along(0)) * padded(ox, along(1)),
+            PoolKind::AverageOver(d) => d,
+        };
+        1.0 / count.max(1) as f32
+    }
 }
 
 /// The input rows and columns a window reads along one axis: `count` positions from
@@ -108,8 +140,8 @@ fn window_blocks<const N: usize>(
 multiversion! {
     /// Output row `oy` of one image `img` into `out_row`: each pixel combines its
     /// window's pixels inside the image, read in place, 16 channels at a time in
-    /// registers, then 8, 4 and one (shufflenet's 24 channels); averages divide by
-    /// the taps inside the image. Where each pixel gathered a list of its taps and
+    /// registers, then 8, 4 and one (shufflenet's 24 channels); averages scale by
+    /// what their kind divides by. Where each pixel gathered a list of its taps and
     /// combined them for every block of channels, shufflenet's 3×3 max pooling of 24
     /// channels at 112×112 took 0.16 ms, now 0.12 (`bench maxpool`; 16 channels
     /// 0.135 → 0.074). Splitting the chain of dependent selects by window row, or
@@ -132,12 +164,7 @@ multiversion! {
         let dims = (iw, channels);
         for (ox, out) in out_row.chunks_exact_mut(channels.max(1)).enumerate() {
             let xs = Span::of(ox, g.stride[1], pl, kw, g.dilation[1], iw);
-            let scale = if max_pool {
-                1.0
-            } else {
-                1.0 / (ys.count * xs.count).max(1) as f32
-            };
-            let post = (scale, min, max);
+            let post = (kind.scale(g, (oy, ox), (ys, xs)), min, max);
             let spans = (ys, xs);
             let c = window_blocks::<16>(img, dims, spans, out, 0, max_pool, post);
             let c = window_blocks::<8>(img, dims, spans, out, c, max_pool, post);

@@ -211,6 +211,54 @@ fn convolutions_match_a_direct_loop() {
             false,
         ),
         ([4, 4], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 5, 2, 8, false),
+        // One group per vector on images large enough that the input is read in
+        // place and only the border's windows are copied: odd sizes at stride 2,
+        // dilation with asymmetric padding, a 5 × 5 kernel at mixed strides, fewer
+        // input channels than outputs per group.
+        (
+            [21, 22],
+            [3, 3],
+            [2, 2],
+            [1, 1],
+            [1, 1, 1, 1],
+            3,
+            16,
+            16,
+            false,
+        ),
+        (
+            [19, 24],
+            [3, 3],
+            [1, 1],
+            [2, 1],
+            [2, 0, 1, 3],
+            2,
+            16,
+            16,
+            false,
+        ),
+        (
+            [30, 17],
+            [5, 5],
+            [1, 2],
+            [1, 1],
+            [2, 2, 2, 2],
+            2,
+            8,
+            16,
+            false,
+        ),
+        (
+            [26, 18],
+            [3, 3],
+            [2, 1],
+            [1, 1],
+            [1, 1, 1, 1],
+            3,
+            8,
+            8,
+            false,
+        ),
         (
             [6, 7],
             [3, 3],
@@ -383,6 +431,19 @@ fn convolutions_match_a_direct_loop() {
         ([12, 9], [3, 3], [1, 2], [2, 1], [0; 4], 1, 17, 16, false),
         ([10, 12], [3, 3], [1, 1], [1, 2], [0; 4], 1, 16, 16, false),
         ([5, 5], [1, 1], [2, 2], [1, 1], [0; 4], 1, 600, 300, false),
+        // Split by channels into a number of panels two threads cannot share evenly
+        // (5 of 32 on AVX-512), so by rows too.
+        (
+            [6, 7],
+            [7, 1],
+            [1, 1],
+            [1, 1],
+            [3, 0, 3, 0],
+            1,
+            160,
+            160,
+            false,
+        ),
     ];
     for isa in Isa::available() {
         let gemm = Gemm::with_isa(isa).unwrap();
@@ -482,7 +543,13 @@ fn pooling_matches_a_direct_loop() {
         };
         let [oh, ow] = g.output().unwrap();
         let x = data(2 * input[0] * input[1] * c, 4);
-        for kind in [PoolKind::Max, PoolKind::Average] {
+        let kinds = [
+            PoolKind::Max,
+            PoolKind::Average,
+            PoolKind::AverageCountingPadding,
+            PoolKind::AverageOver(5),
+        ];
+        for kind in kinds {
             let mut y = vec![0.0; 2 * oh * ow * c];
             pool2d(Isa::best(), &pool, kind, &g, c, 2, &x, &mut y, -0.5, 0.7).unwrap();
             for n in 0..2 {
@@ -498,6 +565,20 @@ fn pooling_matches_a_direct_loop() {
                                     vals.iter().copied().fold(f32::NEG_INFINITY, f32::max)
                                 }
                                 PoolKind::Average => vals.iter().sum::<f32>() / vals.len() as f32,
+                                PoolKind::AverageCountingPadding => {
+                                    // Taps before the end of the input and as much
+                                    // padding after it as before.
+                                    let taps = |o: usize, a: usize, pad: usize| {
+                                        (0..kernel[a])
+                                            .filter(|t| {
+                                                o * stride[a] + t * dilation[a] < input[a] + 2 * pad
+                                            })
+                                            .count()
+                                    };
+                                    let n = taps(oy, 0, padding[0]) * taps(ox, 1, padding[3]);
+                                    vals.iter().sum::<f32>() / n as f32
+                                }
+                                PoolKind::AverageOver(d) => vals.iter().sum::<f32>() / d as f32,
                             }
                             .clamp(-0.5, 0.7);
                             let got = y[((n * oh + oy) * ow + ox) * c + ch];
@@ -680,6 +761,46 @@ fn few_output_channels_per_group_take_the_interleaved_kernel() {
                 conv.algorithm(),
                 want,
                 "{isa:?} {groups} groups {cig} -> {cog}"
+            );
+        }
+    }
+}
+
+#[test]
+fn one_group_per_vector_reads_large_inputs_in_place() {
+    let pool = ThreadPool::new(1).unwrap();
+    for isa in Isa::available() {
+        let lanes = match isa {
+            Isa::Avx512 => 16,
+            Isa::Avx2 => 8,
+            _ => continue,
+        };
+        let gemm = Gemm::with_isa(isa).unwrap();
+        // (size, stride, algorithm): at 28 × 28 and below, stride 1, the border's
+        // windows hold more values than the padded input.
+        for (size, stride, want) in [
+            (56, 2, "grouped-in-place"),
+            (56, 1, "grouped-in-place"),
+            (14, 2, "grouped-in-place"),
+            (28, 1, "grouped"),
+            (7, 1, "grouped"),
+        ] {
+            let g = Geometry {
+                input: [size, size],
+                kernel: [3, 3],
+                stride: [stride, stride],
+                dilation: [1, 1],
+                padding: [1; 4],
+            };
+            let w = data(2 * lanes * 9 * lanes, 2);
+            let p = g.conv2d(2 * lanes, 2 * lanes, 2);
+            let act = crate::Activation::Identity;
+            let conv =
+                ConvNhwc::new(&pool, &STAGING, gemm, p, ConvWeights::ohwi(&w), None, act).unwrap();
+            assert_eq!(
+                conv.algorithm(),
+                want,
+                "{isa:?} {size} × {size} stride {stride}"
             );
         }
     }

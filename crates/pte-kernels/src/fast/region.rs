@@ -89,11 +89,13 @@ enum Step {
         residual: Option<Src>,
         out: Dst,
     },
-    /// Max pooling: window lists at `window..window + 5` (kernel, stride, padding,
-    /// dilation, ceil_mode).
-    MaxPool {
+    /// Max pooling (window lists at `window..window + 5`: kernel, stride, padding,
+    /// dilation, ceil_mode) or, with `average`, average pooling (at `window..window +
+    /// 6`: kernel, stride, padding, ceil_mode, count_include_pad, divisor_override).
+    Pool {
         x: Src,
         window: usize,
+        average: bool,
         out: Dst,
     },
     /// Mean over height and width into a layout-free value.
@@ -269,7 +271,7 @@ fn refers(g: &Graph<'_>, c: &Call<'_>, v: u32) -> bool {
 fn set_exit(step: &mut Step) {
     let out = match step {
         Step::Conv { out, .. }
-        | Step::MaxPool { out, .. }
+        | Step::Pool { out, .. }
         | Step::Unary { out, .. }
         | Step::Binary { out, .. } => out,
         Step::Cat { outs, .. } => match outs.first_mut() {
@@ -469,7 +471,30 @@ impl Builder<'_, '_> {
                 let window = self.args.len();
                 self.args.extend_from_slice(c.args.get(1..6)?);
                 let out = self.output(values)?;
-                self.steps.push(Step::MaxPool { x, window, out });
+                self.steps.push(Step::Pool {
+                    x,
+                    window,
+                    average: false,
+                    out,
+                });
+                self.ids.push(c.id);
+            }
+            "aten::avg_pool2d.out" => {
+                let (x, divisor, out) = (arg(c, 0)?, arg(c, 6)?, arg(c, 7)?);
+                // A divisor that is not positive is the kernel's error to report.
+                if g.tensor(x)?.rank() != 4 || !(g.is_none(divisor) || g.int(divisor)? > 0) {
+                    return None;
+                }
+                let x = self.inner(x)?;
+                let window = self.args.len();
+                self.args.extend_from_slice(c.args.get(1..7)?);
+                let out = self.output(out)?;
+                self.steps.push(Step::Pool {
+                    x,
+                    window,
+                    average: true,
+                    out,
+                });
                 self.ids.push(c.id);
             }
             "aten::mean.out" => {
@@ -892,7 +917,14 @@ fn nchw(args: &Args<'_>, i: usize) -> KernelResult<[usize; 4]> {
     }
 }
 
-fn window(args: &Args<'_>, x: [usize; 4], at: usize) -> KernelResult<Pool2dParams> {
+/// A pooling step's window for input shape `x`, its lists from argument `at` (see
+/// [`Step::Pool`]), and what it computes.
+fn window(
+    args: &Args<'_>,
+    x: [usize; 4],
+    at: usize,
+    average: bool,
+) -> KernelResult<(Pool2dParams, PoolKind)> {
     let list = |i: usize| -> KernelResult<[usize; 2]> {
         let l = args.int_list(at + i)?;
         let v = |j: usize| l.get(j).and_then(|&x| usize::try_from(x).ok());
@@ -909,21 +941,43 @@ fn window(args: &Args<'_>, x: [usize; 4], at: usize) -> KernelResult<Pool2dParam
     } else {
         list(1)?
     };
-    Ok(Pool2dParams {
+    if !average {
+        let p = Pool2dParams {
+            input: [x[2], x[3]],
+            kernel,
+            stride,
+            padding: list(2)?,
+            dilation: list(3)?,
+            ceil_mode: args.bool(at + 4)?,
+        };
+        return Ok((p, PoolKind::Max));
+    }
+    let kind = match args.opt_int(at + 5)? {
+        Some(d) => PoolKind::AverageOver(
+            usize::try_from(d)
+                .ok()
+                .filter(|&d| d > 0)
+                .ok_or_else(|| KernelError::invalid(format!("divisor_override {d}")))?,
+        ),
+        None if args.bool(at + 4)? => PoolKind::AverageCountingPadding,
+        None => PoolKind::Average,
+    };
+    let p = Pool2dParams {
         input: [x[2], x[3]],
         kernel,
         stride,
         padding: list(2)?,
-        dilation: list(3)?,
-        ceil_mode: args.bool(at + 4)?,
-    })
+        dilation: [1, 1],
+        ceil_mode: args.bool(at + 3)?,
+    };
+    Ok((p, kind))
 }
 
 /// Where a step writes (the pieces of a split, one place for any other step).
 fn dsts_of(s: &Step) -> SmallVec<[Dst; MAX_PARTS]> {
     match *s {
         Step::Conv { out, .. }
-        | Step::MaxPool { out, .. }
+        | Step::Pool { out, .. }
         | Step::Unary { out, .. }
         | Step::Binary { out, .. } => SmallVec::from_slice(&[out]),
         Step::Cat { outs, .. } => outs.into_iter().flatten().collect(),
@@ -951,7 +1005,7 @@ fn srcs_of(step: &Step) -> SmallVec<[Src; MAX_PARTS]> {
             v.extend(residual);
             v
         }
-        Step::MaxPool { x, .. } | Step::Mean { x, .. } | Step::Unary { x, .. } => {
+        Step::Pool { x, .. } | Step::Mean { x, .. } | Step::Unary { x, .. } => {
             SmallVec::from_slice(&[x])
         }
         Step::Binary { a, b, .. } => SmallVec::from_slice(&[a, b]),
@@ -1169,8 +1223,10 @@ impl Region {
                     let [oh, ow] = layer.conv.output_size();
                     SmallVec::from_slice(&[x[0], layer.conv.params().out_channels, oh, ow])
                 }
-                Step::MaxPool { window: w, .. } => {
-                    let p = window(args, x, *w)?;
+                Step::Pool {
+                    window: w, average, ..
+                } => {
+                    let (p, _) = window(args, x, *w, *average)?;
                     let [oh, ow] = p
                         .output()
                         .map_err(|e| KernelError::invalid(format!("{}: {e}", args.op())))?;
@@ -1406,7 +1462,7 @@ fn move_value(step: &mut Step, from: impl Fn(usize) -> bool, to: Home) {
             residual.as_mut().map(src);
             dst(out);
         }
-        Step::MaxPool { x, out, .. } | Step::Unary { x, out, .. } => {
+        Step::Pool { x, out, .. } | Step::Unary { x, out, .. } => {
             src(x);
             dst(out);
         }
@@ -1488,10 +1544,13 @@ impl PreparedKernel for Region {
                 .collect::<KernelResult<_>>()?;
             let (activation, pool_params) = match step {
                 Step::Unary { act, .. } => (act.resolve(args)?, None),
-                Step::MaxPool { window: w, .. } => {
+                Step::Pool {
+                    window: w, average, ..
+                } => {
                     let x = shapes.first().copied().unwrap_or_default();
-                    let g = window(args, x, *w)?.nhwc_geometry().map_err(compute)?;
-                    (Activation::Identity, Some(g))
+                    let (p, kind) = window(args, x, *w, *average)?;
+                    let g = p.nhwc_geometry().map_err(compute)?;
+                    (Activation::Identity, Some((g, kind)))
                 }
                 _ => (Activation::Identity, None),
             };
@@ -1599,7 +1658,8 @@ impl PreparedKernel for Region {
                     Some(layer) => format!("convolution ({})", layer.algorithm()),
                     None => "convolution".into(),
                 },
-                Some(Step::MaxPool { .. }) => "max pooling".into(),
+                Some(Step::Pool { average: false, .. }) => "max pooling".into(),
+                Some(Step::Pool { average: true, .. }) => "average pooling".into(),
                 Some(Step::Mean { .. }) => "mean".into(),
                 Some(Step::Unary { .. }) => "activation".into(),
                 Some(Step::Cat { groups, outs, .. }) => {
@@ -1621,7 +1681,7 @@ impl PreparedKernel for Region {
 fn run_step(
     step: &Step,
     layer: Option<&ConvNhwc>,
-    window: Option<&Geometry>,
+    window: Option<&(Geometry, PoolKind)>,
     pool: &pte_compute::ThreadPool,
     isa: Isa,
     shapes: &[[usize; 4]],
@@ -1641,10 +1701,10 @@ fn run_step(
             }
             .map_err(compute)
         }
-        Step::MaxPool { .. } => {
+        Step::Pool { .. } => {
             let (lo, hi) = (f32::NEG_INFINITY, f32::INFINITY);
-            let g = window.ok_or_else(missing)?;
-            nhwc::pool2d(isa, pool, PoolKind::Max, g, c, n, x, v.out, lo, hi).map_err(compute)
+            let &(g, kind) = window.ok_or_else(missing)?;
+            nhwc::pool2d(isa, pool, kind, &g, c, n, x, v.out, lo, hi).map_err(compute)
         }
         Step::Mean { .. } => {
             let (lo, hi) = (f32::NEG_INFINITY, f32::INFINITY);

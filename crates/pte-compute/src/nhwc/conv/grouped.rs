@@ -34,6 +34,44 @@ pub(super) struct Grouped {
     stride: usize,
     /// Rows of the copy one output row's window spans.
     reach: usize,
+    /// With one group per block, the copy's layout is the input's own: pixels whose
+    /// windows lie wholly inside the image are read where they are, and only the
+    /// others are copied, window by window.
+    in_place: Option<InPlace>,
+}
+
+/// How [`Grouped`] reads the input in place (see its `in_place`).
+struct InPlace {
+    /// Where tap `ky · kw + kx` of a pixel is in the input, from the pixel's first tap.
+    taps: Vec<usize>,
+    /// Where the tap is in a window copied on its own: tap `t` at `t · c`.
+    window_taps: Vec<usize>,
+    /// Output rows, then columns, whose windows lie inside the image: `[first, end)`.
+    inside: [[usize; 2]; 2],
+}
+
+/// What a grouped layer does after its products.
+struct Epilogue<'a> {
+    bias: &'a [f32],
+    clamp: (f32, f32),
+    rest: Activation,
+    accumulate: bool,
+}
+
+/// Output pixels whose windows cross the image's border, gathered into one tile.
+struct Border {
+    /// Each pixel's place in its task.
+    pixels: [usize; GROUPED_MR],
+    count: usize,
+}
+
+impl Border {
+    fn push(&mut self, pixel: usize) {
+        if let Some(slot) = self.pixels.get_mut(self.count) {
+            *slot = pixel;
+            self.count += 1;
+        }
+    }
 }
 
 /// Bytes of the copy a band of output rows reads at most: the input is copied a band
@@ -115,20 +153,74 @@ impl Grouped {
             p.input[0] + p.padding[0] + p.padding[2],
             p.input[1] + p.padding[1] + p.padding[3],
         ];
-        let taps = (0..p.kernel[0])
-            .flat_map(|ky| (0..p.kernel[1]).map(move |kx| (ky, kx)))
-            .map(|(ky, kx)| (ky * p.dilation[0] * size[1] + kx * p.dilation[1]) * pixel)
-            .collect();
+        let tap_offsets = |width: usize| -> Vec<usize> {
+            (0..p.kernel[0])
+                .flat_map(|ky| (0..p.kernel[1]).map(move |kx| (ky, kx)))
+                .map(|(ky, kx)| (ky * p.dilation[0] * width + kx * p.dilation[1]) * pixel)
+                .collect()
+        };
+        let out = p.output()?;
+        // Along one axis, the outputs whose windows lie inside the input.
+        let axis = |input: usize,
+                    out: usize,
+                    kernel: usize,
+                    stride: usize,
+                    dilation: usize,
+                    pad: usize| {
+            let stride = stride.max(1);
+            let first = pad.div_ceil(stride);
+            // Windows ending before the input's last row or column.
+            let end = (input + pad)
+                .checked_sub((kernel - 1) * dilation + 1)
+                .map_or(0, |last| last / stride + 1);
+            [first.min(out), end.clamp(first, out.max(first)).min(out)]
+        };
+        let inside = [
+            axis(
+                p.input[0],
+                out[0],
+                p.kernel[0],
+                p.stride[0],
+                p.dilation[0],
+                p.padding[0],
+            ),
+            axis(
+                p.input[1],
+                out[1],
+                p.kernel[1],
+                p.stride[1],
+                p.dilation[1],
+                p.padding[1],
+            ),
+        ];
+        let inner = (inside[0][1] - inside[0][0]) * (inside[1][1] - inside[1][0]);
+        let border = out[0] * out[1] - inner;
+        // Each border pixel copies its whole window; the padded copy, every pixel of
+        // the input once: in place only where that copies less.
+        let in_place = (q == 1
+            && pixel == p.in_channels
+            && border.saturating_mul(taps) < size[0].saturating_mul(size[1]))
+        .then(|| InPlace {
+            taps: tap_offsets(p.input[1]),
+            window_taps: (0..taps).map(|t| t * pixel).collect(),
+            inside,
+        });
         Ok(Self {
             q,
             weights: arranged,
-            taps,
+            taps: tap_offsets(size[1]),
             size,
             pixel,
-            out: p.output()?,
+            out,
             stride: p.stride[0],
             reach: (p.kernel[0] - 1) * p.dilation[0] + 1,
+            in_place,
         })
+    }
+
+    /// Whether pixels inside the image are read where they are (see `in_place`).
+    pub(super) fn reads_in_place(&self) -> bool {
+        self.in_place.is_some()
     }
 
     /// Heap bytes held.
@@ -179,22 +271,39 @@ impl Grouped {
         ((band - 1) * self.stride + self.reach).min(self.size[0])
     }
 
+    /// Scratch (f32 elements) one thread needs for a task of `pixels` output pixels:
+    /// the rows of the copy it reads, or, reading in place, a tile's windows and
+    /// outputs.
+    fn task_scratch(&self, pixels: usize, cout: usize) -> Result<usize> {
+        let what = "padded input";
+        match &self.in_place {
+            Some(ip) => {
+                let window = error::mul(ip.window_taps.len(), self.pixel, what)?;
+                error::mul(window.saturating_add(cout), GROUPED_MR, what)
+            }
+            None => error::mul(
+                error::mul(self.task_rows(pixels), self.size[1], what)?,
+                self.pixel,
+                what,
+            ),
+        }
+    }
+
     /// Scratch (f32 elements) a run on a pool of `threads` threads needs: a task's
-    /// rows of the copy per thread (or one larger band, for a layer small enough to
-    /// stay on the calling thread).
-    pub(super) fn scratch_len(&self, threads: usize) -> Result<usize> {
+    /// scratch per thread (or one larger band, for a layer small enough to stay on the
+    /// calling thread).
+    pub(super) fn scratch_len(&self, threads: usize, cout: usize) -> Result<usize> {
         let for_threads = |threads: usize| {
-            let rows = self.task_rows(self.task_pixels(threads));
-            let what = "padded input";
-            let band = error::mul(error::mul(rows, self.size[1], what)?, self.pixel, what)?;
-            error::mul(band, threads.max(1), what)
+            let per_thread = self.task_scratch(self.task_pixels(threads), cout)?;
+            error::mul(per_thread, threads.max(1), "padded input")
         };
         Ok(for_threads(threads)?.max(for_threads(1)?))
     }
 
     /// `batch` NHWC images of `x` into `y` (`(+)=` with `accumulate`), then bias,
     /// `clamp` and `rest`: bands of output rows on the pool, each thread copying the
-    /// rows of the input its band reads into its part of `scratch` first.
+    /// rows of the input its band reads into its part of `scratch` first (or, reading
+    /// in place, only the windows of pixels at the image's border).
     #[allow(clippy::too_many_arguments)] // a convolution's operands and epilogue
     pub(super) fn run(
         &self,
@@ -207,72 +316,37 @@ impl Grouped {
     ) -> Result {
         let (xi, yi) = p.io_len(1)?;
         let [oh, ow] = self.out;
-        let (cig, cog) = p.channels_per_group();
-        let (cout, lanes) = (p.out_channels, isa.lanes());
-        let (block_in, block_w) = (self.q * cig, self.taps.len() * cig * lanes);
+        let cout = p.out_channels;
         let work = (oh * ow)
             .saturating_mul(cout)
-            .saturating_mul(block_w / lanes.max(1));
+            .saturating_mul(self.taps.len() * p.channels_per_group().0);
         // Small layers stay on the calling thread, band after band.
         let threads = if work < (1 << 17) { 1 } else { pool.threads() };
         let per_task = self.task_pixels(threads);
-        let per_thread = self.task_rows(per_task) * self.size[1] * self.pixel;
-        let needed = self.scratch_len(pool.threads())?;
+        let per_thread = self.task_scratch(per_task, cout)?;
+        let needed = self.scratch_len(pool.threads(), cout)?;
         let len = scratch.len();
         let scratch = scratch
             .get_mut(..needed)
             .ok_or(error::Error::ScratchTooSmall { len, needed })?;
-        let copy_row = (self.size[1] * self.pixel).max(1);
+        let epilogue = Epilogue {
+            bias,
+            clamp,
+            rest,
+            accumulate,
+        };
         for (x, y) in x.chunks_exact(xi.max(1)).zip(y.chunks_exact_mut(yi.max(1))) {
             let failed = FirstError::default();
             let chunk = (per_task * cout).max(1);
-            let task = |task: usize, yt: &mut [f32], copy: &mut [f32]| {
+            let task = |task: usize, yt: &mut [f32], scratch: &mut [f32]| {
                 // One chunk of pixels per task on the pool; all of them on the calling
                 // thread.
                 for (k, yb) in yt.chunks_mut(chunk).enumerate() {
                     let first = (task + k) * per_task;
-                    let pixels_here = yb.len() / cout.max(1);
-                    let oy0 = first / ow.max(1);
-                    let last_row = (first + pixels_here.max(1) - 1) / ow.max(1);
-                    let rows = self.band_rows(last_row - oy0 + 1);
-                    let copy = copy.get_mut(..rows * copy_row).unwrap_or_default();
-                    for (i, row) in copy.chunks_exact_mut(copy_row).enumerate() {
-                        self.copy_row(isa, p, x, oy0 * self.stride + i, row);
-                    }
-                    let copy = &*copy;
-                    for (r, n) in even_tiles(pixels_here, GROUPED_MR, GROUPED_BUSY_ROWS) {
-                        let mut pixels = [0usize; GROUPED_MR];
-                        for (i, at) in pixels.iter_mut().take(n).enumerate() {
-                            let (oy, ox) =
-                                ((first + r + i) / ow.max(1), (first + r + i) % ow.max(1));
-                            *at = ((oy - oy0) * self.stride * self.size[1] + ox * p.stride[1])
-                                * self.pixel;
-                        }
-                        let pixels = pixels.get(..n).unwrap_or_default();
-                        for b in 0..p.groups.div_ceil(self.q) {
-                            let rows = GroupedRows {
-                                a: copy.get(b * block_in..).unwrap_or_default(),
-                                pixels,
-                                taps: &self.taps,
-                                kc: cig,
-                            };
-                            let out = GroupedOut {
-                                c: yb.get_mut(r * cout + b * lanes..).unwrap_or_default(),
-                                cols: (p.groups - b * self.q).min(self.q) * cog,
-                                rs: cout,
-                                bias: bias.get(b * lanes..).unwrap_or_default(),
-                                clamp,
-                                accumulate,
-                            };
-                            let w = self.weights.get(b * block_w..).unwrap_or_default();
-                            failed.keep(grouped_microkernel(isa, self.q, &rows, w, out));
-                        }
-                        if let Some(run) = yb.get_mut(r * cout..(r + n) * cout) {
-                            if rest != Activation::Identity {
-                                elementwise::activate(isa, run, rest);
-                            }
-                        }
-                    }
+                    failed.keep(match &self.in_place {
+                        Some(ip) => self.in_place(isa, p, ip, (x, first, yb, scratch), &epilogue),
+                        None => self.copied(isa, p, (x, first, yb, scratch), &epilogue),
+                    });
                 }
             };
             if threads == 1 {
@@ -281,6 +355,209 @@ impl Grouped {
                 pool.parallel_chunks(y, chunk, scratch, per_thread, task)?;
             }
             failed.into_result()?;
+        }
+        Ok(())
+    }
+
+    /// The output pixels of `yb`, from pixel `first` of the image `x` on, read from
+    /// the rows of the input's padded copy they need, made in `copy` first.
+    fn copied(
+        &self,
+        isa: Isa,
+        p: &Conv2dParams,
+        (x, first, yb, copy): (&[f32], usize, &mut [f32], &mut [f32]),
+        epilogue: &Epilogue<'_>,
+    ) -> Result {
+        let ow = self.out[1].max(1);
+        let cout = p.out_channels.max(1);
+        let pixels_here = yb.len() / cout;
+        let oy0 = first / ow;
+        let last_row = (first + pixels_here.max(1) - 1) / ow;
+        let copy_row = (self.size[1] * self.pixel).max(1);
+        let rows = self.band_rows(last_row - oy0 + 1);
+        let copy = copy.get_mut(..rows * copy_row).unwrap_or_default();
+        for (i, row) in copy.chunks_exact_mut(copy_row).enumerate() {
+            self.copy_row(isa, p, x, oy0 * self.stride + i, row);
+        }
+        let copy = &*copy;
+        for (r, n) in even_tiles(pixels_here, GROUPED_MR, GROUPED_BUSY_ROWS) {
+            let mut pixels = [0usize; GROUPED_MR];
+            for (i, at) in pixels.iter_mut().take(n).enumerate() {
+                let (oy, ox) = ((first + r + i) / ow, (first + r + i) % ow);
+                *at = ((oy - oy0) * self.stride * self.size[1] + ox * p.stride[1]) * self.pixel;
+            }
+            let pixels = pixels.get(..n).unwrap_or_default();
+            let c = yb.get_mut(r * cout..(r + n) * cout).unwrap_or_default();
+            self.tile(isa, p, (copy, pixels, &self.taps), c, epilogue)?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::copied`] reading the input in place: runs of pixels whose windows lie
+    /// inside the image straight from `x`, the others gathered a tile at a time, each
+    /// window copied with its zeros into `scratch` and the outputs put in place after.
+    fn in_place(
+        &self,
+        isa: Isa,
+        p: &Conv2dParams,
+        ip: &InPlace,
+        (x, first, yb, scratch): (&[f32], usize, &mut [f32], &mut [f32]),
+        epilogue: &Epilogue<'_>,
+    ) -> Result {
+        let ow = self.out[1].max(1);
+        let cout = p.out_channels.max(1);
+        let (c, width) = (self.pixel, p.input[1]);
+        let [[row0, row1], [col0, col1]] = ip.inside;
+        let origin = |oy: usize, ox: usize| {
+            ((oy * p.stride[0] - p.padding[0]) * width + ox * p.stride[1] - p.padding[1]) * c
+        };
+        let mut border = Border {
+            pixels: [0; GROUPED_MR],
+            count: 0,
+        };
+        let pixels_here = yb.len() / cout;
+        let mut at = 0;
+        while at < pixels_here {
+            let (oy, ox) = ((first + at) / ow, (first + at) % ow);
+            let end = ow.min(ox + pixels_here - at);
+            let (lo, hi) = if (row0..row1).contains(&oy) {
+                (
+                    col0.clamp(ox, end),
+                    col1.clamp(ox, end).max(col0.clamp(ox, end)),
+                )
+            } else {
+                (end, end)
+            };
+            for bx in (ox..lo).chain(hi..end) {
+                border.push(at + bx - ox);
+                if border.count == GROUPED_MR {
+                    self.border_tile(
+                        isa,
+                        p,
+                        ip,
+                        (x, first, &mut *yb, &mut *scratch),
+                        &mut border,
+                        epilogue,
+                    )?;
+                }
+            }
+            for (r, n) in even_tiles(hi - lo, GROUPED_MR, GROUPED_BUSY_ROWS) {
+                let mut pixels = [0usize; GROUPED_MR];
+                for (i, px) in pixels.iter_mut().take(n).enumerate() {
+                    *px = origin(oy, lo + r + i);
+                }
+                let pixels = pixels.get(..n).unwrap_or_default();
+                let o = at + lo - ox + r;
+                let c = yb.get_mut(o * cout..(o + n) * cout).unwrap_or_default();
+                self.tile(isa, p, (x, pixels, &ip.taps), c, epilogue)?;
+            }
+            at += end - ox;
+        }
+        self.border_tile(isa, p, ip, (x, first, yb, scratch), &mut border, epilogue)
+    }
+
+    /// The pixels listed in `border` (then none): their windows copied with their
+    /// zeros, one after another, and the tile's outputs computed aside and put back.
+    fn border_tile(
+        &self,
+        isa: Isa,
+        p: &Conv2dParams,
+        ip: &InPlace,
+        (x, first, yb, scratch): (&[f32], usize, &mut [f32], &mut [f32]),
+        border: &mut Border,
+        epilogue: &Epilogue<'_>,
+    ) -> Result {
+        let n = std::mem::take(&mut border.count);
+        if n == 0 {
+            return Ok(());
+        }
+        let ow = self.out[1].max(1);
+        let cout = p.out_channels.max(1);
+        let c = self.pixel;
+        let window = ip.window_taps.len() * c;
+        let (windows, outputs) = scratch.split_at_mut((GROUPED_MR * window).min(scratch.len()));
+        let outputs = outputs.get_mut(..n * cout).unwrap_or_default();
+        let mut pixels = [0usize; GROUPED_MR];
+        let at = border.pixels.get(..n).unwrap_or_default();
+        for (i, (&o, px)) in at.iter().zip(pixels.iter_mut()).enumerate() {
+            *px = i * window;
+            let (oy, ox) = ((first + o) / ow, (first + o) % ow);
+            let dst = windows
+                .get_mut(i * window..(i + 1) * window)
+                .unwrap_or_default();
+            let taps = (0..p.kernel[0]).flat_map(|ky| (0..p.kernel[1]).map(move |kx| (ky, kx)));
+            for ((ky, kx), d) in taps.zip(dst.chunks_exact_mut(c.max(1))) {
+                let iy = (oy * p.stride[0] + ky * p.dilation[0]).checked_sub(p.padding[0]);
+                let ix = (ox * p.stride[1] + kx * p.dilation[1]).checked_sub(p.padding[1]);
+                let src = iy
+                    .zip(ix)
+                    .filter(|&(iy, ix)| iy < p.input[0] && ix < p.input[1])
+                    .and_then(|(iy, ix)| {
+                        x.get((iy * p.input[1] + ix) * c..(iy * p.input[1] + ix + 1) * c)
+                    });
+                match src {
+                    Some(s) => d.copy_from_slice(s),
+                    None => d.fill(0.0),
+                }
+            }
+            if epilogue.accumulate {
+                if let (Some(d), Some(s)) = (
+                    outputs.get_mut(i * cout..(i + 1) * cout),
+                    yb.get(o * cout..(o + 1) * cout),
+                ) {
+                    d.copy_from_slice(s);
+                }
+            }
+        }
+        let pixels = pixels.get(..n).unwrap_or_default();
+        self.tile(
+            isa,
+            p,
+            (windows, pixels, &ip.window_taps),
+            outputs,
+            epilogue,
+        )?;
+        for (&o, s) in at.iter().zip(outputs.chunks_exact(cout)) {
+            if let Some(d) = yb.get_mut(o * cout..(o + 1) * cout) {
+                d.copy_from_slice(s);
+            }
+        }
+        Ok(())
+    }
+
+    /// One tile: every block of groups of the pixels at `pixels` in `a` (each tap at
+    /// its offset in `taps`) into the consecutive output rows `c`, with the epilogue.
+    fn tile(
+        &self,
+        isa: Isa,
+        p: &Conv2dParams,
+        (a, pixels, taps): (&[f32], &[usize], &[usize]),
+        c: &mut [f32],
+        epilogue: &Epilogue<'_>,
+    ) -> Result {
+        let (cig, cog) = p.channels_per_group();
+        let (cout, lanes) = (p.out_channels, isa.lanes());
+        let (block_in, block_w) = (self.q * cig, taps.len() * cig * lanes);
+        for b in 0..p.groups.div_ceil(self.q) {
+            let rows = GroupedRows {
+                a: a.get(b * block_in..).unwrap_or_default(),
+                pixels,
+                taps,
+                kc: cig,
+            };
+            let out = GroupedOut {
+                c: c.get_mut(b * lanes..).unwrap_or_default(),
+                cols: (p.groups - b * self.q).min(self.q) * cog,
+                rs: cout,
+                bias: epilogue.bias.get(b * lanes..).unwrap_or_default(),
+                clamp: epilogue.clamp,
+                accumulate: epilogue.accumulate,
+            };
+            let w = self.weights.get(b * block_w..).unwrap_or_default();
+            grouped_microkernel(isa, self.q, &rows, w, out)?;
+        }
+        if epilogue.rest != Activation::Identity {
+            elementwise::activate(isa, c, epilogue.rest);
         }
         Ok(())
     }
