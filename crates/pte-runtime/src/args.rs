@@ -9,7 +9,7 @@ use smallvec::SmallVec;
 
 use crate::dtype::{DType, Element};
 use crate::error::{KernelError, KernelResult};
-use crate::memory::{Access, Memory, Storage};
+use crate::memory::{Access, Memory, SharedBytes, Storage};
 use crate::tensor::{checked_numel, contiguous_dim_order, strides_for, Dims};
 use crate::value::{Dynamism, Slot, TensorSlot};
 
@@ -498,6 +498,13 @@ impl<'a> Args<'a> {
             }
             _ => Ok(None),
         }
+    }
+
+    /// The bytes of a constant tensor stored in the program or a data file, for a
+    /// prepared kernel that keeps reading them where they are (instead of a copy);
+    /// `None` for any other tensor, constants computed at load among them.
+    pub fn shared_constant(&self, a: impl Into<Arg>) -> KernelResult<Option<SharedBytes>> {
+        self.memory.shared(self.access(a.into())?)
     }
 
     /// A shared view of one tensor, for kernels that read some data (an index, a

@@ -202,6 +202,20 @@ impl Memory {
         self.planned.get(buffer as usize).map(Buffer::len)
     }
 
+    /// The bytes of a tensor stored in the program or one of its data files, shared
+    /// rather than copied; `None` for any other storage.
+    pub(crate) fn shared(&self, a: Access) -> KernelResult<Option<SharedBytes>> {
+        let source = match a.storage {
+            Storage::Program { .. } => &self.program,
+            Storage::External { file, .. } => match self.external.get(file as usize) {
+                Some(f) => f,
+                None => return Ok(None),
+            },
+            _ => return Ok(None),
+        };
+        Ok(SharedBytes::within(source, self.read(a)?))
+    }
+
     /// Read-only bytes of one storage place.
     pub(crate) fn read(&self, a: Access) -> KernelResult<&[u8]> {
         match a.storage {

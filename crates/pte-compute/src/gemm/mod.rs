@@ -445,7 +445,7 @@ impl Gemm {
                     && b.cols() == c.cols()
                     && (b.col_stride() == 1 || b.row_stride() == 1) =>
             {
-                self.vector_matrix(c, a, b, epilogue)
+                self.vector_matrix(pool, c, a, b, epilogue)
             }
             (Lhs::Mat(a), Rhs::Mat(b)) => self.run_sides(
                 pool,
@@ -624,10 +624,12 @@ impl Gemm {
     }
 
     /// `c (1 × n) = a (1 × k) · b` without packing: a sum of scaled rows of B when its
-    /// rows are contiguous, else one dot product per column.
+    /// rows are contiguous, else one dot product per column; columns split over the
+    /// pool's threads when B is large enough to pay for the hand-off.
     fn vector_matrix(
         &self,
-        mut c: MatMut<'_>,
+        pool: &ThreadPool,
+        c: MatMut<'_>,
         a: MatRef<'_>,
         b: MatRef<'_>,
         epi: &Epilogue<'_>,
@@ -638,6 +640,33 @@ impl Gemm {
             Bias::Col(v) => error::need("column bias", v.len(), n)?,
             Bias::None => {}
         }
+        let threads = pool.threads();
+        if threads < 2 || k.saturating_mul(n) < VECTOR_SPLIT_VALUES || n < 2 * VECTOR_COLUMNS {
+            return self.vector_columns(c, a, b, 0, epi);
+        }
+        let tasks = (threads * 4).min(MAX_PARTS).min(n / VECTOR_COLUMNS);
+        let step = n.div_ceil(tasks.max(1)).next_multiple_of(VECTOR_COLUMNS);
+        let parts = c.into_parts(true, step);
+        let failed = crate::pool::FirstError::default();
+        pool.parallel_for(n.div_ceil(step), |t, _| {
+            if let Some(part) = parts.take(t) {
+                let j0 = t * step;
+                failed.keep(self.vector_columns(part, a, b, j0, &epi.at(0, j0)));
+            }
+        });
+        failed.into_result()
+    }
+
+    /// [`Self::vector_matrix`] into `c`, whose column 0 is column `j0` of B.
+    fn vector_columns(
+        &self,
+        mut c: MatMut<'_>,
+        a: MatRef<'_>,
+        b: MatRef<'_>,
+        j0: usize,
+        epi: &Epilogue<'_>,
+    ) -> Result {
+        let (k, n) = (b.rows(), c.cols());
         let mut j = 0;
         // Blocks of columns accumulated on the stack, then stored with the epilogue.
         let mut acc = [0f32; 512];
@@ -647,17 +676,27 @@ impl Gemm {
             acc.fill(0.0);
             if b.col_stride() == 1 {
                 for p in 0..k {
-                    if let Some(run) = b.row_run(p, j, w) {
+                    if let Some(run) = b.row_run(p, j0 + j, w) {
                         axpy(self.isa, acc, a.at(0, p), run);
                     }
                 }
             } else {
                 let x: Option<&[f32]> = a.row_run(0, 0, k);
-                for (s, v) in acc.iter_mut().enumerate() {
-                    *v = match (x, b.t().row_run(j + s, 0, k)) {
-                        (Some(x), Some(col)) => dot(self.isa, x, col),
-                        _ => (0..k).map(|p| a.at(0, p) * b.at(p, j + s)).sum(),
-                    };
+                let col = |s: usize| b.t().row_run(j0 + j + s, 0, k);
+                let one = |s: usize| match (x, col(s)) {
+                    (Some(x), Some(col)) => dot(self.isa, x, col),
+                    _ => (0..k).map(|p| a.at(0, p) * b.at(p, j0 + j + s)).sum(),
+                };
+                // Four columns at a time: four streams of B from memory, each value
+                // of `a` loaded once for them.
+                for (q, v) in acc.chunks_mut(4).enumerate() {
+                    let s = 4 * q;
+                    match (x, col(s), col(s + 1), col(s + 2), col(s + 3)) {
+                        (Some(x), Some(c0), Some(c1), Some(c2), Some(c3)) if v.len() == 4 => {
+                            v.copy_from_slice(&dot4(self.isa, x, [c0, c1, c2, c3]));
+                        }
+                        _ => v.iter_mut().enumerate().for_each(|(i, v)| *v = one(s + i)),
+                    }
                 }
             }
             if epi.accumulate {
@@ -1057,6 +1096,12 @@ impl Gemm {
     }
 }
 
+/// Values of B from which a vector-matrix product splits its columns over threads
+/// (below, the hand-off costs more than a thread saves), and the columns a thread takes
+/// at least.
+const VECTOR_SPLIT_VALUES: usize = 1 << 16;
+const VECTOR_COLUMNS: usize = 16;
+
 /// Bytes of packed B panels one run of the indirect micro-kernel covers (half a typical
 /// L2), in products and in convolutions alike.
 pub(crate) const L2_PANEL_BYTES: usize = 256 * 1024;
@@ -1132,6 +1177,32 @@ multiversion! {
         }
         lanes.iter().sum::<f32>() + tail
     }
+}
+
+/// `[x · w₀, x · w₁, x · w₂, x · w₃]` (each `w` as long as `x`).
+fn dot4(isa: Isa, x: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(s) = arch::Avx2::new().filter(|_| isa != Isa::Generic) {
+        return s.vectorize(|| dot4_on(s, x, w));
+    }
+    let _ = isa; // only read on x86-64
+    dot4_on(arch::Scalar::<false>, x, w)
+}
+
+#[inline(always)]
+fn dot4_on<S: arch::Lanes>(s: S, x: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
+    let mut acc = [s.splat(0.0); 4];
+    for at in (0..x.len()).step_by(S::LANES) {
+        let xv = s.load(x.get(at..).unwrap_or_default());
+        for (a, w) in acc.iter_mut().zip(w) {
+            *a = s.fma(s.load(w.get(at..).unwrap_or_default()), xv, *a);
+        }
+    }
+    acc.map(|a| {
+        let mut lanes = [0f32; 16];
+        s.store(a, &mut lanes);
+        lanes.iter().sum()
+    })
 }
 
 #[cfg(test)]

@@ -241,6 +241,26 @@ fn products_match_the_reference() {
 }
 
 #[test]
+fn one_row_products_split_their_columns_over_threads() {
+    let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
+    // Columns in whole quads and a tail, over threads once B has enough values.
+    let n = 4 * VECTOR_COLUMNS + 7;
+    let case = Case {
+        m: 1,
+        n,
+        k: VECTOR_SPLIT_VALUES / n + 13,
+    };
+    for isa in Isa::available() {
+        let gemm = Gemm::with_isa(isa).unwrap();
+        for variant in 0..8 {
+            for pool in &pools {
+                check(&gemm, pool, &case, variant);
+            }
+        }
+    }
+}
+
+#[test]
 fn two_threads_split_either_way() {
     let pool = ThreadPool::new(2).unwrap();
     for isa in Isa::available() {

@@ -1,11 +1,14 @@
 //! Matrix products on `pte_compute::Gemm`: `addmm`, `linear` and `mm` with a constant
-//! right operand (a weight) packed once at load, the bias and an activation fused into
-//! the product's epilogue; `mm` of two variable operands and `bmm` (attention) packed
-//! per call into the method's scratch memory.
+//! right operand (a weight) packed once at load (or, when larger than a last-level
+//! cache, read where it lies in the file), the bias and an activation fused into the
+//! product's epilogue; `mm` of two variable operands and `bmm` (attention) packed per
+//! call into the method's scratch memory.
 
 use pte_compute::{Activation, BatchMut, BatchRef, Bias, Epilogue, Gemm, Lhs, MatMut, MatRef};
 use pte_compute::{PackedB, Rhs};
-use pte_runtime::{Args, Charge, Kernel, KernelError, KernelResult, PreparedKernel, Scalar};
+use pte_runtime::{
+    Args, Charge, Kernel, KernelError, KernelResult, PreparedKernel, Scalar, SharedBytes,
+};
 use smallvec::SmallVec;
 
 use super::conv::Act;
@@ -43,11 +46,51 @@ impl Op {
     }
 }
 
-/// A product with a packed constant right operand.
+/// A constant right operand.
+enum Weight {
+    /// Packed at load into the layout the micro-kernel reads.
+    Packed(PackedB),
+    /// Read where it lies in the program or data file, `n` rows of `k` values (the
+    /// operand transposed).
+    InPlace {
+        bytes: SharedBytes,
+        k: usize,
+        n: usize,
+    },
+}
+
+/// Bytes from which a weight stored `[n, k]` is read in place rather than packed: one
+/// larger than a last-level cache comes from memory at every execution whatever its
+/// layout, so a packed copy would only cost load time and memory (alexnet's three
+/// classifier layers, 234 MB, took about 0.2 s to pack and doubled its resident memory).
+const IN_PLACE_BYTES: usize = 32 << 20;
+
+impl Weight {
+    /// `(k, n)`: the operand is `k × n`.
+    fn dims(&self) -> (usize, usize) {
+        match self {
+            Weight::Packed(b) => (b.rows(), b.cols()),
+            Weight::InPlace { k, n, .. } => (*k, *n),
+        }
+    }
+
+    fn rhs(&self) -> KernelResult<Rhs<'_>> {
+        Ok(match self {
+            Weight::Packed(b) => Rhs::Packed(b),
+            Weight::InPlace { bytes, k, n } => {
+                let values = bytemuck::try_cast_slice(bytes)
+                    .map_err(|e| KernelError::Failed(format!("weight read in place: {e}")))?;
+                Rhs::Mat(MatRef::row_major(values, *n, *k).map_err(compute)?.t())
+            }
+        })
+    }
+}
+
+/// A product with a constant right operand.
 pub(super) struct Packed {
     op: Op,
     gemm: Gemm,
-    b: PackedB,
+    b: Weight,
     /// One value per output column.
     bias: Option<Vec<f32>>,
     act: Act,
@@ -184,12 +227,29 @@ fn build(
         }
     };
     let gemm = Gemm::new();
+    let stored_transposed = transposed || matches!(op, Op::Linear);
+    let shared = match args.shared_constant(wi)? {
+        Some(bytes) if stored_transposed && bytes.len() >= IN_PLACE_BYTES => {
+            // Only where the file's bytes can be read as f32 (they are aligned).
+            bytemuck::try_cast_slice::<u8, f32>(&bytes)
+                .is_ok()
+                .then_some(bytes)
+        }
+        _ => None,
+    };
     let mut held = charge(args, (k * n + n + 64) * 4 * 2, "packed weights")?;
-    let b = gemm.pack_b_on(args.pool(), w_view).map_err(compute)?;
+    let b = match shared {
+        Some(bytes) => Weight::InPlace { bytes, k, n },
+        None => Weight::Packed(gemm.pack_b_on(args.pool(), w_view).map_err(compute)?),
+    };
+    let packed_bytes = match &b {
+        Weight::Packed(b) => b.bytes(),
+        Weight::InPlace { .. } => 0,
+    };
     settle(
         args,
         &mut held,
-        b.bytes() + bias.as_ref().map_or(0, |v| v.len() * 4),
+        packed_bytes + bias.as_ref().map_or(0, |v| v.len() * 4),
     )?;
     // Validate the activation's scalars now, so that a bad one fails at load.
     act.resolve(args)?;
@@ -210,7 +270,7 @@ impl PreparedKernel for Packed {
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
         let (xi, _, _) = self.op.positions();
         let x = args.tensor(xi)?;
-        let (k, n) = (self.b.rows(), self.b.cols());
+        let (k, n) = self.b.dims();
         let m = match self.op {
             Op::Linear if x.sizes.last() == Some(&k) => x.numel() / k.max(1),
             Op::Addmm | Op::Mm => match matrix(&x.sizes) {
@@ -245,9 +305,10 @@ impl PreparedKernel for Packed {
         let pool = args.pool();
         let mut io = args.io(&[at(xi)], &[at(self.out)])?;
         let (x, y) = views(&io.inputs, &mut io.outputs)?;
+        let packed = matches!(self.b, Weight::Packed(_));
         let len = self
             .gemm
-            .scratch_len(m, n, k, false, true, pool.threads())
+            .scratch_len(m, n, k, false, packed, pool.threads())
             .map_err(compute)?;
         let s = scratch(io.scratch, len)?;
         let epilogue = Epilogue {
@@ -258,7 +319,7 @@ impl PreparedKernel for Packed {
         let c = MatMut::row_major(y, m, n).map_err(compute)?;
         let a = MatRef::row_major(x, m, k).map_err(compute)?;
         self.gemm
-            .run(pool, c, Lhs::Mat(a), Rhs::Packed(&self.b), &epilogue, s)
+            .run(pool, c, Lhs::Mat(a), self.b.rhs()?, &epilogue, s)
             .map_err(compute)
     }
 
