@@ -237,7 +237,9 @@ fn build(
         }
         _ => None,
     };
-    let mut held = charge(args, (k * n + n + 64) * 4 * 2, "packed weights")?;
+    // Packing holds the stored weight and its packed copy at once.
+    let packing = if shared.is_some() { 0 } else { k * n + 64 };
+    let mut held = charge(args, (packing + n) * 4 * 2, "packed weights")?;
     let b = match shared {
         Some(bytes) => Weight::InPlace { bytes, k, n },
         None => Weight::Packed(gemm.pack_b_on(args.pool(), w_view).map_err(compute)?),

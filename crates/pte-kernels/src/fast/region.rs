@@ -423,6 +423,30 @@ impl Builder<'_, '_> {
         taken.is_some()
     }
 
+    /// A pooling step of call `c` from `x` into `out`, its window lists (see
+    /// [`Step::Pool`]) the call's arguments `window`.
+    fn pool(
+        &mut self,
+        c: &Call<'_>,
+        x: u32,
+        window: std::ops::Range<usize>,
+        out: u32,
+        average: bool,
+    ) -> Option<()> {
+        let x = self.inner(x)?;
+        let at = self.args.len();
+        self.args.extend_from_slice(c.args.get(window)?);
+        let out = self.output(out)?;
+        self.steps.push(Step::Pool {
+            x,
+            window: at,
+            average,
+            out,
+        });
+        self.ids.push(c.id);
+        Some(())
+    }
+
     fn try_step(&mut self, calls: &[Call<'_>]) -> Option<()> {
         let g = self.g;
         let c = calls.first()?;
@@ -467,17 +491,7 @@ impl Builder<'_, '_> {
                 if g.uses(indices) != 1 || g.is_aliased(indices) || g.tensor(x)?.rank() != 4 {
                     return None;
                 }
-                let x = self.inner(x)?;
-                let window = self.args.len();
-                self.args.extend_from_slice(c.args.get(1..6)?);
-                let out = self.output(values)?;
-                self.steps.push(Step::Pool {
-                    x,
-                    window,
-                    average: false,
-                    out,
-                });
-                self.ids.push(c.id);
+                self.pool(c, x, 1..6, values, false)?;
             }
             "aten::avg_pool2d.out" => {
                 let (x, divisor, out) = (arg(c, 0)?, arg(c, 6)?, arg(c, 7)?);
@@ -485,17 +499,7 @@ impl Builder<'_, '_> {
                 if g.tensor(x)?.rank() != 4 || !(g.is_none(divisor) || g.int(divisor)? > 0) {
                     return None;
                 }
-                let x = self.inner(x)?;
-                let window = self.args.len();
-                self.args.extend_from_slice(c.args.get(1..7)?);
-                let out = self.output(out)?;
-                self.steps.push(Step::Pool {
-                    x,
-                    window,
-                    average: true,
-                    out,
-                });
-                self.ids.push(c.id);
+                self.pool(c, x, 1..7, out, true)?;
             }
             "aten::mean.out" => {
                 let (x, dims, keep, dtype) = (arg(c, 0)?, arg(c, 1)?, arg(c, 2)?, arg(c, 3)?);

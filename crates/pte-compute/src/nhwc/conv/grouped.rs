@@ -420,11 +420,10 @@ impl Grouped {
         while at < pixels_here {
             let (oy, ox) = ((first + at) / ow, (first + at) % ow);
             let end = ow.min(ox + pixels_here - at);
+            // This row's pixels inside, `lo..hi`; those before and after are border.
             let (lo, hi) = if (row0..row1).contains(&oy) {
-                (
-                    col0.clamp(ox, end),
-                    col1.clamp(ox, end).max(col0.clamp(ox, end)),
-                )
+                let lo = col0.clamp(ox, end);
+                (lo, col1.clamp(lo, end))
             } else {
                 (end, end)
             };
