@@ -214,8 +214,14 @@ fn bias_act_wide(isa: Isa, x: &mut [f32], bias: f32, a: Activation) -> bool {
         }
         let l = crate::arch::Wide::<_, 4>(avx2);
         let rest = match a {
-            Activation::Sigmoid => avx2.vectorize(|| chunks(l, x, bias, math::sigmoid)),
-            Activation::Silu => avx2.vectorize(|| chunks(l, x, bias, math::silu)),
+            Activation::Sigmoid => avx2.vectorize(
+                #[inline(always)]
+                || chunks(l, x, bias, math::sigmoid),
+            ),
+            Activation::Silu => avx2.vectorize(
+                #[inline(always)]
+                || chunks(l, x, bias, math::silu),
+            ),
             _ => return false,
         };
         bias_act_scalar(isa, rest, bias, a);

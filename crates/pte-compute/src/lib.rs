@@ -70,7 +70,9 @@
 //!   (a sliding-window engine shared with max pooling). Bias and activation
 //!   are fused. Weights are packed once by [`Conv2d::new`]. [`ConvTranspose2d`]: one
 //!   product per image and group with the transposed weights packed once, then
-//!   col2im (output padding, groups, dilation).
+//!   col2im (output padding, groups, dilation). Both convolutions and [`nhwc`]'s drop
+//!   the kernel rows and columns that read only padding at every output pixel (an
+//!   atrous 3×3 on a map smaller than its dilation is a 1×1).
 //! - [`nhwc`]: convolution (indirect products, depthwise rows of 16 channels per
 //!   AVX-512 vector or 8 per AVX2 one, Winograd F(4×4, 3×3) and
 //!   F(2×2, 3×3) for regular 3×3 stride-1 layers on images large enough), transposed
@@ -85,6 +87,8 @@
 //!   [`qelementwise`]: XNNPACK's fixed-point 8-bit addition and fp32-requantized
 //!   multiplication (same shapes, or a row repeated over the other operand) and the
 //!   window maximum, vectorized.
+//! - [`resample`]: bilinear upsampling (PyTorch's positions), each input row widened
+//!   once and blended into the output rows that read it.
 //! - [`pooling`]: max pooling on the same window engine (NaN propagating), with
 //!   indices, average pooling (PyTorch's divisors, `ceil_mode`), global average.
 //! - [`elementwise`]: activations, binary operations with a per-channel vector,
@@ -147,6 +151,7 @@ pub mod pooling;
 pub mod qconv;
 pub mod qelementwise;
 pub mod qgemm;
+pub mod resample;
 pub mod unary;
 mod window;
 

@@ -444,7 +444,10 @@ pub(crate) fn weighted(
         // Runs of 16 lanes stay inside a phase, which is whole chunks of CH.
         const { assert!(CH.is_multiple_of(16)) };
         let l = Wide::<_, 2>(s);
-        s.vectorize(|| weighted_plane(l, g, x, taps, init, y, rows));
+        s.vectorize(
+            #[inline(always)]
+            || weighted_plane(l, g, x, taps, init, y, rows),
+        );
         // Apart, so that its constants do not take registers from the accumulators.
         return elementwise::add_scalar_activate(isa, y, 0.0, activation);
     }

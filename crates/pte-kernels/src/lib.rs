@@ -47,7 +47,7 @@ mod elementwise;
 mod fast;
 mod index;
 mod linalg;
-mod nn;
+pub(crate) mod nn;
 mod prim;
 mod quant;
 mod random;

@@ -12,7 +12,7 @@ mod activation;
 mod conv;
 mod norm;
 mod pool;
-mod sample;
+pub(crate) mod sample;
 
 /// A per-axis argument list (`stride`, `padding`, ...) as (height, width): two entries,
 /// or one shared by both; a 1-d operation (`spatial` 1) takes one entry, its height is

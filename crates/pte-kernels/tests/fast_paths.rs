@@ -919,6 +919,52 @@ fn compare(bytes: &[u8], op: &str, inputs: &[(Vec<usize>, Vec<f32>)], terms: usi
     }
 }
 
+#[test]
+fn bilinear_upsampling_matches_the_generic_kernel() {
+    // (input, output, align_corners, scale factors instead of sizes)
+    type Case = ([usize; 4], [usize; 2], bool, Option<[f64; 2]>);
+    let cases: &[Case] = &[
+        ([1, 21, 28, 28], [224, 224], false, None),
+        ([2, 3, 1, 1], [14, 14], false, None),
+        ([1, 5, 7, 9], [13, 4], true, None),
+        ([1, 4, 13, 6], [5, 17], false, None),
+        ([1, 3, 5, 6], [12, 9], false, Some([2.5, 1.5])),
+        ([1, 2, 6, 6], [12, 12], true, Some([2.0, 2.0])),
+        ([1, 2, 1, 7], [3, 1], true, None),
+    ];
+    for &(xs, [oh, ow], align_corners, scales) in cases {
+        let ys = [xs[0], xs[1], oh, ow];
+        let bytes = unary_program(
+            "aten::upsample_bilinear2d",
+            "vec_out",
+            &xs,
+            &ys,
+            |b| {
+                let size = match scales {
+                    Some(_) => b.none(),
+                    None => b.int_list(&[oh as i64, ow as i64]),
+                };
+                let align = b.bool(align_corners);
+                let factors = match scales {
+                    Some(f) => b.double_list(&f),
+                    None => b.none(),
+                };
+                vec![size, align, factors]
+            },
+            &[],
+        );
+        let inputs = [(xs.to_vec(), values(xs.iter().product(), 31))];
+        let what = format!("{xs:?} -> {oh}x{ow}, align_corners {align_corners}, scales {scales:?}");
+        compare(
+            &bytes,
+            "aten::upsample_bilinear2d.vec_out",
+            &inputs,
+            4,
+            &what,
+        );
+    }
+}
+
 /// Builds the arguments of a call between its input and its output.
 type Extra = dyn Fn(&mut ProgramBuilder) -> Vec<i32>;
 

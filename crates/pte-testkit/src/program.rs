@@ -95,6 +95,13 @@ impl ProgramBuilder {
         })))
     }
 
+    /// A `DoubleList` (its values inline, as the schema keeps them).
+    pub fn double_list(&mut self, items: &[f64]) -> i32 {
+        self.push(et::KernelTypes::DoubleList(Box::new(et::DoubleList {
+            items: Some(items.to_vec()),
+        })))
+    }
+
     /// A `TensorList` of earlier tensor values.
     pub fn tensor_list(&mut self, items: &[i32]) -> i32 {
         self.push(et::KernelTypes::TensorList(Box::new(et::TensorList {

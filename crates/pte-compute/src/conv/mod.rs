@@ -18,6 +18,9 @@
 
 mod depthwise;
 mod transposed;
+mod trim;
+
+pub(crate) use trim::trim_padding_taps;
 
 pub use transposed::{ConvTranspose2d, ConvTranspose2dParams};
 
@@ -183,6 +186,14 @@ impl<'a> ConvWeights<'a> {
     /// Depthwise weights, `[kh, kw, out_channels]`.
     pub fn hwo(data: &'a [f32]) -> Self {
         Self::new(data, WeightLayout::Hwo)
+    }
+
+    /// The same layout and scale over other values (the same weights rearranged).
+    pub(crate) fn with_data<'b>(&self, data: &'b [f32]) -> ConvWeights<'b>
+    where
+        'a: 'b,
+    {
+        ConvWeights { data, ..*self }
     }
 
     fn new(data: &'a [f32], layout: WeightLayout) -> Self {
@@ -352,6 +363,11 @@ impl Conv2d {
         bias: Option<&[f32]>,
         activation: Activation,
     ) -> Result<Self> {
+        let trimmed = trim_padding_taps(&p, &weights)?;
+        let (p, weights) = match &trimmed {
+            Some((q, kept)) => (*q, weights.with_data(kept)),
+            None => (p, weights),
+        };
         let out = p.output()?;
         let (cig, cog) = p.channels_per_group();
         let (taps, k) = weights.check(&p)?;

@@ -127,6 +127,13 @@ fn cases() -> Vec<Conv2dParams> {
         case(4, 8, 4, [9, 32], [5, 5], [1, 1], [2, 2, 2, 2], [1, 1]),
         case(3, 3, 3, [5, 56], [7, 7], [1, 1], [3, 1, 2, 3], [1, 1]),
         case(2, 2, 2, [3, 3], [7, 7], [1, 1], [3, 3, 3, 3], [1, 1]),
+        // taps that read only padding (dropped): an atrous 3×3 whose outer taps all
+        // fall outside, one axis of them, the middle tap alone of a wide padding, and
+        // a depthwise one
+        case(6, 5, 1, [7, 7], [3, 3], [1, 1], [12, 12, 12, 12], [12, 12]),
+        case(4, 6, 1, [9, 5], [3, 3], [1, 1], [6, 6, 6, 6], [6, 6]),
+        case(3, 4, 1, [6, 5], [3, 3], [1, 1], [10, 1, 10, 1], [8, 1]),
+        case(4, 4, 4, [5, 6], [3, 3], [2, 1], [7, 7, 7, 7], [7, 7]),
     ]
 }
 
@@ -193,6 +200,42 @@ fn algorithms_are_chosen_by_shape() {
     assert_eq!(algo(cases()[2]), "im2col");
     assert_eq!(algo(cases()[4]), "im2col");
     assert_eq!(algo(cases()[11]), "depthwise");
+}
+
+#[test]
+fn taps_reading_only_padding_are_dropped_unless_not_finite() {
+    let g = Gemm::new();
+    let pool = ThreadPool::new(1).unwrap();
+    // An atrous 3×3 on a map smaller than its dilation: only the middle tap reads
+    // the input, so the layer is a pointwise one.
+    let p = case(3, 2, 1, [5, 5], [3, 3], [1, 1], [9, 9, 9, 9], [9, 9]);
+    let run = |w: &[f32]| {
+        let conv = Conv2d::new(
+            &pool,
+            g,
+            p,
+            ConvWeights::oihw(w),
+            None,
+            Activation::Identity,
+        )
+        .unwrap();
+        let (x_len, y_len) = conv.io_len(1).unwrap();
+        let mut y = vec![0.0; y_len];
+        let mut scratch = vec![0.0; conv.scratch_len(1).unwrap()];
+        conv.run(&pool, &values(x_len, 7), 1, &mut y, &mut scratch)
+            .unwrap();
+        (conv.algorithm(), y)
+    };
+    let mut w = values(2 * 3 * 9, 3);
+    let (algo, y) = run(&w);
+    assert_eq!(algo, "pointwise");
+    assert!(y.iter().all(|v| v.is_finite()));
+    // An infinite weight on a tap that reads padding: PyTorch multiplies the padding
+    // by it (NaN), so the tap stays.
+    w[0] = f32::INFINITY;
+    let (algo, y) = run(&w);
+    assert_eq!(algo, "im2col");
+    assert!(y.iter().take(25).all(|v| v.is_nan()));
 }
 
 #[test]

@@ -687,13 +687,15 @@ impl Gemm {
                     (Some(x), Some(col)) => dot(self.isa, x, col),
                     _ => (0..k).map(|p| a.at(0, p) * b.at(p, j0 + j + s)).sum(),
                 };
-                // Four columns at a time: four streams of B from memory, each value
-                // of `a` loaded once for them.
-                for (q, v) in acc.chunks_mut(4).enumerate() {
-                    let s = 4 * q;
-                    match (x, col(s), col(s + 1), col(s + 2), col(s + 3)) {
-                        (Some(x), Some(c0), Some(c1), Some(c2), Some(c3)) if v.len() == 4 => {
-                            v.copy_from_slice(&dot4(self.isa, x, [c0, c1, c2, c3]));
+                // DOT_ROWS columns at a time: as many streams of B from memory, each
+                // value of `a` loaded once for them.
+                for (q, v) in acc.chunks_mut(DOT_ROWS).enumerate() {
+                    let s = DOT_ROWS * q;
+                    let cols: [Option<&[f32]>; DOT_ROWS] = std::array::from_fn(|i| col(s + i));
+                    match x {
+                        Some(x) if v.len() == DOT_ROWS && cols.iter().all(Option::is_some) => {
+                            let cols = cols.map(Option::unwrap_or_default);
+                            v.copy_from_slice(&dot_rows(self.isa, x, cols));
                         }
                         _ => v.iter_mut().enumerate().for_each(|(i, v)| *v = one(s + i)),
                     }
@@ -1101,6 +1103,7 @@ impl Gemm {
 /// at least.
 const VECTOR_SPLIT_VALUES: usize = 1 << 16;
 const VECTOR_COLUMNS: usize = 16;
+const DOT_ROWS: usize = 8;
 
 /// Bytes of packed B panels one run of the indirect micro-kernel covers (half a typical
 /// L2), in products and in convolutions alike.
@@ -1179,23 +1182,42 @@ multiversion! {
     }
 }
 
-/// `[x · w₀, x · w₁, x · w₂, x · w₃]` (each `w` as long as `x`).
-fn dot4(isa: Isa, x: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
+/// `[x · w₀, x · w₁, …]` (each `w` as long as `x`).
+fn dot_rows(isa: Isa, x: &[f32], w: [&[f32]; DOT_ROWS]) -> [f32; DOT_ROWS] {
     #[cfg(target_arch = "x86_64")]
     if let Some(s) = arch::Avx2::new().filter(|_| isa != Isa::Generic) {
-        return s.vectorize(|| dot4_on(s, x, w));
+        return s.vectorize(
+            #[inline(always)]
+            || dot_rows_on(s, x, w),
+        );
     }
     let _ = isa; // only read on x86-64
-    dot4_on(arch::Scalar::<false>, x, w)
+    dot_rows_on(arch::Scalar::<false>, x, w)
 }
 
 #[inline(always)]
-fn dot4_on<S: arch::Lanes>(s: S, x: &[f32], w: [&[f32]; 4]) -> [f32; 4] {
-    let mut acc = [s.splat(0.0); 4];
-    for at in (0..x.len()).step_by(S::LANES) {
-        let xv = s.load(x.get(at..).unwrap_or_default());
-        for (a, w) in acc.iter_mut().zip(w) {
-            *a = s.fma(s.load(w.get(at..).unwrap_or_default()), xv, *a);
+fn dot_rows_on<S: arch::Lanes>(s: S, x: &[f32], w: [&[f32]; DOT_ROWS]) -> [f32; DOT_ROWS] {
+    // Whole vectors through zipped exact chunks, so that the loop carries no bounds
+    // checks or short-load branches (with them it was instruction-bound, at two thirds
+    // of the memory bandwidth alexnet's classifier reached without them); the tail once.
+    let mut acc = [s.splat(0.0); DOT_ROWS];
+    let rows = w.map(|w| w.get(..x.len()).unwrap_or(w).chunks_exact(S::LANES));
+    let tails = rows.each_ref().map(|c| c.remainder());
+    let xs = x.chunks_exact(S::LANES);
+    let x_tail = xs.remainder();
+    let [r0, r1, r2, r3, r4, r5, r6, r7] = rows;
+    let quads = r0.zip(r1).zip(r2.zip(r3));
+    let quads = quads.zip(r4.zip(r5).zip(r6.zip(r7)));
+    for (xv, (((a, b), (c, d)), ((e, f), (g, h)))) in xs.zip(quads) {
+        let xv = s.load(xv);
+        for (acc, v) in acc.iter_mut().zip([a, b, c, d, e, f, g, h]) {
+            *acc = s.fma(s.load(v), xv, *acc);
+        }
+    }
+    if !x_tail.is_empty() {
+        let xv = s.load(x_tail);
+        for (a, t) in acc.iter_mut().zip(tails) {
+            *a = s.fma(s.load(t), xv, *a);
         }
     }
     acc.map(|a| {

@@ -61,11 +61,12 @@ impl<'a> DepthwiseChain<'a> {
     /// The chain, if the layers fit together: a depthwise convolution with no
     /// vertical dilation and at most [`MAX_KERNEL_ROWS`] kernel rows, pointwise
     /// convolutions whose channels and image sizes meet it, and at least one of them.
+    /// (No error value: callers ask at every execution, which must not allocate.)
     pub fn new(
         expand: Option<&'a ConvNhwc>,
         depthwise: &'a ConvNhwc,
         project: Option<&'a ConvNhwc>,
-    ) -> Result<Self> {
+    ) -> Option<Self> {
         let d = depthwise.params();
         let fits_before = expand.is_none_or(|e| {
             let p = e.params();
@@ -83,17 +84,7 @@ impl<'a> DepthwiseChain<'a> {
             && (expand.is_some() || project.is_some())
             && fits_before
             && fits_after;
-        if !ok {
-            return Err(Error::InvalidParameter {
-                what: format!(
-                    "depthwise chain: {:?} between {:?} and {:?}",
-                    d,
-                    expand.map(|e| e.params()),
-                    project.map(|q| q.params())
-                ),
-            });
-        }
-        Ok(Self {
+        ok.then_some(Self {
             expand,
             depthwise,
             project,

@@ -90,6 +90,11 @@ impl ConvNhwc {
         bias: Option<&[f32]>,
         activation: Activation,
     ) -> Result<Self> {
+        let trimmed = crate::conv::trim_padding_taps(&p, &weights)?;
+        let (p, weights) = match &trimmed {
+            Some((q, kept)) => (*q, weights.with_data(kept)),
+            None => (p, weights),
+        };
         let out = p.output()?;
         let (cig, cog) = p.channels_per_group();
         let (taps, k) = weights.check(&p)?;

@@ -39,6 +39,7 @@ mod linear;
 mod norm;
 mod pool;
 mod region;
+mod resample;
 mod rows;
 
 use std::sync::Arc;
@@ -86,6 +87,11 @@ pub fn install(r: &mut KernelRegistry) {
     wrap(r, "aten::bmm.out", linear::prepare_bmm);
     wrap(r, "aten::max_pool2d_with_indices.out", pool::prepare_max);
     wrap(r, "aten::avg_pool2d.out", pool::prepare_avg);
+    wrap(
+        r,
+        "aten::upsample_bilinear2d.vec_out",
+        resample::prepare_bilinear,
+    );
     for (name, fast) in [
         ("aten::relu.out", rows::relu as Prepare),
         ("aten::sigmoid.out", rows::sigmoid),

@@ -1089,7 +1089,7 @@ impl Region {
             all => (None, all),
         };
         let (&depthwise, project) = rest.split_first()?;
-        nhwc::DepthwiseChain::new(expand, depthwise, project.first().copied()).ok()
+        nhwc::DepthwiseChain::new(expand, depthwise, project.first().copied())
     }
 
     /// Runs steps `first..first + len` as one depthwise chain; false (nothing run) when

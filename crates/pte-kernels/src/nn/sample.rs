@@ -25,7 +25,7 @@ fn nchw(sizes: &[usize], op: &str) -> KernelResult<[usize; 4]> {
 
 /// The output sizes of an upsampling: `output_size` (two entries) or the input sizes
 /// times `scales` (rounded down), and the scales as given.
-fn out_size(
+pub(crate) fn out_size(
     args: &Args<'_>,
     sizes_at: usize,
     scales_at: usize,

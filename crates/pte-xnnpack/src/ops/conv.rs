@@ -470,7 +470,7 @@ impl Kernel for ChainConv {
         };
         let y = f32s_mut(outputs.first_mut().ok_or("no output")?.bytes, yl)?;
         let threads = cx.pool.threads();
-        let chain = DepthwiseChain::new(e, d, p).ok();
+        let chain = DepthwiseChain::new(e, d, p);
         if let Some(chain) = chain.filter(|c| c.splits_well(n, threads)) {
             let len = chain.scratch_len(threads).map_err(err)?;
             let scratch = cx

@@ -708,10 +708,13 @@ fn input(
 ) {
     #[cfg(target_arch = "x86_64")]
     if let Some(s) = Avx2::new().filter(|_| isa != Isa::Generic) {
-        return s.vectorize(|| match variant {
-            Variant::F2 => input_tile::<_, F2, 4, 2>(s, taps, channels, out, stride),
-            Variant::F4 => input_tile::<_, F4, 6, 4>(s, taps, channels, out, stride),
-        });
+        return s.vectorize(
+            #[inline(always)]
+            || match variant {
+                Variant::F2 => input_tile::<_, F2, 4, 2>(s, taps, channels, out, stride),
+                Variant::F4 => input_tile::<_, F4, 6, 4>(s, taps, channels, out, stride),
+            },
+        );
     }
     let _ = isa; // only read on x86-64
     match variant {
@@ -732,10 +735,13 @@ fn output(
 ) {
     #[cfg(target_arch = "x86_64")]
     if let Some(s) = Avx2::new().filter(|_| isa != Isa::Generic) {
-        return s.vectorize(|| match variant {
-            Variant::F2 => output_tile::<_, F2, 4, 2>(s, src, stride, channels, tile, band),
-            Variant::F4 => output_tile::<_, F4, 6, 4>(s, src, stride, channels, tile, band),
-        });
+        return s.vectorize(
+            #[inline(always)]
+            || match variant {
+                Variant::F2 => output_tile::<_, F2, 4, 2>(s, src, stride, channels, tile, band),
+                Variant::F4 => output_tile::<_, F4, 6, 4>(s, src, stride, channels, tile, band),
+            },
+        );
     }
     let _ = isa; // only read on x86-64
     match variant {

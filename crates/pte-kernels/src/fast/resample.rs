@@ -1,0 +1,59 @@
+//! `aten::upsample_bilinear2d.vec_out` on `pte_compute::resample` for float32 NCHW
+//! inputs: the positions and weights of every output row and column computed when the
+//! call's sizes are first seen (again only when they change), planes split over the
+//! method's threads, nothing allocated per execution.
+
+use pte_compute::resample::Bilinear;
+use pte_runtime::{Args, KernelResult, PreparedKernel};
+
+use super::{at, compute, f32_tensor, scratch, views};
+use crate::nn::sample::out_size;
+
+/// The call's sizes and options, and the resampling prepared for them.
+type Plan = ([usize; 4], [usize; 2], bool, [Option<f64>; 2], Bilinear);
+
+/// A bilinear upsampling call site: `[x, output_size?, align_corners, scale_factors?,
+/// out]`.
+pub(super) struct Upsample {
+    plan: Option<Plan>,
+}
+
+/// Prepares `upsample_bilinear2d.vec` when its input (4-d) and output are float32.
+pub(super) fn prepare_bilinear(args: &Args<'_>, _: &dyn pte_runtime::Kernel) -> super::Prepared {
+    let (Some(x), Some(_)) = (f32_tensor(args, 0)?, f32_tensor(args, 4)?) else {
+        return Ok(None);
+    };
+    Ok((x.rank() == 4).then(|| Box::new(Upsample { plan: None }) as Box<dyn PreparedKernel>))
+}
+
+impl PreparedKernel for Upsample {
+    fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
+        let x = args.tensor(0)?;
+        let &[n, c, h, w] = x.sizes.as_slice() else {
+            return Err(pte_runtime::KernelError::invalid(format!(
+                "{}: expects a 4-D input, got {:?}",
+                args.op(),
+                x.sizes
+            )));
+        };
+        let align_corners = args.bool(2)?;
+        let (size, scales) = out_size(args, 1, 3, [h, w], "upsample_bilinear2d")?;
+        let key = ([n, c, h, w], size, align_corners, scales);
+        let fresh = !matches!(&self.plan, Some((a, b, c, d, _)) if (*a, *b, *c, *d) == key);
+        if fresh {
+            let b = Bilinear::new([h, w], size, align_corners, scales).map_err(compute)?;
+            self.plan = Some((key.0, key.1, key.2, key.3, b));
+        }
+        let Some((.., bilinear)) = &self.plan else {
+            return Ok(());
+        };
+        let [oh, ow] = size;
+        args.resize(4, &[n, c, oh, ow])?;
+        let pool = args.pool();
+        let mut io = args.io(&[at(0)], &[at(4)])?;
+        let len = bilinear.scratch_len(pool.threads()).map_err(compute)?;
+        let (x, y) = views(&io.inputs, &mut io.outputs)?;
+        let s = scratch(io.scratch, len)?;
+        bilinear.run_nchw(pool, x, n * c, y, s).map_err(compute)
+    }
+}
