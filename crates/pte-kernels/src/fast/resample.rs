@@ -39,13 +39,12 @@ impl PreparedKernel for Upsample {
         let align_corners = args.bool(2)?;
         let (size, scales) = out_size(args, 1, 3, [h, w], "upsample_bilinear2d")?;
         let key = ([n, c, h, w], size, align_corners, scales);
-        let fresh = !matches!(&self.plan, Some((a, b, c, d, _)) if (*a, *b, *c, *d) == key);
-        if fresh {
-            let b = Bilinear::new([h, w], size, align_corners, scales).map_err(compute)?;
-            self.plan = Some((key.0, key.1, key.2, key.3, b));
-        }
-        let Some((.., bilinear)) = &self.plan else {
-            return Ok(());
+        let bilinear = match &self.plan {
+            Some((a, b, c, d, bilinear)) if (*a, *b, *c, *d) == key => bilinear,
+            _ => {
+                let b = Bilinear::new([h, w], size, align_corners, scales).map_err(compute)?;
+                &self.plan.insert((key.0, key.1, key.2, key.3, b)).4
+            }
         };
         let [oh, ow] = size;
         args.resize(4, &[n, c, oh, ow])?;
