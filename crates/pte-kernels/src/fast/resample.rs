@@ -9,13 +9,14 @@ use pte_runtime::{Args, KernelResult, PreparedKernel};
 use super::{at, compute, f32_tensor, scratch, views};
 use crate::nn::sample::out_size;
 
-/// The call's sizes and options, and the resampling prepared for them.
-type Plan = ([usize; 4], [usize; 2], bool, [Option<f64>; 2], Bilinear);
+/// A call's input sizes, output size, `align_corners` and scale factors.
+type Key = ([usize; 4], [usize; 2], bool, [Option<f64>; 2]);
 
 /// A bilinear upsampling call site: `[x, output_size?, align_corners, scale_factors?,
 /// out]`.
 pub(super) struct Upsample {
-    plan: Option<Plan>,
+    /// The resampling prepared for the sizes last seen.
+    plan: Option<(Key, Bilinear)>,
 }
 
 /// Prepares `upsample_bilinear2d.vec` when its input (4-d) and output are float32.
@@ -40,10 +41,10 @@ impl PreparedKernel for Upsample {
         let (size, scales) = out_size(args, 1, 3, [h, w], "upsample_bilinear2d")?;
         let key = ([n, c, h, w], size, align_corners, scales);
         let bilinear = match &self.plan {
-            Some((a, b, c, d, bilinear)) if (*a, *b, *c, *d) == key => bilinear,
+            Some((seen, bilinear)) if *seen == key => bilinear,
             _ => {
                 let b = Bilinear::new([h, w], size, align_corners, scales).map_err(compute)?;
-                &self.plan.insert((key.0, key.1, key.2, key.3, b)).4
+                &self.plan.insert((key, b)).1
             }
         };
         let [oh, ow] = size;
