@@ -1,14 +1,16 @@
-//! Bilinear resampling of f32 NCHW images (PyTorch's `upsample_bilinear2d`), the two
-//! source positions and weights of every output row and column computed once.
+//! Bilinear resampling of f32 images (PyTorch's `upsample_bilinear2d`), NCHW or NHWC,
+//! the two source positions and weights of every output row and column computed once.
 //!
 //! Positions follow PyTorch's CPU kernel in f32 (`area_pixel_compute_scale`, half-pixel
 //! centres unless `align_corners`, negative positions clamped to 0, the second
 //! position clamped to the last pixel), and each output is
 //! `(x₀₀·wx₀ + x₀₁·wx₁)·wy₀ + (x₁₀·wx₀ + x₁₁·wx₁)·wy₁` as there.
 //!
-//! Each needed input row is interpolated along the width once into a scratch row (an
-//! upsampling reads every input row for several output rows), then two such rows are
-//! blended per output row.
+//! NCHW: each needed input row is interpolated along the width once into a scratch row
+//! (an upsampling reads every input row for several output rows), then two such rows
+//! are blended per output row. NHWC: each output pixel blends four input pixels, all
+//! channels at once, with the same products in the same order (the results are equal
+//! bit for bit).
 
 use crate::error::{self, Error, Result};
 use crate::pool::ThreadPool;
@@ -103,7 +105,7 @@ impl Bilinear {
         error::mul(2 * self.cols.len(), threads.max(1), "resampling scratch")
     }
 
-    /// Checks that `x` and `y` hold `images` planes.
+    /// Checks that `x` and `y` hold `images` planes (or images of one channel each).
     fn check(&self, x: &[f32], y: &[f32], images: usize) -> Result {
         let [h, w] = self.input;
         let [oh, ow] = self.output();
@@ -163,6 +165,47 @@ impl Bilinear {
             }
         })
     }
+
+    /// Resamples `images` NHWC images of `channels` channels from `x` into `y`, output
+    /// rows split over the threads.
+    pub fn run_nhwc(
+        &self,
+        pool: &ThreadPool,
+        x: &[f32],
+        images: usize,
+        channels: usize,
+        y: &mut [f32],
+    ) -> Result {
+        self.check(x, y, error::mul(images, channels, "images")?)?;
+        let ([h, w], [oh, ow]) = (self.input, self.output());
+        let c = channels;
+        if c == 0 {
+            return Ok(());
+        }
+        let row_len = ow * c;
+        let y = y.get_mut(..images * oh * row_len).unwrap_or_default();
+        pool.parallel_chunks(y, row_len, &mut [0u8; 0], 0, |i, out, _| {
+            let (image, oy) = (i / oh, i % oh);
+            let Some(r) = self.rows.get(oy) else { return };
+            let src = x
+                .get(image * h * w * c..(image + 1) * h * w * c)
+                .unwrap_or_default();
+            let pixel = |iy: usize, ix: usize| {
+                let at = (iy * w + ix) * c;
+                src.get(at..at + c).unwrap_or_default()
+            };
+            let ([y0, y1], [wy0, wy1]) = (r.at, r.w);
+            for (o, col) in out.chunks_exact_mut(c).zip(&self.cols) {
+                let ([x0, x1], [wx0, wx1]) = (col.at, col.w);
+                let (a, b) = (pixel(y0, x0).iter().zip(pixel(y0, x1)), pixel(y1, x0));
+                for (((o, (&p00, &p01)), &p10), &p11) in
+                    o.iter_mut().zip(a).zip(b).zip(pixel(y1, x1))
+                {
+                    *o = (p00 * wx0 + p01 * wx1) * wy0 + (p10 * wx0 + p11 * wx1) * wy1;
+                }
+            }
+        })
+    }
 }
 
 /// `e[ox] = row[x₀]·wx₀ + row[x₁]·wx₁` for every output column.
@@ -171,5 +214,50 @@ fn widen(row: &[f32], cols: &[Pair], e: &mut [f32]) {
     for (e, c) in e.iter_mut().zip(cols) {
         let ([x0, x1], [w0, w1]) = (c.at, c.w);
         *e = v(x0) * w0 + v(x1) * w1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nhwc_equals_nchw_bit_for_bit() {
+        let pool = ThreadPool::new(2).unwrap();
+        // (input, output, align_corners, scales, images, channels)
+        type Case = ([usize; 2], [usize; 2], bool, [Option<f64>; 2], usize, usize);
+        let cases: &[Case] = &[
+            ([1, 1], [14, 14], false, [None, None], 1, 24),
+            ([14, 14], [28, 28], false, [None, None], 2, 19),
+            ([7, 9], [13, 4], true, [None, None], 1, 5),
+            ([5, 6], [12, 9], false, [Some(2.5), Some(1.5)], 3, 8),
+            ([6, 1], [2, 3], true, [None, None], 1, 1),
+        ];
+        for &(input, output, align, scales, images, c) in cases {
+            let b = Bilinear::new(input, output, align, scales).unwrap();
+            let [h, w] = input;
+            let [oh, ow] = b.output();
+            let nchw: Vec<f32> = (0..images * c * h * w)
+                .map(|i| ((i * 7919) % 101) as f32 / 13.0 - 3.0)
+                .collect();
+            let mut want = vec![0.0; images * c * oh * ow];
+            let mut scratch = vec![0.0; b.scratch_len(2).unwrap()];
+            b.run_nchw(&pool, &nchw, images * c, &mut want, &mut scratch)
+                .unwrap();
+            let mut nhwc = vec![0.0; nchw.len()];
+            crate::layout::transpose(&pool, &nchw, images, c, h * w, &mut nhwc).unwrap();
+            let mut got = vec![f32::NAN; want.len()];
+            b.run_nhwc(&pool, &nhwc, images, c, &mut got).unwrap();
+            let mut back = vec![0.0; got.len()];
+            crate::layout::transpose(&pool, &got, images, oh * ow, c, &mut back).unwrap();
+            let same = back
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "{input:?} -> {output:?} align {align} scales {scales:?}"
+            );
+        }
     }
 }

@@ -1243,22 +1243,36 @@ impl Net {
         stride: usize,
         bn: bool,
     ) -> (i32, Vec<usize>) {
+        self.dilated_conv(x, xs, c_out, [groups, k, stride, 1], bn)
+    }
+
+    /// [`Self::conv`] with the taps `dilation` pixels apart (padded to keep the size
+    /// at stride 1).
+    fn dilated_conv(
+        &mut self,
+        x: i32,
+        xs: &[usize],
+        c_out: usize,
+        [groups, k, stride, dilation]: [usize; 4],
+        bn: bool,
+    ) -> (i32, Vec<usize>) {
         let (n, c_in, h, w) = (xs[0], xs[1], xs[2], xs[3]);
-        let pad = k / 2;
+        let pad = dilation * (k / 2);
         let scale = 1.0 / ((c_in / groups * k * k) as f32).sqrt();
         let weight = self.constant(&[c_out, c_in / groups, k, k], scale);
         let bias = self.constant(&[c_out], 0.1);
         let s = self.b.int_list(&[stride as i64, stride as i64]);
         let p = self.b.int_list(&[pad as i64, pad as i64]);
-        let d = self.b.int_list(&[1, 1]);
+        let d = self.b.int_list(&[dilation as i64, dilation as i64]);
         let t = self.b.bool(false);
         let op = self.b.int_list(&[0, 0]);
         let g = self.b.int(groups as i64);
+        let extent = dilation * (k - 1) + 1;
         let ys = vec![
             n,
             c_out,
-            (h + 2 * pad - k) / stride + 1,
-            (w + 2 * pad - k) / stride + 1,
+            (h + 2 * pad - extent) / stride + 1,
+            (w + 2 * pad - extent) / stride + 1,
         ];
         let y = self.tensor(&ys);
         self.b.call(
@@ -1353,6 +1367,20 @@ impl Net {
         let y = self.tensor(&ys);
         self.b
             .call("aten::avg_pool2d", "out", &[x, kl, sl, pl, c, inc, d, y, y]);
+        (y, ys)
+    }
+
+    /// `upsample_bilinear2d` of `x` to `size` (half-pixel centres).
+    fn upsample(&mut self, x: i32, xs: &[usize], size: [usize; 2]) -> (i32, Vec<usize>) {
+        let ys = vec![xs[0], xs[1], size[0], size[1]];
+        let sl = self.b.int_list(&[size[0] as i64, size[1] as i64]);
+        let (align, none) = (self.b.bool(false), self.b.none());
+        let y = self.tensor(&ys);
+        self.b.call(
+            "aten::upsample_bilinear2d",
+            "vec_out",
+            &[x, sl, align, none, y, y],
+        );
         (y, ys)
     }
 
@@ -1488,6 +1516,60 @@ fn convolution_chains_run_channels_last_with_the_same_results() {
                 // The leaked value ends the first run; the rest is a second one.
                 assert!(regions == 2, "{what}: {ran:?}");
             }
+        }
+    }
+}
+
+/// DeepLab's head: a stem, then the atrous pyramid (a 1×1 branch, 3×3 branches with
+/// `dilations`, a pooling branch: mean, 1×1, upsampled from one pixel), concatenated,
+/// projected, a 3×3 and a 1×1 classifier, upsampled to the input's size.
+fn pyramid_network(batch: usize, size: usize, dilations: &[usize]) -> (Vec<u8>, Vec<usize>) {
+    let mut n = Net::new();
+    let xs = vec![batch, 3, size, size];
+    let x = n.tensor(&xs);
+    n.b.input(x);
+    let (y, ys) = n.conv(x, &xs, 16, 1, 3, 2, true);
+    let y = n.act(y, &ys, After::Relu);
+    let mut parts = Vec::new();
+    let (b, bs) = n.conv(y, &ys, 8, 1, 1, 1, true);
+    parts.push(n.act(b, &bs, After::Relu));
+    for &d in dilations {
+        let (b, bs) = n.dilated_conv(y, &ys, 8, [1, 3, 1, d], true);
+        parts.push(n.act(b, &bs, After::Relu));
+    }
+    let (p, ps) = n.mean(y, &ys, true);
+    let (p, ps) = n.conv(p, &ps, 8, 1, 1, 1, false);
+    let p = n.act(p, &ps, After::Relu);
+    let (p, _) = n.upsample(p, &ps, [ys[2], ys[3]]);
+    parts.push(p);
+    let cs = vec![batch, 8 * parts.len(), ys[2], ys[3]];
+    let y = n.cat(&parts, &cs);
+    let (y, ys) = n.conv(y, &cs, 16, 1, 1, 1, true);
+    let y = n.act(y, &ys, After::Relu);
+    let (y, ys) = n.conv(y, &ys, 16, 1, 3, 1, true);
+    let y = n.act(y, &ys, After::Relu);
+    let (y, ys) = n.conv(y, &ys, 5, 1, 1, 1, false);
+    let (y, _) = n.upsample(y, &ys, [size, size]);
+    n.b.output(y);
+    (n.b.build(), xs)
+}
+
+#[test]
+fn an_atrous_pyramid_runs_channels_last_with_the_same_results() {
+    // Five and seven parts; dilations whose outer taps read the input at a few
+    // pixels, at none (dropped), or at most.
+    for (batch, size, dilations) in [(1, 28, &[3, 6, 40][..]), (2, 21, &[2, 5, 7, 9, 11][..])] {
+        let (bytes, xs) = pyramid_network(batch, size, dilations);
+        let inputs = [(xs.clone(), values(xs.iter().product(), 50))];
+        let what = format!("batch {batch} size {size} dilations {dilations:?}");
+        let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+        for threads in [1, 2] {
+            let (got, ran) = run(&bytes, &pte_kernels::registry(), &inputs, threads);
+            assert_close(&got, &want, 400, &format!("{what}, {threads} threads"));
+            // One region up to the last upsampling, which the NCHW kernel runs.
+            assert_eq!(ran.len(), 2, "{what}: {ran:?}");
+            assert!(ran[0].contains("NHWC region"), "{what}: {ran:?}");
+            assert!(ran[1].contains("upsample_bilinear2d"), "{what}: {ran:?}");
         }
     }
 }

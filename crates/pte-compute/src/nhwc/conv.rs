@@ -65,6 +65,9 @@ pub struct ConvNhwc {
     /// A row of zeros (one group's input channels, all channels for a depthwise
     /// convolution): what taps in the padding read.
     zero: Vec<f32>,
+    /// Every weight is finite: a tap that reads only padding adds zeros and may be
+    /// skipped (else PyTorch's zero times infinity gives NaN).
+    finite: bool,
 }
 
 impl std::fmt::Debug for ConvNhwc {
@@ -171,6 +174,7 @@ impl ConvNhwc {
             bias,
             activation,
             zero: vec![0.0; if depthwise { p.in_channels } else { cig }],
+            finite: weights.data().iter().all(|v| v.is_finite()),
         })
     }
 
@@ -860,7 +864,7 @@ impl ConvNhwc {
                 for (r, rows) in even_tiles(rows_here, strip, strip) {
                     for t0 in (0..taps).step_by(INDIRECT_TAPS) {
                         let seg = INDIRECT_TAPS.min(taps - t0);
-                        let taps = (t0, seg, taps);
+                        let whole = TapRun::of(t0, seg, taps);
                         if let Gather::Pixel = gather {
                             // The tile's pixels are consecutive in the input.
                             let ch = p.in_channels;
@@ -868,7 +872,7 @@ impl ConvNhwc {
                                 let Some(b) = weights.get(g) else { continue };
                                 let a = x.get((r0 + r) * ch + g * cig..).unwrap_or_default();
                                 let list = IndirectRows::strided(a, rows, 1, k, (ch, 0))?;
-                                tile.run(&self.bias, b, &list, &mut c, (r, g * cog), taps)?;
+                                tile.run(&self.bias, b, &list, &mut c, (r, g * cog), whole)?;
                             }
                             continue;
                         }
@@ -886,7 +890,7 @@ impl ConvNhwc {
                                     * ch;
                                 let a = x.get(at..).unwrap_or_default();
                                 let list = IndirectRows::strided(a, n, seg, k, (row, tap))?;
-                                tile.run(&self.bias, b, &list, &mut c, (r + i, 0), taps)?;
+                                tile.run(&self.bias, b, &list, &mut c, (r + i, 0), whole)?;
                                 i += n;
                             }
                             continue;
@@ -896,6 +900,13 @@ impl ConvNhwc {
                             ([None; INDIRECT_TAPS * MAX_MR], a)
                         });
                         self.gather_offsets(gather, r0 + r, rows, (t0, seg), at);
+                        // A window listed at once skips the runs of taps that read
+                        // only padding for every pixel of the tile (DeepLab's atrous
+                        // 3×3 with dilation 12 on a 14×14 map: the middle tap alone
+                        // for most pixels).
+                        let skip = self.finite
+                            && seg == taps
+                            && reading_runs(at, rows, seg).next().is_some();
                         for g in go..go + inner {
                             let Some(b) = weights.get(g) else { continue };
                             // This tile's rows for taps t0..t0 + seg, in group g.
@@ -903,13 +914,33 @@ impl ConvNhwc {
                                 let o = o.map(|o: usize| o + g * cig);
                                 *slot = o.and_then(|o| x.get(o..o + k)).unwrap_or(zero);
                             }
-                            let list = IndirectRows::new(
-                                a.get(..seg * rows).unwrap_or_default(),
-                                rows,
-                                seg,
-                                k,
-                            )?;
-                            tile.run(&self.bias, b, &list, &mut c, (r, g * cog), taps)?;
+                            let product = |run: TapRun, c: &mut MatMut<'_>| {
+                                let first = (run.first - t0) * rows;
+                                let list = a.get(first..first + run.count * rows);
+                                let list = IndirectRows::new(
+                                    list.unwrap_or_default(),
+                                    rows,
+                                    run.count,
+                                    k,
+                                )?;
+                                tile.run(&self.bias, b, &list, c, (r, g * cog), run)
+                            };
+                            if !skip {
+                                product(whole, &mut c)?;
+                                continue;
+                            }
+                            let mut runs = reading_runs(at, rows, seg).peekable();
+                            let mut opens = true;
+                            while let Some((ta, tb)) = runs.next() {
+                                let run = TapRun {
+                                    first: t0 + ta,
+                                    count: tb - ta,
+                                    opens,
+                                    closes: runs.peek().is_none(),
+                                };
+                                product(run, &mut c)?;
+                                opens = false;
+                            }
                         }
                     }
                     let complete = go + 1 == outer && q0 + block >= cols.end;
@@ -1001,10 +1032,56 @@ struct TileProduct {
     clamp: (f32, f32),
 }
 
+/// Kernel taps `first..first + count` of a tile's product, whether they are the first
+/// it adds (else the output holds a partial sum) and the last (the bias and clamp are
+/// applied with them).
+#[derive(Clone, Copy, Debug)]
+struct TapRun {
+    first: usize,
+    count: usize,
+    opens: bool,
+    closes: bool,
+}
+
+impl TapRun {
+    /// Taps `t0..t0 + seg` of a window of `taps`, every tap multiplied.
+    fn of(t0: usize, seg: usize, taps: usize) -> Self {
+        TapRun {
+            first: t0,
+            count: seg,
+            opens: t0 == 0,
+            closes: t0 + seg == taps,
+        }
+    }
+}
+
+/// The runs `a..b` of taps `0..seg` that read the input for some pixel of a tile, from
+/// its listed input offsets (`at`, tap by tap, `rows` per tap; `None` in the padding).
+fn reading_runs(
+    at: &[Option<usize>],
+    rows: usize,
+    seg: usize,
+) -> impl Iterator<Item = (usize, usize)> + '_ {
+    let reads = move |t: usize| {
+        at.get(t * rows..(t + 1) * rows)
+            .is_some_and(|r| r.iter().any(Option::is_some))
+    };
+    let mut t = 0;
+    std::iter::from_fn(move || {
+        while t < seg && !reads(t) {
+            t += 1;
+        }
+        let start = t;
+        while t < seg && reads(t) {
+            t += 1;
+        }
+        (start < t).then_some((start, t))
+    })
+}
+
 impl TileProduct {
-    /// The tile of `rows` (their rows of the left operand) for kernel taps `t0..t0 +
-    /// seg` of `taps`, at output row `i` and the first channel `g0` of its group; the
-    /// bias and clamp with the last taps.
+    /// The tile of `rows` (their rows of the left operand) for the kernel taps
+    /// `taps`, at output row `i` and the first channel `g0` of its group.
     fn run(
         &self,
         bias: &[f32],
@@ -1012,12 +1089,12 @@ impl TileProduct {
         rows: &IndirectRows<'_>,
         c: &mut MatMut<'_>,
         (i, g0): (usize, usize),
-        (t0, seg, taps): (usize, usize, usize),
+        taps: TapRun,
     ) -> Result {
         let (q0, count, nr, cog, j_view) = self.cols;
         let k = rows.depth();
         let j = g0 + q0 * nr;
-        let (data, stride) = weights.panels().block(q0 * nr, t0 * k);
+        let (data, stride) = weights.panels().block(q0 * nr, taps.first * k);
         let run = PanelRun {
             data,
             stride,
@@ -1025,12 +1102,12 @@ impl TileProduct {
             cols: nr.min(cog - (q0 + count - 1) * nr),
         };
         let (min, max) = self.clamp;
-        let post = (t0 + seg == taps).then(|| Post {
+        let post = taps.closes.then(|| Post {
             bias: TileBias::Cols(bias.get(j..).unwrap_or_default()),
             min,
             max,
         });
-        let acc = self.accumulate || t0 > 0;
+        let acc = self.accumulate || !taps.opens;
         indirect_microkernel(self.isa, rows, &run, c, (i, j - j_view), acc, post.as_ref())
     }
 }

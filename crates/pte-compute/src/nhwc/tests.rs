@@ -431,6 +431,43 @@ fn convolutions_match_a_direct_loop() {
         ([12, 9], [3, 3], [1, 2], [2, 1], [0; 4], 1, 17, 16, false),
         ([10, 12], [3, 3], [1, 1], [1, 2], [0; 4], 1, 16, 16, false),
         ([5, 5], [1, 1], [2, 2], [1, 1], [0; 4], 1, 600, 300, false),
+        // Taps that read only padding for every pixel of a tile, skipped tile by tile:
+        // DeepLab's atrous 3×3 (dilation 12 on a 14×14 map: the outer taps read the
+        // input at two rows and columns each), a dilated 5×5 whose tiles read several
+        // runs of taps, and groups.
+        (
+            [14, 14],
+            [3, 3],
+            [1, 1],
+            [12, 12],
+            [12, 12, 12, 12],
+            1,
+            20,
+            19,
+            false,
+        ),
+        (
+            [9, 10],
+            [5, 5],
+            [1, 1],
+            [3, 3],
+            [6, 6, 6, 6],
+            1,
+            9,
+            17,
+            false,
+        ),
+        (
+            [8, 7],
+            [3, 3],
+            [1, 1],
+            [5, 4],
+            [5, 4, 5, 4],
+            2,
+            12,
+            10,
+            false,
+        ),
         // Split by channels into a number of panels two threads cannot share evenly
         // (5 of 32 on AVX-512), so by rows too.
         (
@@ -1217,4 +1254,48 @@ fn depthwise_chains_match_their_layers_run_in_turn() {
     .unwrap();
     assert!(DepthwiseChain::new(None, &d, None).is_none());
     assert!(DepthwiseChain::new(Some(&d), &d, None).is_none());
+}
+
+#[test]
+fn taps_reading_only_padding_multiply_infinite_weights() {
+    // DeepLab's atrous 3×3: the top-left tap reads the input only at output rows and
+    // columns 12 and 13. An infinite weight there makes every other pixel of the
+    // output channel NaN in PyTorch (zero padding times infinity), so the tap is
+    // multiplied in every tile.
+    let g = Geometry {
+        input: [14, 14],
+        kernel: [3, 3],
+        stride: [1, 1],
+        dilation: [12, 12],
+        padding: [12; 4],
+    };
+    let (cin, cout) = (8, 4);
+    let p = g.conv2d(cin, cout, 1);
+    let mut w = data(cout * 9 * cin, 2);
+    w[0] = f32::INFINITY;
+    let x: Vec<f32> = data(14 * 14 * cin, 1)
+        .iter()
+        .map(|v| v.abs() + 0.5)
+        .collect();
+    for isa in Isa::available() {
+        let pool = ThreadPool::new(1).unwrap();
+        let gemm = Gemm::with_isa(isa).unwrap();
+        let weights = ConvWeights::ohwi(&w);
+        let act = crate::Activation::Identity;
+        let conv = ConvNhwc::new(&pool, &STAGING, gemm, p, weights, None, act).unwrap();
+        let mut y = vec![0.0; 14 * 14 * cout];
+        let mut scratch = vec![0.0; conv.scratch_len(1).unwrap()];
+        conv.run(&pool, &x, 1, None, &mut y, &mut scratch).unwrap();
+        for (i, pixel) in y.chunks_exact(cout).enumerate() {
+            let (oy, ox) = (i / 14, i % 14);
+            let reads = oy >= 12 && ox >= 12;
+            let ok = if reads {
+                pixel[0] == f32::INFINITY
+            } else {
+                pixel[0].is_nan()
+            };
+            assert!(ok, "{isa:?} ({oy}, {ox}): {}", pixel[0]);
+            assert!(pixel[1..].iter().all(|v| v.is_finite()));
+        }
+    }
 }

@@ -6,8 +6,9 @@
 //! looks for a run of consecutive calls it can take over — convolutions with their
 //! batch normalization, residual addition and activation, max pooling whose indices
 //! nothing reads, the mean over height and width, activations, `add` / `mul` of
-//! equal shapes or by a per-channel vector (squeeze-and-excitation), the
-//! concatenation of up to four values along channels (squeezenet, inception), and a
+//! equal shapes or by a per-channel vector (squeeze-and-excitation), bilinear
+//! upsampling (segmentation heads), the concatenation of up to eight values along
+//! channels (squeezenet, inception, DeepLab's atrous pyramid), and a
 //! channel shuffle and split along channels (shufflenet), alone or after the
 //! concatenation, as one step writing the pieces straight from the parts — with at
 //! least two convolutions, or one whose result leaves through the mean over height
@@ -36,6 +37,7 @@ use std::sync::Arc;
 use pte_compute::elementwise::{self, BinaryOp};
 use pte_compute::nhwc::{self, ConvNhwc, Geometry, PoolKind};
 use pte_compute::pooling::Pool2dParams;
+use pte_compute::resample::Bilinear;
 use pte_compute::{layout, Activation, Gemm, Isa};
 use pte_runtime::{
     Arg, Args, Call, CallId, Charge, Fusion, Graph, Kernel, KernelError, KernelResult, PartProfile,
@@ -81,6 +83,9 @@ impl Dst {
     }
 }
 
+// A concatenation's parts and pieces are inline (about 400 bytes): a region holds a
+// few hundred steps, copied when it is planned, never per execution.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug)]
 enum Step {
     Conv {
@@ -96,6 +101,13 @@ enum Step {
         x: Src,
         window: usize,
         average: bool,
+        out: Dst,
+    },
+    /// Bilinear upsampling (`output_size`, `align_corners`, `scale_factors` at
+    /// `at..at + 3`).
+    Resample {
+        x: Src,
+        at: usize,
         out: Dst,
     },
     /// Mean over height and width into a layout-free value.
@@ -128,8 +140,9 @@ enum Step {
     },
 }
 
-/// Most values one step reads: a concatenation's parts (inception's four branches).
-const MAX_PARTS: usize = 4;
+/// Most values one step reads: a concatenation's parts (inception's four branches,
+/// DeepLab's five).
+const MAX_PARTS: usize = 8;
 
 /// What the fuser proposes: the steps, the positions of the inputs to convert, and
 /// the values each step's calls computed on the way that nothing else reads.
@@ -196,8 +209,16 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
         });
         match first {
             Some(k) if k + 1 < cut => cut = k + 1,
-            // One value leaves the run: a step writing several cannot end it.
-            _ if cut > 0 && b.steps.get(cut - 1).is_some_and(|s| dsts_of(s).len() > 1) => cut -= 1,
+            // One value leaves the run: a step writing several cannot end it. Nor does
+            // a resampling: the NCHW kernel writes its (larger) output directly, where
+            // the run would convert it.
+            _ if cut > 0
+                && b.steps.get(cut - 1).is_some_and(|s| {
+                    dsts_of(s).len() > 1 || matches!(s, Step::Resample { .. })
+                }) =>
+            {
+                cut -= 1
+            }
             _ => break,
         }
     }
@@ -272,6 +293,7 @@ fn set_exit(step: &mut Step) {
     let out = match step {
         Step::Conv { out, .. }
         | Step::Pool { out, .. }
+        | Step::Resample { out, .. }
         | Step::Unary { out, .. }
         | Step::Binary { out, .. } => out,
         Step::Cat { outs, .. } => match outs.first_mut() {
@@ -392,7 +414,7 @@ impl Builder<'_, '_> {
                 self.steps.push(Step::Cat {
                     parts,
                     groups: 1,
-                    outs: [Some(out), None, None, None],
+                    outs: std::array::from_fn(|k| (k == 0).then_some(out)),
                 });
                 self.ids.extend(calls.first().map(|c| c.id));
             }
@@ -501,6 +523,18 @@ impl Builder<'_, '_> {
                 }
                 self.pool(c, x, 1..7, out, true)?;
             }
+            "aten::upsample_bilinear2d.vec_out" => {
+                let (x, out) = (arg(c, 0)?, arg(c, 4)?);
+                if g.tensor(x)?.rank() != 4 || !is_f32(g, out) {
+                    return None;
+                }
+                let x = self.inner(x)?;
+                let at = self.args.len();
+                self.args.extend_from_slice(c.args.get(1..4)?);
+                let out = self.output(out)?;
+                self.steps.push(Step::Resample { x, at, out });
+                self.ids.push(c.id);
+            }
             "aten::mean.out" => {
                 let (x, dims, keep, dtype) = (arg(c, 0)?, arg(c, 1)?, arg(c, 2)?, arg(c, 3)?);
                 let mut d: SmallVec<[i64; 8]> = g.int_list(dims)?;
@@ -560,7 +594,8 @@ impl Builder<'_, '_> {
                     .copied()
                     .find(|&p| p == v || g.is_view_of(v, p))?;
                 let part = self.src(x)?;
-                self.mix(calls, 0, [Some(part), None, None, None], x)?;
+                let parts = std::array::from_fn(|k| (k == 0).then_some(part));
+                self.mix(calls, 0, parts, x)?;
             }
             "aten::add.out" | "aten::mul.out" => {
                 let (a, b) = (arg(c, 0)?, arg(c, 1)?);
@@ -776,12 +811,14 @@ impl Kernel for RegionKernel {
             placed: false,
             layers: Vec::new(),
             layer_of: Vec::new(),
+            resamplings: Vec::new(),
             chains: Vec::new(),
             profile: StepTimes::default(),
             _charge: charge(args, 0, "NHWC region")?,
         };
         for s in &r.plan.steps {
             r.layer_of.push(None);
+            r.resamplings.push(None);
             if let Step::Conv { layout, .. } = s {
                 let layer = build_layer(args, layout, &mut r._charge)?;
                 if let Some(l) = r.layer_of.last_mut() {
@@ -901,6 +938,8 @@ struct Region {
     layers: Vec<Layer>,
     /// The layer of each convolution step.
     layer_of: Vec<Option<usize>>,
+    /// The resampling of each upsampling step.
+    resamplings: Vec<super::resample::Plan>,
     /// `(first step, steps)` of each run of steps that goes as one
     /// [`nhwc::DepthwiseChain`].
     chains: Vec<(usize, usize)>,
@@ -982,6 +1021,7 @@ fn dsts_of(s: &Step) -> SmallVec<[Dst; MAX_PARTS]> {
     match *s {
         Step::Conv { out, .. }
         | Step::Pool { out, .. }
+        | Step::Resample { out, .. }
         | Step::Unary { out, .. }
         | Step::Binary { out, .. } => SmallVec::from_slice(&[out]),
         Step::Cat { outs, .. } => outs.into_iter().flatten().collect(),
@@ -1009,9 +1049,10 @@ fn srcs_of(step: &Step) -> SmallVec<[Src; MAX_PARTS]> {
             v.extend(residual);
             v
         }
-        Step::Pool { x, .. } | Step::Mean { x, .. } | Step::Unary { x, .. } => {
-            SmallVec::from_slice(&[x])
-        }
+        Step::Pool { x, .. }
+        | Step::Resample { x, .. }
+        | Step::Mean { x, .. }
+        | Step::Unary { x, .. } => SmallVec::from_slice(&[x]),
         Step::Binary { a, b, .. } => SmallVec::from_slice(&[a, b]),
         Step::Cat { parts, .. } => parts.into_iter().flatten().collect(),
     }
@@ -1194,7 +1235,7 @@ impl Region {
         let mut layers = self.layers.iter_mut();
         let threads = args.pool().threads();
         let (mut work, mut exit) = (0usize, 0usize);
-        for step in &self.plan.steps {
+        for (i, step) in self.plan.steps.iter().enumerate() {
             let x = nchw(
                 args,
                 src_pos(
@@ -1207,9 +1248,7 @@ impl Region {
             )?;
             let sizes: SmallVec<[usize; 4]> = match step {
                 Step::Conv { layout, .. } => {
-                    let layer = layers
-                        .next()
-                        .ok_or_else(|| KernelError::Failed("missing layer".into()))?;
+                    let layer = layers.next().ok_or_else(missing_state)?;
                     if conv::key(args, layout)? != layer.key {
                         let freed = layer.bytes;
                         self._charge
@@ -1234,6 +1273,11 @@ impl Region {
                     let [oh, ow] = p
                         .output()
                         .map_err(|e| KernelError::invalid(format!("{}: {e}", args.op())))?;
+                    SmallVec::from_slice(&[x[0], x[1], oh, ow])
+                }
+                Step::Resample { at, .. } => {
+                    let plan = self.resamplings.get_mut(i).ok_or_else(missing_state)?;
+                    let [oh, ow] = super::resample::bilinear(plan, args, *at, x)?.output();
                     SmallVec::from_slice(&[x[0], x[1], oh, ow])
                 }
                 Step::Mean { out, .. } => {
@@ -1466,7 +1510,7 @@ fn move_value(step: &mut Step, from: impl Fn(usize) -> bool, to: Home) {
             residual.as_mut().map(src);
             dst(out);
         }
-        Step::Pool { x, out, .. } | Step::Unary { x, out, .. } => {
+        Step::Pool { x, out, .. } | Step::Resample { x, out, .. } | Step::Unary { x, out, .. } => {
             src(x);
             dst(out);
         }
@@ -1546,17 +1590,26 @@ impl PreparedKernel for Region {
                 .iter()
                 .map(|&s| nchw(args, src_pos(&self.plan, s)))
                 .collect::<KernelResult<_>>()?;
-            let (activation, pool_params) = match step {
-                Step::Unary { act, .. } => (act.resolve(args)?, None),
+            let (activation, prepared) = match step {
+                Step::Unary { act, .. } => (act.resolve(args)?, Prepared::Nothing),
                 Step::Pool {
                     window: w, average, ..
                 } => {
                     let x = shapes.first().copied().unwrap_or_default();
                     let (p, kind) = window(args, x, *w, *average)?;
                     let g = p.nhwc_geometry().map_err(compute)?;
-                    (Activation::Identity, Some((g, kind)))
+                    (Activation::Identity, Prepared::Window(g, kind))
                 }
-                _ => (Activation::Identity, None),
+                Step::Conv { .. } => (
+                    Activation::Identity,
+                    Prepared::Layer(layer.ok_or_else(missing_state)?),
+                ),
+                Step::Resample { .. } => {
+                    let plan = self.resamplings.get(i - 1).and_then(|p| p.as_ref());
+                    let (_, bilinear) = plan.ok_or_else(missing_state)?;
+                    (Activation::Identity, Prepared::Resampling(bilinear))
+                }
+                _ => (Activation::Identity, Prepared::Nothing),
             };
             let y_shape = nchw(args, out.pos())?;
             let writes: SmallVec<[Arg; MAX_PARTS]> = dsts_of(step)
@@ -1616,16 +1669,7 @@ impl PreparedKernel for Region {
                 more,
                 work,
             };
-            run_step(
-                step,
-                layer,
-                pool_params.as_ref(),
-                pool,
-                isa,
-                &shapes,
-                activation,
-                v,
-            )?;
+            run_step(step, prepared, pool, isa, &shapes, activation, v)?;
             if let Some(y) = exit_to {
                 let [n, c, h, w] = y_shape;
                 let exit = exit.get(..y.len()).unwrap_or_default();
@@ -1664,6 +1708,7 @@ impl PreparedKernel for Region {
                 },
                 Some(Step::Pool { average: false, .. }) => "max pooling".into(),
                 Some(Step::Pool { average: true, .. }) => "average pooling".into(),
+                Some(Step::Resample { .. }) => "bilinear upsampling".into(),
                 Some(Step::Mean { .. }) => "mean".into(),
                 Some(Step::Unary { .. }) => "activation".into(),
                 Some(Step::Cat { groups, outs, .. }) => {
@@ -1681,44 +1726,56 @@ impl PreparedKernel for Region {
     }
 }
 
-#[allow(clippy::too_many_arguments)] // one step's parts, all distinct
+/// What a step runs with beyond its views.
+enum Prepared<'a> {
+    Nothing,
+    Layer(&'a ConvNhwc),
+    Window(Geometry, PoolKind),
+    Resampling(&'a Bilinear),
+}
+
+fn missing_state() -> KernelError {
+    KernelError::Failed("NHWC region: missing input or state".into())
+}
+
 fn run_step(
     step: &Step,
-    layer: Option<&ConvNhwc>,
-    window: Option<&(Geometry, PoolKind)>,
+    prepared: Prepared<'_>,
     pool: &pte_compute::ThreadPool,
     isa: Isa,
     shapes: &[[usize; 4]],
     activation: Activation,
     v: Views<'_>,
 ) -> KernelResult {
-    let missing = || KernelError::Failed("NHWC region: missing input or state".into());
+    let missing = missing_state;
     let x = v.inputs.first().copied().ok_or_else(missing)?;
     let [n, c, h, w] = shapes.first().copied().ok_or_else(missing)?;
-    match step {
-        Step::Conv { x: src, .. } => {
+    match (step, prepared) {
+        (Step::Conv { x: src, .. }, Prepared::Layer(layer)) => {
             let residual = v.inputs.get(1).copied();
-            let layer = layer.ok_or_else(missing)?;
             match src {
                 Src::Nchw(_) => layer.run_nchw(pool, x, n, residual, v.out, v.work),
                 _ => layer.run(pool, x, n, residual, v.out, v.work),
             }
             .map_err(compute)
         }
-        Step::Pool { .. } => {
+        (Step::Pool { .. }, Prepared::Window(g, kind)) => {
             let (lo, hi) = (f32::NEG_INFINITY, f32::INFINITY);
-            let &(g, kind) = window.ok_or_else(missing)?;
             nhwc::pool2d(isa, pool, kind, &g, c, n, x, v.out, lo, hi).map_err(compute)
         }
-        Step::Mean { .. } => {
+        (Step::Resample { .. }, Prepared::Resampling(bilinear)) => {
+            bilinear.run_nhwc(pool, x, n, c, v.out).map_err(compute)
+        }
+        (Step::Conv { .. } | Step::Pool { .. } | Step::Resample { .. }, _) => Err(missing()),
+        (Step::Mean { .. }, _) => {
             let (lo, hi) = (f32::NEG_INFINITY, f32::INFINITY);
             nhwc::global_avg_pool(isa, n, h * w, c, x, v.out, lo, hi).map_err(compute)
         }
-        Step::Unary { .. } => super::rows::split(pool, v.out, 1, |o, chunk| {
+        (Step::Unary { .. }, _) => super::rows::split(pool, v.out, 1, |o, chunk| {
             let x = x.get(o..o + chunk.len()).unwrap_or_default();
             elementwise::map(isa, chunk, x, activation)
         }),
-        Step::Cat { groups, .. } => {
+        (Step::Cat { groups, .. }, _) => {
             let channels: SmallVec<[usize; MAX_PARTS]> = shapes.iter().map(|s| s[1]).collect();
             let pixels = n * h * w;
             let mut from = 0;
@@ -1745,7 +1802,7 @@ fn run_step(
             }
             Ok(())
         }
-        Step::Binary { op, channel, .. } => {
+        (Step::Binary { op, channel, .. }, _) => {
             let b = v.inputs.get(1).copied().ok_or_else(missing)?;
             let op = *op;
             if *channel {

@@ -12,11 +12,32 @@ use crate::nn::sample::out_size;
 /// A call's input sizes, output size, `align_corners` and scale factors.
 type Key = ([usize; 4], [usize; 2], bool, [Option<f64>; 2]);
 
+/// A resampling prepared for the sizes last seen, if any.
+pub(super) type Plan = Option<(Key, Bilinear)>;
+
+/// The resampling of an input of sizes `x` (NCHW) that the call's `output_size`,
+/// `align_corners` and `scale_factors` (arguments `at..at + 3`) ask for, kept in `plan`
+/// until they change.
+pub(super) fn bilinear<'p>(
+    plan: &'p mut Plan,
+    args: &Args<'_>,
+    at: usize,
+    [n, c, h, w]: [usize; 4],
+) -> KernelResult<&'p Bilinear> {
+    let align_corners = args.bool(at + 1)?;
+    let (size, scales) = out_size(args, at, at + 2, [h, w], "upsample_bilinear2d")?;
+    let key = ([n, c, h, w], size, align_corners, scales);
+    let kept = match plan.take() {
+        Some((seen, bilinear)) if seen == key => bilinear,
+        _ => Bilinear::new([h, w], size, align_corners, scales).map_err(compute)?,
+    };
+    Ok(&plan.insert((key, kept)).1)
+}
+
 /// A bilinear upsampling call site: `[x, output_size?, align_corners, scale_factors?,
 /// out]`.
 pub(super) struct Upsample {
-    /// The resampling prepared for the sizes last seen.
-    plan: Option<(Key, Bilinear)>,
+    plan: Plan,
 }
 
 /// Prepares `upsample_bilinear2d.vec` when its input (4-d) and output are float32.
@@ -37,17 +58,8 @@ impl PreparedKernel for Upsample {
                 x.sizes
             )));
         };
-        let align_corners = args.bool(2)?;
-        let (size, scales) = out_size(args, 1, 3, [h, w], "upsample_bilinear2d")?;
-        let key = ([n, c, h, w], size, align_corners, scales);
-        let bilinear = match &self.plan {
-            Some((seen, bilinear)) if *seen == key => bilinear,
-            _ => {
-                let b = Bilinear::new([h, w], size, align_corners, scales).map_err(compute)?;
-                &self.plan.insert((key, b)).1
-            }
-        };
-        let [oh, ow] = size;
+        let bilinear = bilinear(&mut self.plan, args, 1, [n, c, h, w])?;
+        let [oh, ow] = bilinear.output();
         args.resize(4, &[n, c, oh, ow])?;
         let pool = args.pool();
         let mut io = args.io(&[at(0)], &[at(4)])?;
