@@ -66,7 +66,9 @@ pub struct ConvNhwc {
     /// convolution): what taps in the padding read.
     zero: Vec<f32>,
     /// Every weight is finite: a tap that reads only padding adds zeros and may be
-    /// skipped (else PyTorch's zero times infinity gives NaN).
+    /// skipped (else PyTorch's zero times infinity gives NaN). The weights as given,
+    /// before a folded per-channel factor: PyTorch applies batch normalization to
+    /// the sum, after the padding was multiplied.
     finite: bool,
 }
 
