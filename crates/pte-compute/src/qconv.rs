@@ -1300,6 +1300,20 @@ mod tests {
                 true,
             ),
             ([8, 9], [7, 7], [1, 1], [1, 1], [3, 3, 3, 3], 20, 1, 1, true),
+            // Whole blocks of 16 on the AVX2 row kernel (taps in pairs): 3×3 with
+            // padding, with stride and dilation.
+            ([7, 9], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 48, 1, 1, true),
+            (
+                [10, 7],
+                [3, 3],
+                [2, 2],
+                [2, 2],
+                [2, 1, 2, 1],
+                16,
+                1,
+                1,
+                true,
+            ),
         ];
         for &(input, kernel, stride, dilation, padding, groups, cig, cog, dw) in cases {
             let p = Conv2dParams {

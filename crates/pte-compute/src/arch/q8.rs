@@ -292,12 +292,14 @@ pub(crate) struct Q8DwRow<'a, const K: usize> {
     pub pad: usize,
 }
 
-/// One output row of a K×K depthwise convolution with multiplier 1 on AVX-512 (F,
-/// BW and VL), 16 channels per vector: `out[ox · c + ch] = requant(bias[ch] + Σ_taps (x -
-/// za) · w[tap · c + ch])`, activations signed or unsigned bytes, weights 32-bit,
-/// padded taps skipped. The channels past the last whole vector run masked. Returns
-/// false (nothing written) when `kernel` is not [`Q8Kernel::Vnni`] or a length does
-/// not fit: the caller then runs the portable loop.
+/// One output row of a K×K depthwise convolution with multiplier 1, 16 channels per
+/// vector: `out[ox · c + ch] = requant(bias[ch] + Σ_taps (x - za) · w[tap · c + ch])`,
+/// activations signed or unsigned bytes, weights 32-bit values within ±32767 (8-bit
+/// weights less their zero point), padded taps skipped. On AVX-512 (F, BW and VL:
+/// [`Q8Kernel::Vnni`]) the channels past the last whole vector run masked; on AVX2
+/// ([`Q8Kernel::Avx2`]) the channels must be whole vectors. Returns false (nothing
+/// written) for another kernel or when a length does not fit: the caller then runs
+/// the portable loop.
 pub(crate) fn q8_depthwise_row<const K: usize>(
     kernel: Q8Kernel,
     x: &Q8DwRow<'_, K>,
@@ -310,8 +312,10 @@ pub(crate) fn q8_depthwise_row<const K: usize>(
     let Some(row_len) = x.w_in.checked_mul(c) else {
         return false;
     };
-    let ok = kernel == Q8Kernel::Vnni
+    let avx2 = kernel == Q8Kernel::Avx2 && c.is_multiple_of(16);
+    let ok = (kernel == Q8Kernel::Vnni || avx2)
         && kernel.is_available()
+        && K <= 5
         && c > 0
         && out.len().is_multiple_of(c)
         && x.stride > 0
@@ -326,14 +330,23 @@ pub(crate) fn q8_depthwise_row<const K: usize>(
         let raw = x86::RawQ8::from(post);
         let geometry = (x.w_in, x.stride, x.dilation, x.pad);
         let (w, y, ow) = (weights.as_ptr(), out.as_mut_ptr(), out.len() / c);
-        // SAFETY: the CPU has AVX-512 F, BW and VL (VNNI's kernel is available); every
-        // row present holds `w_in · c` bytes, `weights` `K² · c` values, the post `c`,
+        // SAFETY: the CPU has AVX-512 F, BW and VL (VNNI's kernel is available), or
+        // AVX2 with `c` a multiple of 16; every row present holds `w_in · c` bytes,
+        // `weights` `K² · c` values (within ±32767: the contract), the post `c`,
         // `out` `ow · c` bytes (checked above); the kernel reads only columns below
         // `w_in`.
         unsafe {
+            let y = (y, ow);
+            if avx2 {
+                if signed {
+                    x86::depthwise_row_avx2::<K, true>(rows, w, c, raw, za, geometry, y);
+                } else {
+                    x86::depthwise_row_avx2::<K, false>(rows, w, c, raw, za, geometry, y);
+                }
+                return true;
+            }
             // Stride 1 and 2 without dilation as constants, so that the taps pixels of
             // a group share are loaded and widened once; 0: the row's own.
-            let y = (y, ow);
             match (signed, x.stride, x.dilation) {
                 (true, 1, 1) => x86::depthwise_row::<K, true, 1>(rows, w, c, raw, za, geometry, y),
                 (true, 2, 1) => x86::depthwise_row::<K, true, 2>(rows, w, c, raw, za, geometry, y),
@@ -703,12 +716,7 @@ mod x86 {
             // one byte at a time: mobilenet_v2's 8-bit program 0.91-0.95 of the time at
             // one thread, interleaved).
             let [q0, q1] = q;
-            let words = _mm256_permute4x64_epi64::<0xD8>(_mm256_packs_epi32(q0, q1));
-            let words = _mm256_and_si256(words, _mm256_set1_epi16(0xFF));
-            let bytes = _mm_packus_epi16(
-                _mm256_castsi256_si128(words),
-                _mm256_extracti128_si256::<1>(words),
-            );
+            let bytes = low_bytes(q0, q1);
             // SAFETY: row r < R and columns 0..width: inside the tile.
             unsafe {
                 let row = c.add(r * rs);
@@ -719,6 +727,128 @@ mod x86 {
                     _mm_storeu_si128(part.as_mut_ptr().cast(), bytes);
                     std::ptr::copy_nonoverlapping(part.as_ptr(), row, width.min(16));
                 }
+            }
+        }
+    }
+
+    /// The low bytes of sixteen 32-bit values (eight in `q0`, then eight in `q1`), in
+    /// order; each value must lie in -32768..=32767 (packing to 16 bits keeps it).
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn low_bytes(q0: __m256i, q1: __m256i) -> __m128i {
+        let words = _mm256_permute4x64_epi64::<0xD8>(_mm256_packs_epi32(q0, q1));
+        let words = _mm256_and_si256(words, _mm256_set1_epi16(0xFF));
+        _mm_packus_epi16(
+            _mm256_castsi256_si128(words),
+            _mm256_extracti128_si256::<1>(words),
+        )
+    }
+
+    /// [`super::q8_depthwise_row`]'s AVX2 kernel, 16 channels at a time: the taps go
+    /// in pairs, each pair's differences `x - za` and weights interleaved as 16-bit
+    /// values, so that one `vpmaddwd` adds both taps' products per channel (where a
+    /// tap at a time took two 32-bit multiplications, `vpmulld`, per 16 channels).
+    /// Differences of 8-bit values and 8-bit zero points fit in 16 bits; so must the
+    /// weights.
+    ///
+    /// # Safety
+    /// AVX2 is available; `c` is a multiple of 16; each non-null row holds `w_in · c`
+    /// bytes, `w` `K² · c` values within ±32767, the post `c`, `y` `ow · c` bytes;
+    /// `stride > 0`; `K` is at most 5.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn depthwise_row_avx2<const K: usize, const SIGNED: bool>(
+        rows: [*const u8; K],
+        w: *const i32,
+        c: usize,
+        post: RawQ8,
+        za: i32,
+        (w_in, stride, dilation, pad): (usize, usize, usize, usize),
+        (y, ow): (*mut u8, usize),
+    ) {
+        let taps = K * K;
+        let pairs = taps.div_ceil(2);
+        let zav = _mm256_set1_epi16(za as i16);
+        let (lo, hi) = (_mm256_set1_ps(post.lo), _mm256_set1_ps(post.hi));
+        let zero = _mm256_set1_epi32(post.zero);
+        let column = |ox: usize, kx: usize| {
+            (ox * stride + kx * dilation)
+                .checked_sub(pad)
+                .filter(|&ix| ix < w_in)
+        };
+        for c0 in (0..c).step_by(16) {
+            // Tap t's 16 weights from channel c0 as 16-bit values, in order.
+            let weights = |t: usize| {
+                if t >= taps {
+                    return _mm256_setzero_si256();
+                }
+                // SAFETY: t < K², channels c0..c0 + 16 ≤ c.
+                let (a, b) = unsafe {
+                    let at = w.add(t * c + c0);
+                    (
+                        _mm256_loadu_si256(at.cast()),
+                        _mm256_loadu_si256(at.add(8).cast()),
+                    )
+                };
+                _mm256_permute4x64_epi64::<0xD8>(_mm256_packs_epi32(a, b))
+            };
+            // Each pair's weights interleaved as `unpack` interleaves its differences
+            // (13 pairs: a 5×5 window).
+            let mut wp = [[_mm256_setzero_si256(); 2]; 13];
+            for (p, wp) in wp.iter_mut().enumerate().take(pairs) {
+                let (a, b) = (weights(2 * p), weights(2 * p + 1));
+                *wp = [_mm256_unpacklo_epi16(a, b), _mm256_unpackhi_epi16(a, b)];
+            }
+            // SAFETY: channels c0..c0 + 16 ≤ c of the post.
+            let (bias, scale) = unsafe {
+                (
+                    [0, 8].map(|o| _mm256_loadu_si256(post.bias.add(c0 + o).cast())),
+                    [0, 8].map(|o| _mm256_loadu_ps(post.scale.add(c0 + o))),
+                )
+            };
+            // x - za of tap t at pixel ox, 16 channels; zero in the padding.
+            let diff = |ox: usize, t: usize| {
+                let row = rows.get(t / K).copied().unwrap_or(std::ptr::null());
+                match column(ox, t % K) {
+                    Some(ix) if t < taps && !row.is_null() => {
+                        // SAFETY: ix < w_in: the row's pixel ix, channels c0.. below c.
+                        let xb = unsafe { _mm_loadu_si128(row.add(ix * c + c0).cast()) };
+                        let xv = if SIGNED {
+                            _mm256_cvtepi8_epi16(xb)
+                        } else {
+                            _mm256_cvtepu8_epi16(xb)
+                        };
+                        _mm256_sub_epi16(xv, zav)
+                    }
+                    _ => _mm256_setzero_si256(),
+                }
+            };
+            for ox in 0..ow {
+                let (mut acc_lo, mut acc_hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                for (p, [wl, wh]) in wp.iter().enumerate().take(pairs) {
+                    let (a, b) = (diff(ox, 2 * p), diff(ox, 2 * p + 1));
+                    acc_lo = _mm256_add_epi32(
+                        acc_lo,
+                        _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b), *wl),
+                    );
+                    acc_hi = _mm256_add_epi32(
+                        acc_hi,
+                        _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b), *wh),
+                    );
+                }
+                // Channels 0-3 and 8-11 are in acc_lo, 4-7 and 12-15 in acc_hi.
+                let sums = [
+                    _mm256_permute2x128_si256::<0x20>(acc_lo, acc_hi),
+                    _mm256_permute2x128_si256::<0x31>(acc_lo, acc_hi),
+                ];
+                let mut q = [_mm256_setzero_si256(); 2];
+                for (((q, s), b), sc) in q.iter_mut().zip(sums).zip(bias).zip(scale) {
+                    let f = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(s, b)), sc);
+                    let f = _mm256_min_ps(_mm256_max_ps(f, lo), hi);
+                    *q = _mm256_add_epi32(_mm256_cvtps_epi32(f), zero);
+                }
+                let [q0, q1] = q;
+                // SAFETY: ox < ow: the pixel's channels c0..c0 + 16, inside `y`.
+                unsafe { _mm_storeu_si128(y.add(ox * c + c0).cast(), low_bytes(q0, q1)) };
             }
         }
     }
