@@ -27,6 +27,8 @@ pub struct ProgramBuilder {
     planned: u64,
     constants: Vec<u8>,
     constant_offsets: Vec<u64>,
+    /// Delegates, each with its payload (a segment after the constants').
+    delegates: Vec<(et::BackendDelegate, Vec<u8>)>,
 }
 
 fn value(v: et::KernelTypes) -> et::EValue {
@@ -190,6 +192,26 @@ impl ProgramBuilder {
         )));
     }
 
+    /// A call of a delegate of `backend` holding `payload`, with `args` (its inputs,
+    /// then its outputs).
+    pub fn delegate(&mut self, backend: &str, payload: Vec<u8>, args: &[i32]) {
+        let delegate = et::BackendDelegate {
+            id: Some(backend.to_owned()),
+            processed: Some(Box::new(et::BackendDelegateDataReference {
+                location: et::DataLocation::Segment,
+                index: (self.delegates.len() + 1) as u32,
+            })),
+            compile_specs: Some(Vec::new()),
+        };
+        self.instruction(et::InstructionArguments::DelegateCall(Box::new(
+            et::DelegateCall {
+                delegate_index: self.delegates.len() as i32,
+                args: Some(args.to_vec()),
+            },
+        )));
+        self.delegates.push((delegate, payload));
+    }
+
     /// Jumps to instruction `destination` when `cond` is false.
     pub fn jump_false(&mut self, cond: i32, destination: i32) {
         self.instruction(et::InstructionArguments::JumpFalseCall(Box::new(
@@ -232,6 +254,7 @@ impl ProgramBuilder {
 
     /// The program file.
     pub fn build(self) -> Vec<u8> {
+        let (delegates, payloads): (Vec<_>, Vec<_>) = self.delegates.into_iter().unzip();
         let plan = et::ExecutionPlan {
             name: Some("forward".into()),
             values: Some(self.values),
@@ -244,7 +267,7 @@ impl ProgramBuilder {
                 stacktrace: None,
             }]),
             operators: Some(self.operators),
-            delegates: Some(Vec::new()),
+            delegates: Some(delegates),
             non_const_buffer_sizes: Some(vec![0, self.planned as i64]),
             ..Default::default()
         };
@@ -252,7 +275,10 @@ impl ProgramBuilder {
             execution_plan: Some(vec![plan]),
             constant_buffer: Some(Vec::new()),
             backend_delegate_data: Some(Vec::new()),
-            segments: Some(vec![et::DataSegment { offset: 0, size: 0 }]),
+            segments: Some(vec![
+                et::DataSegment { offset: 0, size: 0 };
+                1 + payloads.len()
+            ]),
             constant_segment: Some(Box::new(et::SubsegmentOffsets {
                 segment_index: 0,
                 offsets: Some(self.constant_offsets),
@@ -261,7 +287,10 @@ impl ProgramBuilder {
         };
         let image = ProgramImage {
             program,
-            segments: vec![Segment::new(self.constants)],
+            segments: std::iter::once(self.constants)
+                .chain(payloads)
+                .map(Segment::new)
+                .collect(),
         };
         image
             .to_bytes(&WriteOptions::default())

@@ -40,6 +40,13 @@ use crate::pool::ThreadPool;
 /// Depth of a block (the k extent of packed panels held in cache).
 const KC: usize = 256;
 
+/// Bytes from which a constant weight stored `[n, k]` (a linear layer's) is best read
+/// where it lies, as [`Rhs::Mat`], rather than packed: one larger than a last-level
+/// cache comes from memory at every execution whatever its layout, so a packed copy
+/// only costs load time and memory (alexnet's three classifier layers, 234 MB, took
+/// about 0.2 s to pack and doubled its resident memory).
+pub const IN_PLACE_WEIGHT_BYTES: usize = 32 << 20;
+
 /// Rows of a product up to which weights in packed panels are swept whole-depth (see
 /// `block_loop`).
 const GEMV_ROWS: usize = 4;

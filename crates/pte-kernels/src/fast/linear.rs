@@ -4,6 +4,7 @@
 //! product's epilogue; `mm` of two variable operands and `bmm` (attention) packed per
 //! call into the method's scratch memory.
 
+use pte_compute::gemm::IN_PLACE_WEIGHT_BYTES;
 use pte_compute::{Activation, BatchMut, BatchRef, Bias, Epilogue, Gemm, Lhs, MatMut, MatRef};
 use pte_compute::{PackedB, Rhs};
 use pte_runtime::{
@@ -58,12 +59,6 @@ enum Weight {
         n: usize,
     },
 }
-
-/// Bytes from which a weight stored `[n, k]` is read in place rather than packed: one
-/// larger than a last-level cache comes from memory at every execution whatever its
-/// layout, so a packed copy would only cost load time and memory (alexnet's three
-/// classifier layers, 234 MB, took about 0.2 s to pack and doubled its resident memory).
-const IN_PLACE_BYTES: usize = 32 << 20;
 
 impl Weight {
     /// `(k, n)`: the operand is `k × n`.
@@ -229,7 +224,7 @@ fn build(
     let gemm = Gemm::new();
     let stored_transposed = transposed || matches!(op, Op::Linear);
     let shared = match args.shared_constant(wi)? {
-        Some(bytes) if stored_transposed && bytes.len() >= IN_PLACE_BYTES => {
+        Some(bytes) if stored_transposed && bytes.len() >= IN_PLACE_WEIGHT_BYTES => {
             // Only where the file's bytes can be read as f32 (they are aligned).
             bytemuck::try_cast_slice::<u8, f32>(&bytes)
                 .is_ok()

@@ -11,6 +11,7 @@
 
 use pte_compute::conv::Conv2dParams;
 use pte_compute::elementwise::Activation;
+use pte_compute::gemm::IN_PLACE_WEIGHT_BYTES;
 use pte_compute::qconv::{QConvNhwc, QuantParams};
 use pte_compute::qgemm::{qgemm, PackedI8, Rows};
 use pte_compute::{Bias, Epilogue, Gemm, Lhs, MatMut, MatRef, PackedB, Rhs};
@@ -24,7 +25,7 @@ use super::{
     KResult, Kernel, NodeCx, PResult, Prepared,
 };
 use crate::exec::{Cx, In, Out};
-use crate::graph::{Datatype, Dims, Quant, Value};
+use crate::graph::{Constant, Datatype, Dims, Quant, Value};
 
 /// `(n, k)` of a fully connected filter: `[n, .., k]`, or `[k, n]` transposed.
 fn filter_nk(dims: &[usize], transpose: bool) -> PResult<(usize, usize)> {
@@ -61,6 +62,9 @@ pub(crate) fn charge(cx: &NodeCx<'_>, bytes: usize) -> PResult<Charge> {
 
 enum FloatWeights {
     Packed(PackedB),
+    /// A large fp32 filter `[n, k]` read where the file holds it (see
+    /// [`in_place_filter`]).
+    InPlace(Constant),
     /// Read at run time: transposed (`[k, n]`) or not.
     Dynamic {
         transpose: bool,
@@ -121,14 +125,9 @@ impl Kernel for FloatFc {
         };
         let rhs = match &self.weights {
             FloatWeights::Packed(p) => Rhs::Packed(p),
+            FloatWeights::InPlace(w) => filter_rhs(w.bytes(), (n, k), false)?,
             FloatWeights::Dynamic { transpose } => {
-                let w = f32s(arg(inputs, 1)?.bytes, n * k)?;
-                let m = if *transpose {
-                    MatRef::row_major(w, k, n)
-                } else {
-                    MatRef::row_major(w, n, k).map(MatRef::t)
-                };
-                Rhs::Mat(m.map_err(|e| e.to_string())?)
+                filter_rhs(arg(inputs, 1)?.bytes, (n, k), *transpose)?
             }
         };
         let out = f32s_mut(outputs.first_mut().ok_or("no output")?.bytes, m * n)?;
@@ -165,6 +164,33 @@ impl Kernel for FloatFc {
     }
 }
 
+/// A filter's f32 bytes as the product's right operand: `[k, n]` transposed, else
+/// `[n, k]`.
+fn filter_rhs(w: &[u8], (n, k): (usize, usize), transpose: bool) -> KResult<Rhs<'_>> {
+    let w = f32s(w, n * k)?;
+    let m = if transpose {
+        MatRef::row_major(w, k, n)
+    } else {
+        MatRef::row_major(w, n, k).map(MatRef::t)
+    };
+    Ok(Rhs::Mat(m.map_err(|e| e.to_string())?))
+}
+
+/// A constant fp32 filter stored `[n, k]` in at least [`IN_PLACE_WEIGHT_BYTES`],
+/// readable as f32 where it lies: read there at every execution rather than packed,
+/// as the plain program's linear layers are (alexnet's classifier: 234 MB).
+fn in_place_filter(w: &Value, (n, k): (usize, usize), transpose: bool) -> Option<Constant> {
+    let c = w.data.as_ref()?;
+    let whole = n.checked_mul(k)?.checked_mul(4)? == c.len();
+    let readable = cfg!(target_endian = "little") && f32s(c.bytes(), n * k).is_ok();
+    (!transpose
+        && w.dtype == Datatype::F32
+        && whole
+        && c.len() >= IN_PLACE_WEIGHT_BYTES
+        && readable)
+        .then(|| c.clone())
+}
+
 /// The float values of constant weights `[n, .., k]` (or `[k, n]`), dequantized if
 /// 8/4-bit.
 fn float_filter(w: &Value, transpose: bool) -> PResult<std::borrow::Cow<'_, [f32]>> {
@@ -182,14 +208,18 @@ fn float_fc(cx: &NodeCx<'_>, transpose: bool) -> PResult<Prepared> {
     let gemm = Gemm::new();
     let (n, k) = filter_nk(&w.dims, transpose)?;
     let mut captured = Vec::new();
+    let in_place = in_place_filter(w, (n, k), transpose);
     // Packed weights (panels padded to whole tiles) and the bias.
-    let bytes = n
-        .saturating_add(32)
-        .saturating_mul(k)
-        .saturating_mul(4)
-        .saturating_add(n * 4);
-    let charge = charge(cx, bytes)?;
-    let weights = if w.data.is_some() {
+    let packed = if in_place.is_some() {
+        0
+    } else {
+        n.saturating_add(32).saturating_mul(k)
+    };
+    let charge = charge(cx, packed.saturating_add(n).saturating_mul(4))?;
+    let weights = if let Some(c) = in_place {
+        captured.push(1);
+        FloatWeights::InPlace(c)
+    } else if w.data.is_some() {
         let v = float_filter(w, transpose)?;
         let m = if transpose {
             MatRef::row_major(&v, k, n)

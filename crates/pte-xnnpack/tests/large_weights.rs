@@ -1,0 +1,177 @@
+//! A fully connected node whose fp32 filter is at least `IN_PLACE_WEIGHT_BYTES` reads it
+//! where the program holds it (no packed copy): its outputs match the product computed
+//! here in f64, for one row (dot products) and several (packed per call), and a
+//! transposed filter of the same values (packed at load) matches too.
+
+use pte_compute::gemm::IN_PLACE_WEIGHT_BYTES;
+use pte_format::schema::executorch_flatbuffer::ScalarType::Float;
+use pte_runtime::{BackendRegistry, EValue, LoadOptions, Program, Tensor};
+use pte_testkit::program::{Memory, ProgramBuilder};
+use pte_xnnpack::schema::fb_xnnpack as x;
+
+/// `count` values in [-1, 1) from a fixed linear congruential sequence.
+fn values(count: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..count)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Value `id`: fp32 of `dims`, constant entry `constant` (0: none), and an external id
+/// with its input (1) or output (2) flag.
+fn tensor(id: u32, dims: &[usize], constant: u32, external: Option<(u32, u32)>) -> x::XValue {
+    let (external_id, flags) = external.unwrap_or((u32::MAX, 0));
+    x::XValue {
+        xvalue_union: Some(x::XValueUnion::XnnTensorValue(Box::new(
+            x::XnnTensorValue {
+                datatype: x::XnnDatatype::XnnDatatypeFp32,
+                num_dims: dims.len() as u32,
+                dims: Some(dims.iter().map(|&d| d as u32).collect()),
+                constant_buffer_idx: constant,
+                external_id,
+                flags,
+                id_out: id,
+                dq_datatype: x::XnnDatatype::XnnDatatypeInvalid,
+            },
+        ))),
+    }
+}
+
+/// A program of one delegate: `y = x · wᵀ + bias` for `x` of `m × k` and `w` given
+/// `[n, k]`, stored as given or (`transpose`) as `[k, n]` with XNNPACK's transposed
+/// flag.
+fn program(m: usize, (n, k): (usize, usize), w: &[f32], bias: &[f32], transpose: bool) -> Vec<u8> {
+    let stored: Vec<f32> = if transpose {
+        (0..k * n).map(|i| w[(i % n) * k + i / n]).collect()
+    } else {
+        w.to_vec()
+    };
+    let mut constants: Vec<u8> = bytemuck::cast_slice(&stored).to_vec();
+    let bias_at = constants.len() as u64;
+    constants.extend_from_slice(bytemuck::cast_slice(bias));
+    let filter_dims = if transpose { [k, n] } else { [n, k] };
+    let graph = x::XnnGraph {
+        version: Some(String::new()),
+        xnodes: Some(vec![x::XNode {
+            xnode_union: Some(x::XNodeUnion::XnnFullyConnected(Box::new(
+                x::XnnFullyConnected {
+                    input1_id: 0,
+                    filter_id: 1,
+                    bias_id: 2,
+                    output_id: 3,
+                    flags: u32::from(transpose),
+                },
+            ))),
+            debug_handle: 0,
+            output_min_max: None,
+        }]),
+        xvalues: Some(vec![
+            tensor(0, &[m, k], 0, Some((0, 1))),
+            tensor(1, &filter_dims, 1, None),
+            tensor(2, &[n], 2, None),
+            tensor(3, &[m, n], 0, Some((1, 2))),
+        ]),
+        num_externs: 2,
+        input_ids: Some(vec![0]),
+        output_ids: Some(vec![3]),
+        constant_buffer: None,
+        mem_buffer_sizes: None,
+        constant_data: Some(vec![
+            x::ConstantDataOffset::default(),
+            x::ConstantDataOffset {
+                offset: 0,
+                size: bias_at,
+                named_key: None,
+            },
+            x::ConstantDataOffset {
+                offset: bias_at,
+                size: (n * 4) as u64,
+                named_key: None,
+            },
+        ]),
+    };
+    let payload = pte_xnnpack::payload::write(&graph, &constants).unwrap();
+    let mut b = ProgramBuilder::new();
+    let xv = b.tensor(Float, &[m as i32, k as i32], Memory::Planned);
+    let yv = b.tensor(Float, &[m as i32, n as i32], Memory::Planned);
+    b.delegate("XnnpackBackend", payload, &[xv, yv]);
+    b.input(xv);
+    b.output(yv);
+    b.build()
+}
+
+/// The outputs of two executions of the program on `input`, and the bytes the method
+/// holds.
+fn run(bytes: &[u8], m: usize, k: usize, input: &[f32], threads: usize) -> (Vec<f32>, u64) {
+    let program = Program::from_bytes(bytes).unwrap();
+    let mut backends = BackendRegistry::new();
+    pte_xnnpack::register(&mut backends);
+    let options = LoadOptions {
+        threads: Some(threads),
+        ..LoadOptions::default()
+    };
+    let mut method = program
+        .load_method_with("forward", &pte_kernels::registry(), &backends, &options)
+        .unwrap();
+    let inputs = [EValue::Tensor(Tensor::from_slice(&[m, k], input).unwrap())];
+    for _ in 0..2 {
+        method.set_inputs(&inputs).unwrap();
+        method.execute().unwrap();
+    }
+    let out = method.outputs().unwrap()[0]
+        .as_tensor()
+        .unwrap()
+        .as_slice::<f32>()
+        .unwrap()
+        .to_vec();
+    (out, method.memory_used().0)
+}
+
+#[test]
+fn a_filter_of_32_mib_is_read_in_place_with_the_same_results() {
+    let (n, k) = (1024, 8192);
+    assert!(n * k * 4 >= IN_PLACE_WEIGHT_BYTES);
+    let scale = 1.0 / (k as f32).sqrt();
+    let w: Vec<f32> = values(n * k, 1).iter().map(|v| v * scale).collect();
+    let bias = values(n, 2);
+    for m in [1, 3] {
+        let input = values(m * k, 3 + m as u64);
+        let expected: Vec<f64> = (0..m * n)
+            .map(|i| {
+                let (r, c) = (i / n, i % n);
+                let row = &input[r * k..(r + 1) * k];
+                let col = &w[c * k..(c + 1) * k];
+                let dot: f64 = row
+                    .iter()
+                    .zip(col)
+                    .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                    .sum();
+                dot + f64::from(bias[c])
+            })
+            .collect();
+        for (transpose, threads) in [(false, 1), (false, 2), (true, 1)] {
+            let bytes = program(m, (n, k), &w, &bias, transpose);
+            let (out, held) = run(&bytes, m, k, &input, threads);
+            assert_eq!(out.len(), m * n);
+            for (i, (&got, &want)) in out.iter().zip(&expected).enumerate() {
+                assert!(
+                    (f64::from(got) - want).abs() <= 1e-4,
+                    "m {m}, transposed {transpose}, {threads} threads: output {i} is {got}, not {want}"
+                );
+            }
+            // In place: the method holds no copy of the filter; packed, it does.
+            let packed = held as usize >= n * k * 4;
+            assert_eq!(
+                packed, transpose,
+                "{held} bytes held (m {m}, transposed {transpose})"
+            );
+        }
+    }
+}
