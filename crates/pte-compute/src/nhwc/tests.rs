@@ -137,8 +137,9 @@ fn convolutions_match_a_direct_loop() {
             false,
         ),
         ([7, 7], [3, 2], [1, 2], [2, 1], [2, 1, 0, 3], 2, 4, 6, false),
-        // Groups whose weights all stay in L2 go through each row tile together
-        // (regnet's 8 channels); larger ones (here 330 KB each) one after the other.
+        // Row tiles take blocks of groups whose weights stay in L2 together: all of
+        // them (regnet's 8 channels), 4 then 3 of 7 (37 KB each), or one at a time
+        // (330 KB each).
         (
             [9, 7],
             [3, 3],
@@ -148,6 +149,17 @@ fn convolutions_match_a_direct_loop() {
             13,
             8,
             8,
+            false,
+        ),
+        (
+            [9, 7],
+            [3, 3],
+            [1, 1],
+            [1, 1],
+            [1, 1, 1, 1],
+            7,
+            32,
+            32,
             false,
         ),
         (
