@@ -655,6 +655,9 @@ struct Resize {
     align_corners: bool,
     legacy: bool,
     quant: Option<(bool, f32, f32, i32, i32)>,
+    /// Per output column: its two input columns and the second's weight (for the
+    /// input width of the last reshape).
+    cols: Vec<(usize, usize, f32)>,
 }
 
 /// XNNPACK's source coordinate, lower index, upper index and weight of output index
@@ -673,6 +676,11 @@ fn coord(o: usize, inp: usize, out: usize, align: bool, legacy: bool) -> (usize,
     (lo, hi, x - lo as f32)
 }
 
+/// Pixel `x` of an NHWC row of `c` channels (empty if outside).
+fn pixel(row: &[f32], x: usize, c: usize) -> &[f32] {
+    row.get(x * c..x * c + c).unwrap_or_default()
+}
+
 impl Kernel for Resize {
     fn reshape(&mut self, inputs: &[Option<&[usize]>], outputs: &mut [Dims]) -> KResult {
         let s = shape_of(inputs, 0)?;
@@ -688,10 +696,13 @@ impl Kernel for Resize {
         {
             return Err("resizing dimensions must be below 2^24".into());
         }
+        self.cols = (0..self.width)
+            .map(|o| coord(o, *w, self.width, self.align_corners, self.legacy))
+            .collect();
         set_shape(outputs, 0, &[*n, self.height, self.width, *c])
     }
 
-    fn run(&self, _cx: &mut Cx<'_>, inputs: &[Option<In<'_>>], outputs: &mut [Out<'_>]) -> KResult {
+    fn run(&self, cx: &mut Cx<'_>, inputs: &[Option<In<'_>>], outputs: &mut [Out<'_>]) -> KResult {
         let x = arg(inputs, 0)?;
         let &[n, h, w, c] = x.dims else {
             return Err("input is not 4-D".into());
@@ -699,33 +710,41 @@ impl Kernel for Resize {
         let (oh, ow) = (self.height, self.width);
         let out = outputs.first_mut().ok_or("no output")?;
         let total = n * oh * ow * c;
-        let xs: Vec<(usize, usize, f32)> = (0..ow)
-            .map(|o| coord(o, w, ow, self.align_corners, self.legacy))
-            .collect();
+        let xs = &self.cols;
+        if xs.len() != ow || xs.iter().any(|&(_, x1, _)| x1 >= w) {
+            return Err(format!("input width {w} is not the reshaped one"));
+        }
         match self.quant {
             None => {
                 let src = f32s(x.bytes, n * h * w * c)?;
                 let dst = f32s_mut(out.bytes, total)?;
-                for b in 0..n {
-                    for oy in 0..oh {
+                // Output rows over the threads; each pixel's channels as whole slices,
+                // which the compiler vectorizes (XNNPACK's order of operations: along
+                // the row, then between the rows, rounded after each).
+                let line = w * c;
+                let rows = cx
+                    .pool
+                    .parallel_chunks(dst, ow * c, &mut [0u8; 0], 0, |i, row, _| {
+                        let (b, oy) = (i / oh.max(1), i % oh.max(1));
                         let (y0, y1, fy) = coord(oy, h, oh, self.align_corners, self.legacy);
-                        for (ox, &(x0, x1, fx)) in xs.iter().enumerate() {
-                            let px = |y: usize, x: usize| {
-                                src.get(((b * h + y) * w + x) * c..((b * h + y) * w + x + 1) * c)
-                                    .unwrap_or_default()
-                            };
-                            let (tl, tr, bl, br) = (px(y0, x0), px(y0, x1), px(y1, x0), px(y1, x1));
-                            let o = ((b * oh + oy) * ow + ox) * c;
-                            let d = dst.get_mut(o..o + c).unwrap_or_default();
-                            for (k, v) in d.iter_mut().enumerate() {
-                                let g = |s: &[f32]| s.get(k).copied().unwrap_or(0.0);
-                                let top = g(tl) + (g(tr) - g(tl)) * fx;
-                                let bottom = g(bl) + (g(br) - g(bl)) * fx;
-                                *v = top + (bottom - top) * fy;
+                        let input_row = |y: usize| {
+                            let at = (b * h + y) * line;
+                            src.get(at..at + line).unwrap_or_default()
+                        };
+                        let (top, bottom) = (input_row(y0), input_row(y1));
+                        let px = |r, x| pixel(r, x, c);
+                        for (o, &(x0, x1, fx)) in row.chunks_exact_mut(c.max(1)).zip(xs) {
+                            let (tl, tr) = (px(top, x0), px(top, x1));
+                            let (bl, br) = (px(bottom, x0), px(bottom, x1));
+                            let corners = tl.iter().zip(tr).zip(bl.iter().zip(br));
+                            for (v, ((&a, &b), (&p, &q))) in o.iter_mut().zip(corners) {
+                                let t = a + (b - a) * fx;
+                                let u = p + (q - p) * fx;
+                                *v = t + (u - t) * fy;
                             }
                         }
-                    }
-                }
+                    });
+                rows.map_err(|e| e.to_string())?;
             }
             Some((signed, si, so, zi, zo)) => {
                 let src = bytes(x.bytes, n * h * w * c)?;
@@ -797,6 +816,7 @@ pub(crate) fn resize_bilinear(
         align_corners,
         legacy,
         quant,
+        cols: Vec::new(),
     })
 }
 
