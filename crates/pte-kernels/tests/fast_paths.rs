@@ -15,6 +15,7 @@ use pte_runtime::{
     PreparedKernel, Program, Tensor,
 };
 use pte_testkit::program::{Memory, ProgramBuilder};
+use pte_testkit::values;
 
 /// A kernel that refuses to run: stands for a generic kernel the fast path must replace
 /// (fast kernels may prepare the generic one beside them for shapes they do not
@@ -44,21 +45,6 @@ fn fast_only(fast_ops: &[&str]) -> KernelRegistry {
     }
     pte_kernels::install_fast_paths(&mut r);
     r
-}
-
-/// Deterministic values in [-1, 1).
-fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
 }
 
 fn load(bytes: &[u8], kernels: &KernelRegistry, threads: usize) -> Method {

@@ -7,22 +7,8 @@ use pte_compute::gemm::IN_PLACE_WEIGHT_BYTES;
 use pte_format::schema::executorch_flatbuffer::ScalarType::Float;
 use pte_runtime::{BackendRegistry, EValue, LoadOptions, Program, Tensor};
 use pte_testkit::program::{Memory, ProgramBuilder};
+use pte_testkit::values;
 use pte_xnnpack::schema::fb_xnnpack as x;
-
-/// `count` values in [-1, 1) from a fixed linear congruential sequence.
-fn values(count: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..count)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
-}
 
 /// Value `id`: fp32 of `dims`, constant entry `constant` (0: none), and an external id
 /// with its input (1) or output (2) flag.
