@@ -992,12 +992,7 @@ fn row_blocks<const K: usize, const SIGNED: bool>(
 ) {
     let c = post.bias.len().min(post.scale.len());
     let ow = out.len() / c.max(1);
-    // The input column of tap kx of output pixel ox, if inside the row.
-    let column = |ox: usize, kx: usize| {
-        (ox * stride + kx * dilation)
-            .checked_sub(pad)
-            .filter(|&ix| ix < w_in)
-    };
+    let column = |ox: usize, kx: usize| arch::input_column(ox, kx, (w_in, stride, dilation, pad));
     let whole = c / LANES * LANES;
     for c0 in (0..whole).step_by(LANES) {
         // The block's weights stay in registers while the row's pixels pass.

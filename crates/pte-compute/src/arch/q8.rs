@@ -292,6 +292,19 @@ pub(crate) struct Q8DwRow<'a, const K: usize> {
     pub pad: usize,
 }
 
+/// The input column of tap `kx` of output pixel `ox` of a depthwise row, if inside
+/// the row: `(w_in, stride, dilation, pad)` is the row's horizontal geometry.
+#[inline(always)]
+pub(crate) fn input_column(
+    ox: usize,
+    kx: usize,
+    (w_in, stride, dilation, pad): (usize, usize, usize, usize),
+) -> Option<usize> {
+    (ox * stride + kx * dilation)
+        .checked_sub(pad)
+        .filter(|&ix| ix < w_in)
+}
+
 /// One output row of a K×K depthwise convolution with multiplier 1, 16 channels per
 /// vector: `out[ox · c + ch] = requant(bias[ch] + Σ_taps (x - za) · w[tap · c + ch])`,
 /// activations signed or unsigned bytes, weights 32-bit values within ±32767 (8-bit
@@ -770,11 +783,8 @@ mod x86 {
         let zav = _mm256_set1_epi16(za as i16);
         let (lo, hi) = (_mm256_set1_ps(post.lo), _mm256_set1_ps(post.hi));
         let zero = _mm256_set1_epi32(post.zero);
-        let column = |ox: usize, kx: usize| {
-            (ox * stride + kx * dilation)
-                .checked_sub(pad)
-                .filter(|&ix| ix < w_in)
-        };
+        let column =
+            |ox: usize, kx: usize| super::input_column(ox, kx, (w_in, stride, dilation, pad));
         for c0 in (0..c).step_by(16) {
             // Tap t's 16 weights from channel c0 as 16-bit values, in order.
             let weights = |t: usize| {
@@ -880,12 +890,8 @@ mod x86 {
         let zav = _mm512_set1_epi32(za);
         let (lo, hi) = (_mm512_set1_ps(post.lo), _mm512_set1_ps(post.hi));
         let zero = _mm512_set1_epi32(post.zero);
-        // The input column of tap kx of output pixel ox, if inside the row.
-        let column = |ox: usize, kx: usize| {
-            (ox * stride + kx * dilation)
-                .checked_sub(pad)
-                .filter(|&ix| ix < w_in)
-        };
+        let column =
+            |ox: usize, kx: usize| super::input_column(ox, kx, (w_in, stride, dilation, pad));
         // Pixels whose K taps lie inside the row: ox·s ≥ pad and ox·s + (K-1)·d - pad
         // < w_in.
         let first = pad.div_ceil(stride);
