@@ -59,6 +59,14 @@ impl Scalar {
     }
 }
 
+/// Inputs and outputs the views of a delegate call ([`Args::io_many`]) hold without a
+/// heap allocation: enough for the XNNPACK delegate calls of the benchmark models
+/// (lraspp's has 17 arguments); a call of more allocates. Kernel calls ([`Args::io`])
+/// hold 8 and 4: larger inline views cost every call their copies.
+pub const INLINE_READS: usize = 24;
+/// See [`INLINE_READS`].
+pub const INLINE_WRITES: usize = 8;
+
 /// Metadata of a tensor argument.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TensorInfo {
@@ -527,12 +535,22 @@ impl<'a> Args<'a> {
         self.io_inner(reads, writes, false)
     }
 
-    fn io_inner(
+    /// Like [`Args::io_strided`], for calls of many arguments such as a delegate's
+    /// (see [`INLINE_READS`]).
+    pub fn io_many(
+        &mut self,
+        reads: &[Arg],
+        writes: &[Arg],
+    ) -> KernelResult<Io<'_, INLINE_READS, INLINE_WRITES>> {
+        self.io_inner(reads, writes, false)
+    }
+
+    fn io_inner<const R: usize, const W: usize>(
         &mut self,
         reads: &[Arg],
         writes: &[Arg],
         contiguous: bool,
-    ) -> KernelResult<Io<'_>> {
+    ) -> KernelResult<Io<'_, R, W>> {
         // Outputs that are not memory-planned get runtime-owned memory on first use.
         for &w in writes {
             let id = self.tensor_id(w)?;
@@ -552,9 +570,11 @@ impl<'a> Args<'a> {
                 self.memory.grow_heap(owner, nbytes)?;
             }
         }
-        let mut infos: SmallVec<[TensorInfo; 12]> = SmallVec::new();
-        let mut accesses: SmallVec<[Access; 12]> = SmallVec::new();
-        for &a in reads.iter().chain(writes) {
+        let mut read_infos: SmallVec<[TensorInfo; R]> = SmallVec::new();
+        let mut read_accesses: SmallVec<[Access; R]> = SmallVec::new();
+        let mut write_infos: SmallVec<[TensorInfo; W]> = SmallVec::new();
+        let mut write_accesses: SmallVec<[Access; W]> = SmallVec::new();
+        for (k, &a) in reads.iter().chain(writes).enumerate() {
             let info = self.tensor(a)?;
             if contiguous && !info.is_contiguous() {
                 return Err(KernelError::invalid(format!(
@@ -562,22 +582,28 @@ impl<'a> Args<'a> {
                     self.op, info.dim_order
                 )));
             }
-            infos.push(info);
-            accesses.push(self.access(a)?);
+            let access = self.access(a)?;
+            if k < reads.len() {
+                read_infos.push(info);
+                read_accesses.push(access);
+            } else {
+                write_infos.push(info);
+                write_accesses.push(access);
+            }
         }
-        let (read_accesses, write_accesses) = accesses.split_at(reads.len());
-        let borrowed = self.memory.borrow(read_accesses, write_accesses)?;
-        let mut infos = infos.into_iter();
+        let borrowed = self
+            .memory
+            .borrow::<R, W>(&read_accesses, &write_accesses)?;
         let inputs = borrowed
             .reads
             .into_iter()
-            .zip(infos.by_ref())
+            .zip(read_infos)
             .map(|(bytes, info)| TensorData { info, bytes })
             .collect();
         let outputs = borrowed
             .writes
             .into_iter()
-            .zip(infos)
+            .zip(write_infos)
             .map(|(bytes, info)| TensorDataMut { info, bytes })
             .collect();
         Ok(Io {
@@ -622,9 +648,9 @@ pub(crate) fn resize_slot(t: &mut TensorSlot, sizes: &[usize]) -> KernelResult {
 /// Views of a kernel call's data: inputs shared, outputs exclusive, never overlapping;
 /// and the method's scratch memory, kept between calls and charged to the method's
 /// budget (grow it with [`crate::Buffer::slice_mut`]).
-pub struct Io<'a> {
-    pub inputs: SmallVec<[TensorData<'a>; 8]>,
-    pub outputs: SmallVec<[TensorDataMut<'a>; 4]>,
+pub struct Io<'a, const R: usize = 8, const W: usize = 4> {
+    pub inputs: SmallVec<[TensorData<'a>; R]>,
+    pub outputs: SmallVec<[TensorDataMut<'a>; W]>,
     pub scratch: &'a mut crate::Buffer,
 }
 

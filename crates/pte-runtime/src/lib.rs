@@ -58,7 +58,10 @@ mod tensor;
 mod value;
 mod workspace;
 
-pub use args::{normalize_dim, Arg, Args, Io, Scalar, TensorData, TensorDataMut, TensorInfo};
+pub use args::{
+    normalize_dim, Arg, Args, Io, Scalar, TensorData, TensorDataMut, TensorInfo, INLINE_READS,
+    INLINE_WRITES,
+};
 pub use budget::{default_memory_limit, Buffer, Charge, MemoryBudget, MemoryError};
 pub use dtype::{DType, Element};
 pub use error::{KernelError, KernelResult, Result, RuntimeError};

@@ -105,13 +105,14 @@ pub(crate) struct Memory {
     workspace: Buffer,
 }
 
-type Reads<'m> = SmallVec<[&'m [u8]; 8]>;
-type Writes<'m> = SmallVec<[&'m mut [u8]; 4]>;
+type Reads<'m, const R: usize> = SmallVec<[&'m [u8]; R]>;
+type Writes<'m, const W: usize> = SmallVec<[&'m mut [u8]; W]>;
 
-/// What one kernel call gets: its inputs, its outputs and the method's workspace.
-pub(crate) struct Borrowed<'m> {
-    pub reads: Reads<'m>,
-    pub writes: Writes<'m>,
+/// What one kernel call gets: its inputs, its outputs and the method's workspace (the
+/// views of up to `R` inputs and `W` outputs held inline).
+pub(crate) struct Borrowed<'m, const R: usize, const W: usize> {
+    pub reads: Reads<'m, R>,
+    pub writes: Writes<'m, W>,
     pub workspace: &'m mut Buffer,
 }
 
@@ -300,12 +301,12 @@ impl Memory {
     /// overlap each other. A read that overlaps a write (an in-place operation, or a plan
     /// that reuses memory) is copied first, so that no byte is ever both shared and
     /// exclusive.
-    pub(crate) fn borrow(
+    pub(crate) fn borrow<const R: usize, const W: usize>(
         &mut self,
         reads: &[Access],
         writes: &[Access],
-    ) -> KernelResult<Borrowed<'_>> {
-        let write_places: SmallVec<[_; 4]> = writes
+    ) -> KernelResult<Borrowed<'_, R, W>> {
+        let write_places: SmallVec<[_; W]> = writes
             .iter()
             .map(|w| {
                 place(w)
@@ -321,7 +322,7 @@ impl Memory {
             self.read(*w)?; // bounds check
         }
         // Inputs that overlap an output are copied to scratch buffers first.
-        let mut copied: SmallVec<[Option<usize>; 8]> = SmallVec::new();
+        let mut copied: SmallVec<[Option<usize>; R]> = SmallVec::new();
         let mut scratch = std::mem::take(&mut self.scratch);
         let mut used = 0;
         for r in reads {
@@ -359,13 +360,12 @@ impl Memory {
             workspace,
             ..
         } = self;
-        let mut outs: SmallVec<[&mut [u8]; 4]> =
-            writes.iter().map(|_| Default::default()).collect();
+        let mut outs: Writes<'_, W> = writes.iter().map(|_| Default::default()).collect();
         // Pieces of planned buffers between outputs: (buffer, start offset, bytes).
         let mut gaps: SmallVec<[(u32, usize, &[u8]); 8]> = SmallVec::new();
         for (b, buf) in planned.iter_mut().enumerate() {
             let b = b as u32;
-            let mut cuts: SmallVec<[(usize, usize, usize); 4]> = write_places
+            let mut cuts: SmallVec<[(usize, usize, usize); W]> = write_places
                 .iter()
                 .enumerate()
                 .filter(|(_, p)| p.0 == Place::Planned(b) && p.2 > 0)
@@ -422,7 +422,7 @@ impl Memory {
                 None => heap_shared.push((h, buf.as_bytes())),
             }
         }
-        let mut ins: Reads<'_> = SmallVec::with_capacity(reads.len());
+        let mut ins: Reads<'_, R> = SmallVec::with_capacity(reads.len());
         for (r, copy) in reads.iter().zip(&copied) {
             let n = r.nbytes;
             let view: &[u8] = if let Some(s) = copy {
@@ -499,7 +499,7 @@ mod tests {
             writes: mut outs,
             ..
         } = m
-            .borrow(
+            .borrow::<8, 4>(
                 &[planned(0, 8), planned(4, 8)],
                 &[planned(16, 8), planned(32, 4)],
             )
@@ -519,31 +519,42 @@ mod tests {
             reads: ins,
             writes: outs,
             ..
-        } = m.borrow(&[planned(8, 8)], &[planned(12, 8)]).unwrap();
+        } = m
+            .borrow::<8, 4>(&[planned(8, 8)], &[planned(12, 8)])
+            .unwrap();
         assert_eq!(ins[0], &[8, 9, 10, 11, 12, 13, 14, 15]);
         for o in outs {
             o.fill(0);
         }
         drop(ins);
         // The copy still holds the old bytes.
-        let b = m.borrow(&[planned(8, 8)], &[]).unwrap();
+        let b = m.borrow::<8, 4>(&[planned(8, 8)], &[]).unwrap();
         assert_eq!(b.reads[0], &[8, 9, 10, 11, 0, 0, 0, 0]);
     }
 
     #[test]
     fn overlapping_outputs_and_out_of_bounds_are_errors() {
         let mut m = memory();
-        assert!(m.borrow(&[], &[planned(0, 8), planned(4, 8)]).is_err());
-        assert!(m.borrow(&[], &[planned(60, 8)]).is_err());
-        assert!(m.borrow(&[planned(usize::MAX - 2, 8)], &[]).is_err());
+        assert!(m
+            .borrow::<8, 4>(&[], &[planned(0, 8), planned(4, 8)])
+            .is_err());
+        assert!(m.borrow::<8, 4>(&[], &[planned(60, 8)]).is_err());
+        assert!(m
+            .borrow::<8, 4>(&[planned(usize::MAX - 2, 8)], &[])
+            .is_err());
         let constant = Access {
             storage: Storage::Program { offset: 0 },
             nbytes: 4,
         };
-        assert!(m.borrow(&[], &[constant]).is_err());
-        assert_eq!(m.borrow(&[constant], &[]).unwrap().reads[0], &[9; 4]);
+        assert!(m.borrow::<8, 4>(&[], &[constant]).is_err());
+        assert_eq!(
+            m.borrow::<8, 4>(&[constant], &[]).unwrap().reads[0],
+            &[9; 4]
+        );
         // Zero-byte writes inside another write are harmless.
-        assert!(m.borrow(&[], &[planned(0, 8), planned(4, 0)]).is_ok());
+        assert!(m
+            .borrow::<8, 4>(&[], &[planned(0, 8), planned(4, 0)])
+            .is_ok());
     }
 
     #[test]
@@ -552,11 +563,11 @@ mod tests {
         // gets a zero-byte write in the same call.
         let mut m = memory();
         m.grow_heap(1, 8).unwrap();
-        let b = m.borrow(&[heap(1, 8)], &[heap(1, 0)]).unwrap();
+        let b = m.borrow::<8, 4>(&[heap(1, 8)], &[heap(1, 0)]).unwrap();
         assert_eq!(b.reads[0], &[0; 8]);
         assert!(b.writes[0].is_empty());
         drop(b);
-        let b = m.borrow(&[heap(1, 8)], &[heap(1, 8)]).unwrap();
+        let b = m.borrow::<8, 4>(&[heap(1, 8)], &[heap(1, 8)]).unwrap();
         assert_eq!(b.reads[0].len(), 8);
     }
 

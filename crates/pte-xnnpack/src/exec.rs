@@ -21,7 +21,7 @@ use half::{bf16, f16};
 use pte_compute::ThreadPool;
 use pte_runtime::{
     Arg, Args, Buffer, DType, KernelError, KernelResult, MemoryBudget, PartProfile, StepTimes,
-    Workspace,
+    Workspace, INLINE_READS, INLINE_WRITES,
 };
 use smallvec::SmallVec;
 
@@ -650,11 +650,13 @@ impl Exec {
             }
             args.resize(e.arg, &sizes)?;
         }
-        let reads: SmallVec<[Arg; 8]> = self.inputs.iter().map(|e| Arg::At(e.arg)).collect();
-        let writes: SmallVec<[Arg; 4]> = self.outputs.iter().map(|e| Arg::At(e.arg)).collect();
-        let mut io = args.io_strided(&reads, &writes)?;
-        let ins: SmallVec<[&[u8]; 8]> = io.inputs.iter().map(|t| t.bytes()).collect();
-        let mut outs: SmallVec<[&mut [u8]; 4]> =
+        let reads: SmallVec<[Arg; INLINE_READS]> =
+            self.inputs.iter().map(|e| Arg::At(e.arg)).collect();
+        let writes: SmallVec<[Arg; INLINE_WRITES]> =
+            self.outputs.iter().map(|e| Arg::At(e.arg)).collect();
+        let mut io = args.io_many(&reads, &writes)?;
+        let ins: SmallVec<[&[u8]; INLINE_READS]> = io.inputs.iter().map(|t| t.bytes()).collect();
+        let mut outs: SmallVec<[&mut [u8]; INLINE_WRITES]> =
             io.outputs.iter_mut().map(|t| t.bytes_mut()).collect();
         let mut work = self.workspace.lock();
         let pte_runtime::WorkBuffers { arena, scratch } = &mut *work;
@@ -674,8 +676,10 @@ impl Exec {
                 .ok_or_else(|| KernelError::Failed("arena too small".into()))?;
             convert_in(e.dtype, src, dst)?;
         }
-        let arg_of_input: SmallVec<[usize; 8]> = self.inputs.iter().map(|e| e.arg).collect();
-        let arg_of_output: SmallVec<[usize; 4]> = self.outputs.iter().map(|e| e.arg).collect();
+        let arg_of_input: SmallVec<[usize; INLINE_READS]> =
+            self.inputs.iter().map(|e| e.arg).collect();
+        let arg_of_output: SmallVec<[usize; INLINE_WRITES]> =
+            self.outputs.iter().map(|e| e.arg).collect();
         for (k, step) in self.steps.iter().enumerate() {
             if self.elided.get(k) == Some(&true) {
                 continue;

@@ -3,32 +3,15 @@
 //! here in f64, for one row (dot products) and several (packed per call), and a
 //! transposed filter of the same values (packed at load) matches too.
 
+mod common;
+
+use common::{load, tensor};
 use pte_compute::gemm::IN_PLACE_WEIGHT_BYTES;
 use pte_format::schema::executorch_flatbuffer::ScalarType::Float;
-use pte_runtime::{BackendRegistry, EValue, LoadOptions, Program, Tensor};
+use pte_runtime::{EValue, Program, Tensor};
 use pte_testkit::program::{Memory, ProgramBuilder};
 use pte_testkit::values;
 use pte_xnnpack::schema::fb_xnnpack as x;
-
-/// Value `id`: fp32 of `dims`, constant entry `constant` (0: none), and an external id
-/// with its input (1) or output (2) flag.
-fn tensor(id: u32, dims: &[usize], constant: u32, external: Option<(u32, u32)>) -> x::XValue {
-    let (external_id, flags) = external.unwrap_or((u32::MAX, 0));
-    x::XValue {
-        xvalue_union: Some(x::XValueUnion::XnnTensorValue(Box::new(
-            x::XnnTensorValue {
-                datatype: x::XnnDatatype::XnnDatatypeFp32,
-                num_dims: dims.len() as u32,
-                dims: Some(dims.iter().map(|&d| d as u32).collect()),
-                constant_buffer_idx: constant,
-                external_id,
-                flags,
-                id_out: id,
-                dq_datatype: x::XnnDatatype::XnnDatatypeInvalid,
-            },
-        ))),
-    }
-}
 
 /// A program of one delegate: `y = x · wᵀ + bias` for `x` of `m × k` and `w` given
 /// `[n, k]`, stored as given or (`transpose`) as `[k, n]` with XNNPACK's transposed
@@ -97,15 +80,7 @@ fn program(m: usize, (n, k): (usize, usize), w: &[f32], bias: &[f32], transpose:
 /// holds.
 fn run(bytes: &[u8], m: usize, k: usize, input: &[f32], threads: usize) -> (Vec<f32>, u64) {
     let program = Program::from_bytes(bytes).unwrap();
-    let mut backends = BackendRegistry::new();
-    pte_xnnpack::register(&mut backends);
-    let options = LoadOptions {
-        threads: Some(threads),
-        ..LoadOptions::default()
-    };
-    let mut method = program
-        .load_method_with("forward", &pte_kernels::registry(), &backends, &options)
-        .unwrap();
+    let mut method = load(&program, threads);
     let inputs = [EValue::Tensor(Tensor::from_slice(&[m, k], input).unwrap())];
     for _ in 0..2 {
         method.set_inputs(&inputs).unwrap();
