@@ -452,7 +452,7 @@ impl Gemm {
                     && b.cols() == c.cols()
                     && (b.col_stride() == 1 || b.row_stride() == 1) =>
             {
-                self.vector_matrix(pool, c, a, b, epilogue)
+                self.vector_matrix(pool, c, a, VectorRhs::Mat(b), epilogue)
             }
             (Lhs::Mat(a), Rhs::Mat(b)) => self.run_sides(
                 pool,
@@ -462,6 +462,16 @@ impl Gemm {
                 epilogue,
                 scratch,
             ),
+            (Lhs::Mat(a), Rhs::Packed(b))
+                if a.rows() == 1
+                    && c.rows() == 1
+                    && a.cols() == b.0.depth
+                    && c.cols() == b.0.lines
+                    && a.row_run(0, 0, a.cols()).is_some() =>
+            {
+                b.0.check(self.isa)?;
+                self.vector_matrix(pool, c, a, VectorRhs::Panels(&b.0), epilogue)
+            }
             (Lhs::Mat(a), Rhs::Packed(b)) => {
                 b.0.check(self.isa)?;
                 self.run_sides(
@@ -630,18 +640,19 @@ impl Gemm {
         failed.into_result()
     }
 
-    /// `c (1 × n) = a (1 × k) · b` without packing: a sum of scaled rows of B when its
-    /// rows are contiguous, else one dot product per column; columns split over the
-    /// pool's threads when B is large enough to pay for the hand-off.
+    /// `c (1 × n) = a (1 × k) · b`: a sum of scaled rows of B when its rows are
+    /// contiguous or it is packed, else one dot product per column; columns split over
+    /// the pool's threads when B is large enough to pay for the hand-off. (The tile
+    /// kernel would compute a whole tile of rows for the one row of C.)
     fn vector_matrix(
         &self,
         pool: &ThreadPool,
         c: MatMut<'_>,
         a: MatRef<'_>,
-        b: MatRef<'_>,
+        b: VectorRhs<'_>,
         epi: &Epilogue<'_>,
     ) -> Result {
-        let (k, n) = (b.rows(), b.cols());
+        let (k, n) = b.dims();
         match epi.bias {
             Bias::Row(v) => error::need("row bias", v.len(), 1)?,
             Bias::Col(v) => error::need("column bias", v.len(), n)?,
@@ -652,7 +663,12 @@ impl Gemm {
             return self.vector_columns(c, a, b, 0, epi);
         }
         let tasks = (threads * 4).min(MAX_PARTS).min(n / VECTOR_COLUMNS);
-        let step = n.div_ceil(tasks.max(1)).next_multiple_of(VECTOR_COLUMNS);
+        // Parts start at a panel's first column.
+        let unit = match b {
+            VectorRhs::Panels(p) => VECTOR_COLUMNS.max(p.w),
+            VectorRhs::Mat(_) => VECTOR_COLUMNS,
+        };
+        let step = n.div_ceil(tasks.max(1)).next_multiple_of(unit);
         let parts = c.into_parts(true, step);
         let failed = crate::pool::FirstError::default();
         pool.parallel_for(n.div_ceil(step), |t, _| {
@@ -669,11 +685,11 @@ impl Gemm {
         &self,
         mut c: MatMut<'_>,
         a: MatRef<'_>,
-        b: MatRef<'_>,
+        b: VectorRhs<'_>,
         j0: usize,
         epi: &Epilogue<'_>,
     ) -> Result {
-        let (k, n) = (b.rows(), c.cols());
+        let (k, n) = (b.dims().0, c.cols());
         let mut j = 0;
         // Blocks of columns accumulated on the stack, then stored with the epilogue.
         let mut acc = [0f32; 512];
@@ -681,30 +697,47 @@ impl Gemm {
             let w = acc.len().min(n - j);
             let acc = acc.get_mut(..w).unwrap_or_default();
             acc.fill(0.0);
-            if b.col_stride() == 1 {
-                for p in 0..k {
-                    if let Some(run) = b.row_run(p, j0 + j, w) {
-                        axpy(self.isa, acc, a.at(0, p), run);
+            match b {
+                VectorRhs::Panels(p) => {
+                    // Whole panels (`j0 + j` starts one: the blocks and the parts'
+                    // steps are multiples of the panel width), the last one's padding
+                    // dropped.
+                    let x = a.row_run(0, 0, k).ok_or_else(|| Error::ShapeMismatch {
+                        what: "a vector-matrix product's row is not contiguous".into(),
+                    })?;
+                    let first = (j0 + j) / p.w.max(1);
+                    for (q, out) in acc.chunks_mut(p.w.max(1)).enumerate() {
+                        let at = (first + q) * k * p.w;
+                        let panel = p.buf.get(at..at + k * p.w).unwrap_or_default();
+                        panel_vector(self.isa, x, panel, p.w, out);
                     }
                 }
-            } else {
-                let x: Option<&[f32]> = a.row_run(0, 0, k);
-                let col = |s: usize| b.t().row_run(j0 + j + s, 0, k);
-                let one = |s: usize| match (x, col(s)) {
-                    (Some(x), Some(col)) => dot(self.isa, x, col),
-                    _ => (0..k).map(|p| a.at(0, p) * b.at(p, j0 + j + s)).sum(),
-                };
-                // DOT_ROWS columns at a time: as many streams of B from memory, each
-                // value of `a` loaded once for them.
-                for (q, v) in acc.chunks_mut(DOT_ROWS).enumerate() {
-                    let s = DOT_ROWS * q;
-                    let cols: [Option<&[f32]>; DOT_ROWS] = std::array::from_fn(|i| col(s + i));
-                    match x {
-                        Some(x) if v.len() == DOT_ROWS && cols.iter().all(Option::is_some) => {
-                            let cols = cols.map(Option::unwrap_or_default);
-                            v.copy_from_slice(&dot_rows(self.isa, x, cols));
+                VectorRhs::Mat(b) if b.col_stride() == 1 => {
+                    for p in 0..k {
+                        if let Some(run) = b.row_run(p, j0 + j, w) {
+                            axpy(self.isa, acc, a.at(0, p), run);
                         }
-                        _ => v.iter_mut().enumerate().for_each(|(i, v)| *v = one(s + i)),
+                    }
+                }
+                VectorRhs::Mat(b) => {
+                    let x: Option<&[f32]> = a.row_run(0, 0, k);
+                    let col = |s: usize| b.t().row_run(j0 + j + s, 0, k);
+                    let one = |s: usize| match (x, col(s)) {
+                        (Some(x), Some(col)) => dot(self.isa, x, col),
+                        _ => (0..k).map(|p| a.at(0, p) * b.at(p, j0 + j + s)).sum(),
+                    };
+                    // DOT_ROWS columns at a time: as many streams of B from memory, each
+                    // value of `a` loaded once for them.
+                    for (q, v) in acc.chunks_mut(DOT_ROWS).enumerate() {
+                        let s = DOT_ROWS * q;
+                        let cols: [Option<&[f32]>; DOT_ROWS] = std::array::from_fn(|i| col(s + i));
+                        match x {
+                            Some(x) if v.len() == DOT_ROWS && cols.iter().all(Option::is_some) => {
+                                let cols = cols.map(Option::unwrap_or_default);
+                                v.copy_from_slice(&dot_rows(self.isa, x, cols));
+                            }
+                            _ => v.iter_mut().enumerate().for_each(|(i, v)| *v = one(s + i)),
+                        }
                     }
                 }
             }
@@ -1111,6 +1144,85 @@ impl Gemm {
 const VECTOR_SPLIT_VALUES: usize = 1 << 16;
 const VECTOR_COLUMNS: usize = 16;
 const DOT_ROWS: usize = 8;
+
+/// The right operand of a vector-matrix product.
+#[derive(Clone, Copy)]
+enum VectorRhs<'b> {
+    Mat(MatRef<'b>),
+    /// Packed in column panels (a constant weight).
+    Panels(&'b Panels),
+}
+
+impl VectorRhs<'_> {
+    /// (k, n).
+    fn dims(&self) -> (usize, usize) {
+        match self {
+            VectorRhs::Mat(b) => (b.rows(), b.cols()),
+            VectorRhs::Panels(p) => (p.depth, p.lines),
+        }
+    }
+}
+
+/// `out[j] = Σₚ x[p] · panel[p·w + j]` for one packed panel of width `w` (`out` may
+/// be shorter: the last panel's padding columns are not stored).
+fn panel_vector(isa: Isa, x: &[f32], panel: &[f32], w: usize, out: &mut [f32]) {
+    match (w, out.len() == w) {
+        (16, true) => panel_vector_16(isa, x, panel, out),
+        (32, true) => panel_vector_32(isa, x, panel, out),
+        _ => panel_vector_any(isa, x, panel, w, out),
+    }
+}
+
+/// [`panel_vector`] for a panel `W` wide, all of it stored: four sets of `W`
+/// accumulators (registers, in the compiled loop), one per depth of a group of four,
+/// so that no addition waits for the one before.
+#[inline(always)]
+fn panel_vector_w<const FMA: bool, const W: usize>(x: &[f32], panel: &[f32], out: &mut [f32]) {
+    let mut acc = [[0f32; W]; 4];
+    let (xs, rows) = (x.chunks_exact(4), panel.chunks_exact(4 * W));
+    let (x_tail, row_tail) = (xs.remainder(), rows.remainder());
+    for (x4, r4) in xs.zip(rows) {
+        for (u, (acc, r)) in acc.iter_mut().zip(r4.chunks_exact(W)).enumerate() {
+            let xv = x4.get(u).copied().unwrap_or(0.0);
+            for (c, &b) in acc.iter_mut().zip(r) {
+                *c = arch::madd::<FMA>(xv, b, *c);
+            }
+        }
+    }
+    for (&xv, r) in x_tail.iter().zip(row_tail.chunks_exact(W)) {
+        for (c, &b) in acc[0].iter_mut().zip(r) {
+            *c = arch::madd::<FMA>(xv, b, *c);
+        }
+    }
+    let [a0, a1, a2, a3] = &acc;
+    let pairs = a0.iter().zip(a1).zip(a2.iter().zip(a3));
+    for (o, ((a, b), (c, d))) in out.iter_mut().zip(pairs) {
+        *o = (a + b) + (c + d);
+    }
+}
+
+multiversion! {
+    fn panel_vector_16<const FMA: bool>(x: &[f32], panel: &[f32], out: &mut [f32]) {
+        panel_vector_w::<FMA, 16>(x, panel, out)
+    }
+}
+
+multiversion! {
+    fn panel_vector_32<const FMA: bool>(x: &[f32], panel: &[f32], out: &mut [f32]) {
+        panel_vector_w::<FMA, 32>(x, panel, out)
+    }
+}
+
+multiversion! {
+    fn panel_vector_any<const FMA: bool>(x: &[f32], panel: &[f32], w: usize, out: &mut [f32]) {
+        out.fill(0.0);
+        for (&xv, row) in x.iter().zip(panel.chunks_exact(w.max(1))) {
+            for (o, &b) in out.iter_mut().zip(row) {
+                *o = arch::madd::<FMA>(xv, b, *o);
+            }
+        }
+    }
+}
 
 /// Bytes of packed B panels one run of the indirect micro-kernel covers (half a typical
 /// L2), in products and in convolutions alike.
