@@ -475,8 +475,8 @@ fn narrow_copy(args: &mut Args<'_>) -> KernelResult {
 }
 
 /// Splits input 0 along `dim` into consecutive pieces of `extents` entries (with `drop`,
-/// pieces of 1 lose the dim), written to the tensor list at `list` one `io` call each,
-/// so any number of pieces is fine.
+/// pieces of 1 lose the dim), written to the tensor list at `list` by one `io` call per
+/// [`PIECES_PER_CALL`] pieces, so any number of pieces is fine and none allocates.
 fn split_into(
     args: &mut Args<'_>,
     dim: usize,
@@ -501,21 +501,32 @@ fn split_into(
     }
     let along = Along::new(&x.sizes, dim);
     let mut at = 0;
-    for (j, &e) in extents.iter().enumerate() {
-        let (sizes, _) = window(&x.sizes, dim, 0, e, 1, drop)?;
-        let piece = Arg::Item(list, j);
-        args.resize(piece, &sizes)?;
-        same_dtype(x.dtype, args.tensor(piece)?.dtype)?;
-        let mut io = Dense::io(args, &[0.into()], &[piece], &[])?;
-        let (walk, src) = along.part(at, e);
+    for (group, chunk) in extents.chunks(PIECES_PER_CALL).enumerate() {
+        let first = group * PIECES_PER_CALL;
+        let pieces: SmallVec<[Arg; PIECES_PER_CALL]> = (first..first + chunk.len())
+            .map(|j| Arg::Item(list, j))
+            .collect();
+        for (&piece, &e) in pieces.iter().zip(chunk) {
+            let (sizes, _) = window(&x.sizes, dim, 0, e, 1, drop)?;
+            args.resize(piece, &sizes)?;
+            same_dtype(x.dtype, args.tensor(piece)?.dtype)?;
+        }
+        let mut io = Dense::io(args, &[0.into()], &pieces, &[])?;
         let input = io.bytes(0)?;
-        let dst = Layout::contiguous(&walk);
-        copy(x.dtype.size(), &walk, input, &src, io.bytes_mut(0)?, &dst)?;
+        for (k, &e) in chunk.iter().enumerate() {
+            let (walk, src) = along.part(at, e);
+            let dst = Layout::contiguous(&walk);
+            copy(x.dtype.size(), &walk, input, &src, io.bytes_mut(k)?, &dst)?;
+            at += e;
+        }
         io.finish()?;
-        at += e;
     }
     Ok(())
 }
+
+/// Pieces of a split written by one `io` call: as many outputs as its views hold
+/// without a heap allocation.
+const PIECES_PER_CALL: usize = 4;
 
 fn split_with_sizes_copy(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;

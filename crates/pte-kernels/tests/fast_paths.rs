@@ -1010,8 +1010,10 @@ fn activations_match_the_generic_kernels() {
 fn binary_operations_match_the_generic_kernels() {
     // (self, other): equal shapes, a per-channel vector (NCHW and trailing), a
     // one-element tensor, `self`'s last dims repeated over the first (an attention
-    // bias over the heads, split over threads; fewer dims); `other` as a scalar below.
-    let shapes: [(&[usize], &[usize]); 9] = [
+    // bias over the heads, split over threads; fewer dims; fewer dims of the same
+    // elements, as an LSTM's gates); `other` as a scalar below.
+    let shapes: [(&[usize], &[usize]); 10] = [
+        (&[1, 1, 512], &[1, 512]),
         (&[2, 3, 5, 7], &[2, 3, 5, 7]),
         (&[1, 96, 28, 28], &[1, 96, 1, 1]),
         (&[2, 16, 9, 9], &[16, 1, 1]),

@@ -217,8 +217,13 @@ impl Binary {
         let mut axes = (0..x.rank()).filter(|&i| ys(i) != 1);
         if let (Some(c), None) = (axes.next(), axes.next()) {
             if x.sizes.get(c) == Some(&ys(c)) {
-                return Ok(Some(Shape::Channels {
-                    inner: x.sizes.get(c + 1..).unwrap_or_default().iter().product(),
+                let inner = x.sizes.get(c + 1..).unwrap_or_default().iter().product();
+                // On the last axis, a row of `other` per row of `self`: whole rows at
+                // a time, not one value (an LSTM's [1, 1, 512] + [1, 512]).
+                return Ok(Some(if inner == 1 && y.numel() > 0 {
+                    Shape::Tiled
+                } else {
+                    Shape::Channels { inner }
                 }));
             }
         }
