@@ -1594,7 +1594,81 @@ def _segmentation(name: str):
 for _name in EXTRA_SEGMENTATION:
     _bench_pair(_name, _segmentation(_name), f"torchvision segmentation {_name}, random weights, eval, 1x3x224x224")
 
-EXTRA_BENCH = EXTRA_CLASSIFIERS + EXTRA_SEGMENTATION
+
+
+# Shapes no network above has, after the models upstream's own examples name: 1-D
+# convolutions over audio (wav2letter), full-resolution 3x3 convolutions ending in a
+# pixel shuffle (EDSR super-resolution) and a recurrent network (LSTM).
+class _Wav2Letter(nn.Module):
+    """Wav2Letter on raw audio (Collobert et al., 2016), torchaudio's layer sizes."""
+
+    def __init__(self, classes=40):
+        super().__init__()
+        spec = [(1, 250, 250, 160, 45), (250, 250, 48, 2, 23)] + [(250, 250, 7, 1, 3)] * 7
+        spec += [(250, 2000, 32, 1, 16), (2000, 2000, 1, 1, 0), (2000, classes, 1, 1, 0)]
+        layers = []
+        for cin, cout, k, s, p in spec:
+            layers += [nn.Conv1d(cin, cout, k, stride=s, padding=p), nn.ReLU()]
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return F.log_softmax(self.net(x), dim=1)
+
+
+class _EdsrBlock(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        return x + self.b(F.relu(self.a(x)))
+
+
+class _Edsr(nn.Module):
+    """EDSR baseline (Lim et al., 2017): 16 residual blocks of 64 channels, x2 upscaling
+    by a pixel shuffle."""
+
+    def __init__(self, c=64, blocks=16, scale=2):
+        super().__init__()
+        self.head = nn.Conv2d(3, c, 3, padding=1)
+        self.body = nn.Sequential(*(_EdsrBlock(c) for _ in range(blocks)), nn.Conv2d(c, c, 3, padding=1))
+        self.up = nn.Sequential(nn.Conv2d(c, c * scale * scale, 3, padding=1), nn.PixelShuffle(scale))
+        self.tail = nn.Conv2d(c, 3, 3, padding=1)
+
+    def forward(self, x):
+        h = self.head(x)
+        return self.tail(self.up(h + self.body(h)))
+
+
+class _Lstm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(input_size=64, hidden_size=128, num_layers=2, batch_first=True)
+        self.head = nn.Linear(128, 10)
+
+    def forward(self, x):
+        y, _ = self.lstm(x)
+        return self.head(y)
+
+
+_bench_pair(
+    "wav2letter",
+    lambda: (_Wav2Letter().eval(), torch.randn(1, 1, 16000)),
+    "Wav2Letter on raw audio (conv1d, torchaudio's sizes), 40 classes, random weights, 1x1x16000",
+)
+_bench_pair(
+    "edsr",
+    lambda: (_Edsr().eval(), torch.randn(1, 3, 64, 64)),
+    "EDSR baseline x2 (16 blocks, 64 channels, pixel shuffle), random weights, 1x3x64x64",
+)
+_bench_pair(
+    "lstm",
+    lambda: (_Lstm().eval(), torch.randn(1, 32, 64)),
+    "2-layer LSTM (64 -> 128, batch_first) and a linear head, random weights, 1x32x64",
+)
+EXTRA_OTHER = ["wav2letter", "edsr", "lstm"]
+
+EXTRA_BENCH = EXTRA_CLASSIFIERS + EXTRA_SEGMENTATION + EXTRA_OTHER
 
 
 # --------------------------------------------------------------------------------------
