@@ -579,3 +579,116 @@ fn copies_that_keep_the_order_or_share_a_value_are_not_fused_whole() {
         run_with(&bytes, &with_fuser(NoFusion)).outputs
     );
 }
+
+/// An LSTM cell's gates as exported: `gates` of `[rows, 4 × h]` split along dim 1 into
+/// four, `sigmoid` / `tanh`, then `c' = f·c + i·g` and `h' = o·tanh(c')`, both outputs.
+/// With `expose`, the input gate is a method output too; `alpha` is the cell
+/// addition's.
+fn lstm_cell_program(rows: usize, h: usize, expose: bool, alpha: i64) -> Vec<u8> {
+    let mut b = ProgramBuilder::new();
+    let (r, h) = (rows as i32, h as i32);
+    let gates = b.tensor(Float, &[r, 4 * h], Memory::Planned);
+    let c = b.tensor(Float, &[r, h], Memory::Planned);
+    let pieces: Vec<i32> = (0..4)
+        .map(|_| b.tensor(Float, &[r, h], Memory::Planned))
+        .collect();
+    let (sizes, dim) = (b.int_list(&[i64::from(h); 4]), b.int(1));
+    let (list, ret) = (b.tensor_list(&pieces), b.tensor_list(&pieces));
+    b.call(
+        "aten::split_with_sizes_copy",
+        "out",
+        &[gates, sizes, dim, list, ret],
+    );
+    let unary = |b: &mut ProgramBuilder, op: &str, x: i32| {
+        let y = b.tensor(Float, &[r, h], Memory::Planned);
+        b.call(op, "out", &[x, y, y]);
+        y
+    };
+    let i = unary(&mut b, "aten::sigmoid", pieces[0]);
+    let f = unary(&mut b, "aten::sigmoid", pieces[1]);
+    let g = unary(&mut b, "aten::tanh", pieces[2]);
+    let o = unary(&mut b, "aten::sigmoid", pieces[3]);
+    let binary = |b: &mut ProgramBuilder, op: &str, x: i32, y: i32, alpha: Option<i64>| {
+        let z = b.tensor(Float, &[r, h], Memory::Planned);
+        match alpha {
+            Some(a) => {
+                let a = b.int(a);
+                b.call(op, "out", &[x, y, a, z, z]);
+            }
+            None => b.call(op, "out", &[x, y, z, z]),
+        }
+        z
+    };
+    let fc = binary(&mut b, "aten::mul", f, c, None);
+    let ig = binary(&mut b, "aten::mul", i, g, None);
+    let c2 = binary(&mut b, "aten::add", fc, ig, Some(alpha));
+    let tc = unary(&mut b, "aten::tanh", c2);
+    let h2 = binary(&mut b, "aten::mul", o, tc, None);
+    b.input(gates);
+    b.input(c);
+    b.output(h2);
+    b.output(c2);
+    if expose {
+        b.output(i);
+    }
+    b.build()
+}
+
+/// The cell run on deterministic inputs by `kernels`.
+fn run_lstm_cell(bytes: &[u8], rows: usize, h: usize, kernels: &KernelRegistry) -> Ran {
+    let gates = pte_testkit::values(rows * 4 * h, 41);
+    let c = pte_testkit::values(rows * h, 42);
+    let inputs = vec![
+        EValue::Tensor(pte_runtime::Tensor::from_slice(&[rows, 4 * h], &gates).unwrap()),
+        EValue::Tensor(pte_runtime::Tensor::from_slice(&[rows, h], &c).unwrap()),
+    ];
+    run_on(bytes, kernels, Some(inputs))
+}
+
+#[test]
+fn an_lstm_cell_runs_as_one_elementwise_chain_with_the_same_bits() {
+    // Blocks of 256 values: one block, one and a bit, the largest fused size.
+    for (h, expose) in [(128, false), (300, true), (4096, false)] {
+        let bytes = lstm_cell_program(1, h, expose, 1);
+        let fused = run_lstm_cell(&bytes, 1, h, &pte_kernels::registry());
+        assert_eq!(fused.ops, ["fused elementwise chain"], "h {h}");
+        let plain = run_lstm_cell(&bytes, 1, h, &with_fuser(NoFusion));
+        assert!(plain.ops.len() == 5, "{:?}", plain.ops);
+        assert_eq!(fused.outputs, plain.outputs, "h {h}");
+        // h' = o · tanh(f · c + i · g), from the inputs in f64.
+        let gates: Vec<f32> = pte_testkit::values(4 * h, 41);
+        let c: Vec<f32> = pte_testkit::values(h, 42);
+        let out: Vec<f32> = bytemuck::pod_collect_to_vec(&fused.outputs[0]);
+        let sig = |x: f32| 1.0 / (1.0 + (-f64::from(x)).exp());
+        for j in 0..h {
+            let [i, f, g, o] = [0, 1, 2, 3].map(|k| gates[k * h + j]);
+            let want = sig(o) * (sig(f) * f64::from(c[j]) + sig(i) * f64::from(g).tanh()).tanh();
+            assert!((f64::from(out[j]) - want).abs() < 1e-5, "h {h}, value {j}");
+        }
+    }
+}
+
+#[test]
+fn elementwise_chains_stop_where_their_conditions_do() {
+    // Pieces that are not runs of the input (two rows), tensors above the fused size,
+    // an addition scaled by alpha: the chain is cut there or not formed, and every
+    // result is the same.
+    for (rows, h, alpha) in [(2, 64, 1), (1, 4097, 1), (1, 64, 2)] {
+        let bytes = lstm_cell_program(rows, h, false, alpha);
+        let fused = run_lstm_cell(&bytes, rows, h, &pte_kernels::registry());
+        let plain = run_lstm_cell(&bytes, rows, h, &with_fuser(NoFusion));
+        assert_eq!(
+            fused.outputs, plain.outputs,
+            "rows {rows}, h {h}, alpha {alpha}"
+        );
+        let whole = fused.ops == ["fused elementwise chain"];
+        assert!(!whole, "rows {rows}, h {h}, alpha {alpha}: {:?}", fused.ops);
+    }
+    // With alpha 2, the calls before the addition still form a chain.
+    let bytes = lstm_cell_program(1, 64, false, 2);
+    let ops = run_lstm_cell(&bytes, 1, 64, &pte_kernels::registry()).ops;
+    assert!(
+        ops.contains(&"fused elementwise chain".to_owned()),
+        "{ops:?}"
+    );
+}

@@ -211,6 +211,14 @@ impl<'a> Graph<'a> {
         }
     }
 
+    /// True for a tensor whose shape cannot change between executions.
+    pub fn is_static(&self, v: u32) -> bool {
+        matches!(
+            self.values.get(v as usize),
+            Some(Slot::Tensor(t)) if t.dynamism == crate::value::Dynamism::Static
+        )
+    }
+
     /// True for a `None` value.
     pub fn is_none(&self, v: u32) -> bool {
         matches!(self.values.get(v as usize), Some(Slot::None))

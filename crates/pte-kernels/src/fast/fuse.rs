@@ -15,7 +15,10 @@
 //!   normalization and activation alone: one pass from the parts (`norm.rs`);
 //! - `_softmax` over the last dimension → PyTorch's decomposition of `_safe_softmax`
 //!   (`eq(x, -inf)`, `logical_not`, `any`, `logical_not`, `full_like(0)`, `where`: rows
-//!   of -inf only become zeros), as attention exports it: one safe softmax.
+//!   of -inf only become zeros), as attention exports it: one safe softmax;
+//! - consecutive `split_with_sizes_copy`, `sigmoid`, `tanh`, `relu`, `add`, `sub`,
+//!   `mul` calls on tensors of one size of at most 4096 values (an LSTM's gates): one
+//!   elementwise chain (`pointwise.rs`).
 //!
 //! Activations: `relu`, `hardtanh`, `clamp` with both bounds, `sigmoid`, `gelu`, and
 //! `x · sigmoid(x)` written as `sigmoid` then `mul` (SiLU as exported).
@@ -82,6 +85,13 @@ impl Fuser for Patterns {
                 "aten::cat.out" | "aten::_native_batch_norm_legit_no_training.out" => {
                     super::norm::propose(g, rest)
                 }
+                "aten::split_with_sizes_copy.out"
+                | "aten::sigmoid.out"
+                | "aten::tanh.out"
+                | "aten::relu.out"
+                | "aten::add.out"
+                | "aten::sub.out"
+                | "aten::mul.out" => super::pointwise::propose(g, rest),
                 _ => None,
             };
             match found {

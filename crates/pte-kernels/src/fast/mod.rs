@@ -16,7 +16,8 @@
 //! matrix product with its activation, a max pooling whose indices nothing reads, and
 //! a softmax with the calls of PyTorch's `_safe_softmax` decomposition after it, a
 //! concatenation with the batch normalization and activation after it (pre-activation
-//! networks such as DenseNet), and a chain of copies that only rearrange elements.
+//! networks such as DenseNet), a chain of copies that only rearrange elements, and a
+//! chain of elementwise calls on small tensors of one size (an LSTM's gates).
 //!
 //! A prepared fast kernel re-reads its arguments' shapes and scalars at every call and
 //! prepares itself again if they changed (dynamic shapes), so it never runs on stale
@@ -37,6 +38,7 @@ mod conv;
 mod fuse;
 mod linear;
 mod norm;
+mod pointwise;
 mod pool;
 mod region;
 mod resample;

@@ -1,0 +1,317 @@
+//! Chains of elementwise float32 calls on tensors of one size, run as one call.
+//!
+//! An exported LSTM computes each time step's gates as ten calls on 128 values:
+//! `split_with_sizes_copy` into four, `sigmoid` / `tanh` of each, then the cell's
+//! `mul`, `mul`, `add`, `tanh`, `mul`. Dispatching a call costs more than its
+//! arithmetic there. The fused call evaluates the chain [`BLOCK`] values at a time in
+//! the method's scratch memory, with the vector functions the calls use one by one
+//! (`elementwise::map` and `elementwise::binary`), so its results are the same bits.
+//!
+//! A chain takes consecutive calls of `split_with_sizes_copy` (along a dim with only
+//! ones before it, pieces of the chain's size: each piece is a run of the input),
+//! `sigmoid`, `tanh`, `relu`, and `add` / `sub` (alpha 1) / `mul` of two tensors of the
+//! chain's size; every tensor float32, static, in the default dim order. The values it
+//! computes that anything after it reads are its outputs.
+
+use std::sync::Arc;
+
+use pte_compute::elementwise::{self, Activation, BinaryOp};
+use pte_compute::Isa;
+use pte_runtime::{
+    Arg, Args, Call, Fusion, Graph, Kernel, KernelError, KernelResult, PreparedKernel,
+};
+use smallvec::SmallVec;
+
+use super::fuse::{arg, is_f32, single_output};
+use super::{at, compute, f32_tensor, scratch};
+
+/// Values of each step evaluated at once: a block's temporaries stay in L1.
+const BLOCK: usize = 256;
+/// Calls in a chain: at least (fewer save too little), at most.
+const MIN_CALLS: usize = 3;
+const MAX_CALLS: usize = 32;
+/// Tensors a chain reads and writes at most (its views then need no heap memory).
+const MAX_INPUTS: usize = 8;
+const MAX_OUTPUTS: usize = 4;
+/// Values per tensor above which the calls stay separate (each then splits its loop
+/// over the threads).
+const MAX_VALUES: usize = 1 << 12;
+
+/// Where a step reads its values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Operand {
+    /// Values from `offset` on of input `k` of the fused call.
+    Input { k: usize, offset: usize },
+    /// The result of step `s`.
+    Step(usize),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Unary(Activation, Operand),
+    Binary(BinaryOp, Operand, Operand),
+}
+
+/// A chain as the fused call runs it.
+#[derive(Debug)]
+struct Chain {
+    /// Values of every step and output.
+    len: usize,
+    /// Values of each input.
+    input_lens: Vec<usize>,
+    steps: Vec<Step>,
+    /// What each output holds.
+    outputs: Vec<Operand>,
+}
+
+/// The longest chain of at least [`MIN_CALLS`] calls starting at `calls[0]`, if any.
+pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
+    let supported = calls
+        .iter()
+        .take(MAX_CALLS)
+        .take_while(|c| kind(c.op).is_some())
+        .count();
+    (MIN_CALLS..=supported)
+        .rev()
+        .find_map(|n| calls.get(..n).and_then(|group| chain(g, group)))
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Split,
+    Unary(Activation),
+    Binary(BinaryOp, bool),
+}
+
+/// What a call does in a chain (`true`: it has an alpha).
+fn kind(op: &str) -> Option<Kind> {
+    Some(match op {
+        "aten::split_with_sizes_copy.out" => Kind::Split,
+        "aten::sigmoid.out" => Kind::Unary(Activation::Sigmoid),
+        "aten::tanh.out" => Kind::Unary(Activation::Tanh),
+        "aten::relu.out" => Kind::Unary(Activation::RELU),
+        "aten::add.out" => Kind::Binary(BinaryOp::Add, true),
+        "aten::sub.out" => Kind::Binary(BinaryOp::Sub, true),
+        "aten::mul.out" => Kind::Binary(BinaryOp::Mul, false),
+        _ => return None,
+    })
+}
+
+/// The fusion of exactly `calls`, if they form a chain.
+fn chain(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
+    let numel = |v: u32| g.tensor(v).map(|t| t.numel());
+    let plain = |v: u32| is_f32(g, v) && g.is_static(v);
+    // The chain's size: the first result's.
+    let first = calls.first()?;
+    let len = match kind(first.op)? {
+        Kind::Split => numel(*g.tensor_list(arg(first, 3)?)?.first()?)?,
+        _ => numel(single_output(first)?)?,
+    };
+    if len == 0 || len > MAX_VALUES {
+        return None;
+    }
+    let mut defined: Vec<(u32, Operand)> = Vec::new();
+    let mut inputs: Vec<(u32, usize)> = Vec::new();
+    let mut steps: Vec<Step> = Vec::new();
+    let mut lists: Vec<u32> = Vec::new();
+    let read = |v: u32, defined: &[(u32, Operand)], inputs: &mut Vec<(u32, usize)>| {
+        if let Some(&(_, o)) = defined.iter().find(|(d, _)| *d == v) {
+            return Some(o);
+        }
+        if !plain(v) || numel(v)? != len {
+            return None;
+        }
+        Some(Operand::Input {
+            k: input(inputs, v, len),
+            offset: 0,
+        })
+    };
+    for c in calls {
+        match kind(c.op)? {
+            Kind::Split => {
+                let (x, list) = (arg(c, 0)?, arg(c, 3)?);
+                let t = g.tensor(x)?;
+                let dim =
+                    usize::try_from(g.int(arg(c, 2)?)?.rem_euclid(t.rank().max(1) as i64)).ok()?;
+                let pieces = g.tensor_list(list)?;
+                let runs = t.sizes.get(..dim)?.iter().all(|&s| s == 1);
+                let fits = pieces.iter().all(|&p| plain(p) && numel(p) == Some(len));
+                let whole = pieces.len().checked_mul(len) == Some(t.numel());
+                if !(runs && fits && whole && plain(x)) || defined.iter().any(|(d, _)| *d == x) {
+                    return None;
+                }
+                let k = input(&mut inputs, x, t.numel());
+                for (j, &p) in pieces.iter().enumerate() {
+                    defined.push((p, Operand::Input { k, offset: j * len }));
+                }
+                lists.push(list);
+            }
+            Kind::Unary(act) => {
+                let out = single_output(c)?;
+                let x = read(arg(c, 0)?, &defined, &mut inputs)?;
+                if !plain(out) || numel(out)? != len {
+                    return None;
+                }
+                steps.push(Step::Unary(act, x));
+                defined.push((out, Operand::Step(steps.len() - 1)));
+            }
+            Kind::Binary(op, alpha) => {
+                let out = single_output(c)?;
+                if alpha && g.double(arg(c, 2)?) != Some(1.0) {
+                    return None;
+                }
+                let x = read(arg(c, 0)?, &defined, &mut inputs)?;
+                let y = read(arg(c, 1)?, &defined, &mut inputs)?;
+                if !plain(out) || numel(out)? != len {
+                    return None;
+                }
+                steps.push(Step::Binary(op, x, y));
+                defined.push((out, Operand::Step(steps.len() - 1)));
+            }
+        }
+    }
+    // What the chain computes and anything else reads (a view of it too) is an output;
+    // a split's list only the chain may read.
+    let mut uses: Vec<(u32, u32)> = Vec::new();
+    for c in calls {
+        let mut refs: SmallVec<[u32; 16]> = SmallVec::from_slice(c.args);
+        for &a in c.args {
+            refs.extend_from_slice(g.tensor_list(a).unwrap_or_default());
+        }
+        refs.sort_unstable();
+        refs.dedup();
+        for v in refs {
+            match uses.iter_mut().find(|(u, _)| *u == v) {
+                Some((_, n)) => *n += 1,
+                None => uses.push((v, 1)),
+            }
+        }
+    }
+    let outside = |v: u32| {
+        let inside = uses.iter().find(|(u, _)| *u == v).map_or(0, |&(_, n)| n);
+        g.uses(v) != inside || g.is_aliased(v)
+    };
+    if lists.iter().any(|&l| outside(l)) {
+        return None;
+    }
+    let outputs: Vec<(u32, Operand)> = defined.into_iter().filter(|&(v, _)| outside(v)).collect();
+    if outputs.is_empty() || outputs.len() > MAX_OUTPUTS || inputs.len() > MAX_INPUTS {
+        return None;
+    }
+    let mut args: Vec<u32> = inputs.iter().map(|&(v, _)| v).collect();
+    args.extend(outputs.iter().map(|&(v, _)| v));
+    args.extend(outputs.iter().map(|&(v, _)| v));
+    let chain = Chain {
+        len,
+        input_lens: inputs.iter().map(|&(_, n)| n).collect(),
+        steps,
+        outputs: outputs.iter().map(|&(_, o)| o).collect(),
+    };
+    Some(Fusion {
+        calls: calls.iter().map(|c| c.id).collect(),
+        name: "fused elementwise chain".into(),
+        kernel: Arc::new(ChainKernel(Arc::new(chain))),
+        args,
+    })
+}
+
+/// The index of input `v` (of `n` values), added if new.
+fn input(inputs: &mut Vec<(u32, usize)>, v: u32, n: usize) -> usize {
+    inputs.iter().position(|&(i, _)| i == v).unwrap_or_else(|| {
+        inputs.push((v, n));
+        inputs.len() - 1
+    })
+}
+
+/// Values `b0..b0 + n` of an operand: of an input, or of a step's result in `done`
+/// (the block's results so far, [`BLOCK`] values per step).
+fn operand<'a>(
+    o: Operand,
+    ins: &[&'a [f32]],
+    done: &'a [f32],
+    b0: usize,
+    n: usize,
+) -> Option<&'a [f32]> {
+    match o {
+        Operand::Input { k, offset } => ins.get(k)?.get(offset + b0..offset + b0 + n),
+        Operand::Step(s) => done.get(s * BLOCK..s * BLOCK + n),
+    }
+}
+
+struct ChainKernel(Arc<Chain>);
+
+impl Kernel for ChainKernel {
+    fn prepare(&self, args: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
+        let chain = &self.0;
+        let lens = chain
+            .input_lens
+            .iter()
+            .chain(chain.outputs.iter().map(|_| &chain.len));
+        for (i, &n) in lens.enumerate() {
+            if f32_tensor(args, i)?.map(|t| t.numel()) != Some(n) {
+                return Err(KernelError::invalid(format!(
+                    "{}: argument {i} is not a float32 tensor of {n} values",
+                    args.op()
+                )));
+            }
+        }
+        Ok(Box::new(PreparedChain(Arc::clone(chain))))
+    }
+}
+
+struct PreparedChain(Arc<Chain>);
+
+impl PreparedKernel for PreparedChain {
+    fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
+        let chain = &*self.0;
+        let (ni, no) = (chain.input_lens.len(), chain.outputs.len());
+        let reads: SmallVec<[Arg; MAX_INPUTS]> = (0..ni).map(at).collect();
+        let writes: SmallVec<[Arg; MAX_OUTPUTS]> = (ni..ni + no).map(at).collect();
+        let mut io = args.io(&reads, &writes)?;
+        let ins: SmallVec<[&[f32]; MAX_INPUTS]> = io
+            .inputs
+            .iter()
+            .map(|t| t.as_slice::<f32>())
+            .collect::<KernelResult<_>>()?;
+        let mut outs: SmallVec<[&mut [f32]; MAX_OUTPUTS]> = io
+            .outputs
+            .iter_mut()
+            .map(|t| t.as_mut_slice::<f32>())
+            .collect::<KernelResult<_>>()?;
+        let temps = scratch(io.scratch, chain.steps.len() * BLOCK)?;
+        let isa = Isa::best();
+        let missing = || KernelError::Failed("an elementwise chain's operand is missing".into());
+        for b0 in (0..chain.len).step_by(BLOCK) {
+            let n = BLOCK.min(chain.len - b0);
+            for (s, step) in chain.steps.iter().enumerate() {
+                let (done, rest) = temps.split_at_mut(s * BLOCK);
+                let dst = rest.get_mut(..n).ok_or_else(missing)?;
+                let done: &[f32] = done;
+                match *step {
+                    Step::Unary(act, x) => elementwise::map(
+                        isa,
+                        dst,
+                        operand(x, &ins, done, b0, n).ok_or_else(missing)?,
+                        act,
+                    ),
+                    Step::Binary(op, x, y) => elementwise::binary(
+                        isa,
+                        dst,
+                        operand(x, &ins, done, b0, n).ok_or_else(missing)?,
+                        operand(y, &ins, done, b0, n).ok_or_else(missing)?,
+                        op,
+                        Activation::Identity,
+                    ),
+                }
+                .map_err(compute)?;
+            }
+            for (out, &o) in outs.iter_mut().zip(&chain.outputs) {
+                let src = operand(o, &ins, temps, b0, n).ok_or_else(missing)?;
+                out.get_mut(b0..b0 + n)
+                    .ok_or_else(missing)?
+                    .copy_from_slice(src);
+            }
+        }
+        Ok(())
+    }
+}
