@@ -27,7 +27,7 @@ pub use transposed::{ConvTranspose2d, ConvTranspose2dParams};
 use crate::arch::Isa;
 use crate::elementwise::Activation;
 use crate::error::{self, Error, Result};
-use crate::gemm::{Bias, Epilogue, Gemm, Lines, PackedA, Side};
+use crate::gemm::{Bias, Epilogue, Gemm, Lines, PackedA, PackedB, Side};
 use crate::mat::{MatMut, MatRef};
 use crate::pool::ThreadPool;
 
@@ -321,14 +321,37 @@ pub(crate) fn bias_or_zeros(bias: Option<&[f32]>, channels: usize) -> Result<Vec
 }
 
 enum Algo {
-    /// Products per group with packed weights; `implicit` builds the right operand from
-    /// receptive fields, else the input is the right operand.
+    /// Products per group with packed weights; `implicit` builds the pixels' operand
+    /// from receptive fields, else the input is that operand.
     Gemm {
-        weights: Vec<PackedA>,
+        weights: GemmWeights,
         implicit: bool,
     },
     /// Direct depthwise loop; weights as given (c_out × kh × kw).
     Depthwise { weights: Vec<f32> },
+}
+
+/// A layer's weights packed for the product, per group.
+enum GemmWeights {
+    /// Output channels as the product's rows: `out (c_out × pixels) = W · cols`.
+    ChannelRows(Vec<PackedA>),
+    /// Output pixels as the product's rows: `outᵀ (pixels × c_out) = colsᵀ · Wᵀ`,
+    /// written through a transposed view of the output. For layers of few pixels (1-D
+    /// convolutions over audio frames), whose pixels as the product's columns would
+    /// leave much of the last column tile empty: wav2letter's 51 frames fill 51 of 64
+    /// columns, but 51 of 54 rows.
+    PixelRows(Vec<PackedB>),
+}
+
+/// Whether a product of `channels` output channels by `pixels` output pixels fills the
+/// micro-kernel's tiles better with pixels as rows (by more than a tenth: the
+/// transposed output is stored through strided views).
+fn pixel_rows(gemm: &Gemm, channels: usize, pixels: usize) -> bool {
+    let (mr, nr) = gemm.isa().gemm_tile();
+    let fill = |n: usize, tile: usize| n as f64 / n.next_multiple_of(tile.max(1)).max(1) as f64;
+    let by_channels = fill(channels, mr) * fill(pixels, nr);
+    let by_pixels = fill(pixels, mr) * fill(channels, nr);
+    by_pixels > 1.1 * by_channels
 }
 
 /// A convolution layer prepared for repeated runs: weights arranged, algorithm chosen.
@@ -388,14 +411,33 @@ impl Conv2d {
             Algo::Depthwise { weights: arranged }
         } else {
             let implicit = !(p.kernel == [1, 1] && p.stride == [1, 1] && p.padding == [0; 4]);
-            let mut packed = Vec::with_capacity(p.groups);
-            for (g, w) in weights.data().chunks_exact(cog * k).enumerate() {
-                let mut a = gemm.pack_a_on(pool, MatRef::row_major(w, cog, k)?)?;
-                if let Some(s) = weights.scale() {
-                    a.scale_rows(s.get(g * cog..(g + 1) * cog).unwrap_or_default())?;
+            let per_group = weights.data().chunks_exact(cog * k).enumerate();
+            let scale = |g: usize| {
+                weights
+                    .scale()
+                    .map(|s| s.get(g * cog..(g + 1) * cog).unwrap_or_default())
+            };
+            let packed = if pixel_rows(&gemm, cog, out[0] * out[1]) {
+                let mut packed = Vec::with_capacity(p.groups);
+                for (g, w) in per_group {
+                    let mut b = gemm.pack_b_on(pool, MatRef::row_major(w, cog, k)?.t())?;
+                    if let Some(s) = scale(g) {
+                        b.scale_columns(s)?;
+                    }
+                    packed.push(b);
                 }
-                packed.push(a);
-            }
+                GemmWeights::PixelRows(packed)
+            } else {
+                let mut packed = Vec::with_capacity(p.groups);
+                for (g, w) in per_group {
+                    let mut a = gemm.pack_a_on(pool, MatRef::row_major(w, cog, k)?)?;
+                    if let Some(s) = scale(g) {
+                        a.scale_rows(s)?;
+                    }
+                    packed.push(a);
+                }
+                GemmWeights::ChannelRows(packed)
+            };
             Algo::Gemm {
                 weights: packed,
                 implicit,
@@ -414,7 +456,14 @@ impl Conv2d {
     /// Heap bytes held by the prepared weights and bias (for memory budgets).
     pub fn bytes(&self) -> usize {
         let weights = match &self.algo {
-            Algo::Gemm { weights, .. } => weights.iter().map(PackedA::bytes).sum(),
+            Algo::Gemm {
+                weights: GemmWeights::ChannelRows(w),
+                ..
+            } => w.iter().map(PackedA::bytes).sum(),
+            Algo::Gemm {
+                weights: GemmWeights::PixelRows(w),
+                ..
+            } => w.iter().map(PackedB::bytes).sum(),
             Algo::Depthwise { weights } => weights.len() * std::mem::size_of::<f32>(),
         };
         weights + self.bias.len() * std::mem::size_of::<f32>()
@@ -452,7 +501,20 @@ impl Conv2d {
         let k = cig * self.p.kernel[0] * self.p.kernel[1];
         let n = self.out[0] * self.out[1];
         match self.algo {
-            Algo::Gemm { .. } => self.gemm.scratch_len(cog, n, k, true, false, threads),
+            Algo::Gemm {
+                weights: GemmWeights::ChannelRows(_),
+                ..
+            } => self.gemm.scratch_len(cog, n, k, true, false, threads),
+            Algo::Gemm {
+                weights: GemmWeights::PixelRows(_),
+                ..
+            } => {
+                let product = self.gemm.scratch_len(n, cog, k, false, true, threads)?;
+                let transposed = error::mul(n, cog, "convolution output")?;
+                product.checked_add(transposed).ok_or(Error::SizeOverflow {
+                    what: "convolution scratch",
+                })
+            }
             Algo::Depthwise { .. } => depthwise::scratch_len(&self.p, self.out, threads),
         }
     }
@@ -551,45 +613,89 @@ impl Conv2d {
                         .zip(y_b.chunks_exact_mut(cog * ohw))
                         .enumerate()
                     {
-                        let a = weights.get(g).ok_or_else(|| Error::InvalidParameter {
+                        let missing = || Error::InvalidParameter {
                             what: "missing group weights".into(),
-                        })?;
+                        };
                         if let Some(r) = residual {
                             let at = b * p.out_channels * ohw + g * cog * ohw;
                             let r = r.get(at..at + cog * ohw).unwrap_or_default();
                             error::need("convolution residual", r.len(), y_g.len())?;
                             y_g.copy_from_slice(r);
                         }
-                        let epi = Epilogue {
+                        let bias = self.bias.get(g * cog..(g + 1) * cog).unwrap_or_default();
+                        let epi = |bias| Epilogue {
                             accumulate: residual.is_some(),
-                            bias: Bias::Row(self.bias.get(g * cog..).unwrap_or_default()),
+                            bias,
                             activation: self.activation,
                         };
-                        let c = MatMut::row_major(y_g, cog, ohw)?;
-                        if *implicit {
-                            let cols = Im2col {
-                                p,
-                                out: self.out,
-                                x: x_g,
-                            };
-                            self.gemm.run_sides(
-                                pool,
-                                c,
-                                Side::<MatRef<'_>>::Packed(a.panels()),
-                                Side::Lines(&cols),
-                                &epi,
-                                scratch,
-                            )?;
-                        } else {
-                            let b = MatRef::row_major(x_g, cig, hw)?.t();
-                            self.gemm.run_sides(
-                                pool,
-                                c,
-                                Side::<MatRef<'_>>::Packed(a.panels()),
-                                Side::Lines(&b),
-                                &epi,
-                                scratch,
-                            )?;
+                        let cols = Im2col {
+                            p,
+                            out: self.out,
+                            x: x_g,
+                        };
+                        let x = MatRef::row_major(x_g, cig, hw)?.t();
+                        match weights {
+                            GemmWeights::ChannelRows(w) => {
+                                let a = Side::<MatRef<'_>>::Packed(
+                                    w.get(g).ok_or_else(missing)?.panels(),
+                                );
+                                let c = MatMut::row_major(y_g, cog, ohw)?;
+                                let epi = epi(Bias::Row(bias));
+                                if *implicit {
+                                    self.gemm.run_sides(
+                                        pool,
+                                        c,
+                                        a,
+                                        Side::Lines(&cols),
+                                        &epi,
+                                        scratch,
+                                    )?;
+                                } else {
+                                    self.gemm.run_sides(
+                                        pool,
+                                        c,
+                                        a,
+                                        Side::Lines(&x),
+                                        &epi,
+                                        scratch,
+                                    )?;
+                                }
+                            }
+                            GemmWeights::PixelRows(w) => {
+                                let b = Side::<MatRef<'_>>::Packed(
+                                    w.get(g).ok_or_else(missing)?.panels(),
+                                );
+                                // The product in row-major scratch, then transposed
+                                // into place: tiles stored through a transposed view
+                                // of the output went through a tile buffer at every
+                                // depth block (wav2letter: 54 -> 66 ms).
+                                let len = scratch.len();
+                                let (t, rest) = scratch.split_at_mut_checked(ohw * cog).ok_or(
+                                    Error::ScratchTooSmall {
+                                        len,
+                                        needed: ohw * cog,
+                                    },
+                                )?;
+                                if residual.is_some() {
+                                    crate::layout::transpose(pool, y_g, 1, cog, ohw, t)?;
+                                }
+                                let c = MatMut::row_major(t, ohw, cog)?;
+                                let epi = epi(Bias::Col(bias));
+                                if *implicit {
+                                    self.gemm.run_sides(
+                                        pool,
+                                        c,
+                                        Side::Lines(&cols),
+                                        b,
+                                        &epi,
+                                        rest,
+                                    )?;
+                                } else {
+                                    self.gemm
+                                        .run_sides(pool, c, Side::Lines(&x), b, &epi, rest)?;
+                                }
+                                crate::layout::transpose(pool, t, 1, ohw, cog, y_g)?;
+                            }
                         }
                     }
                 }

@@ -134,6 +134,11 @@ fn cases() -> Vec<Conv2dParams> {
         case(4, 6, 1, [9, 5], [3, 3], [1, 1], [6, 6, 6, 6], [6, 6]),
         case(3, 4, 1, [6, 5], [3, 3], [1, 1], [10, 1, 10, 1], [8, 1]),
         case(4, 4, 4, [5, 6], [3, 3], [2, 1], [7, 7, 7, 7], [7, 7]),
+        // few output pixels, the product's rows (audio frames, wav2letter-like): by
+        // receptive fields, pointwise, in groups
+        case(10, 48, 1, [1, 51], [1, 7], [1, 1], [0, 3, 0, 3], [1, 1]),
+        case(12, 32, 1, [1, 17], [1, 1], [1, 1], [0; 4], [1, 1]),
+        case(8, 32, 2, [1, 20], [1, 3], [1, 1], [0, 1, 0, 1], [1, 1]),
     ]
 }
 
