@@ -8,7 +8,8 @@
     .venv-ref/bin/python tools/bench_side_by_side.py --xnnpack [--only ...] [--threads 1,2]
 
 `--only` also takes the other architectures of `gen_fixtures.EXTRA_BENCH` (mobilenet_v3,
-regnet, squeezenet, ..., and the segmentation networks lraspp, deeplabv3 and fcn) once
+regnet, squeezenet, ..., the segmentation networks lraspp, deeplabv3 and fcn, and
+wav2letter, edsr and lstm) once
 generated with `gen_fixtures.py --bench DIR --only ...`.
 
 For every model and thread count, in each round and in a rotating order, one fresh process
