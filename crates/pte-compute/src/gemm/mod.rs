@@ -741,13 +741,20 @@ impl Gemm {
                     }
                 }
             }
-            if epi.accumulate {
-                for (s, v) in acc.iter_mut().enumerate() {
-                    *v += c.get(0, j + s).unwrap_or(0.0);
+            match c.row_run(0, j, w) {
+                // A contiguous row (the usual case): whole slices.
+                Some(run) if epi.accumulate => run.iter_mut().zip(&*acc).for_each(|(c, a)| *c += a),
+                Some(run) => run.copy_from_slice(acc),
+                None => {
+                    for (s, &v) in acc.iter().enumerate() {
+                        let old = if epi.accumulate {
+                            c.get(0, j + s).unwrap_or(0.0)
+                        } else {
+                            0.0
+                        };
+                        c.set(0, j + s, old + v);
+                    }
                 }
-            }
-            for (s, &v) in acc.iter().enumerate() {
-                c.set(0, j + s, v);
             }
             self.epilogue_rows(&mut c, 0, j, 1, w, epi.bias, epi.activation, false);
             j += w;
