@@ -316,27 +316,39 @@ fn copy_in_place(args: &mut Args<'_>) -> KernelResult {
     copy_op(args, 1, 0, &sizes)
 }
 
-/// Writes `input` (converted to the output's dtype) at entries `at..at + extent` of the
-/// dim of output `out` seen as `along`. Inputs go one `io` call each, so any number of
-/// them is fine.
+/// Copies the tensors of list 0 at `items` (ascending) into output `out`, each at its
+/// `(offset, extent)` along `along`, converted to the output's dtype: one `io` call per
+/// [`PARTS_PER_CALL`] parts (a recurrent network's `cat` of 32 time steps made 32).
 fn place(
     args: &mut Args<'_>,
-    input: Arg,
+    items: &[(usize, usize, usize)],
     out: usize,
     along: Along,
-    at: usize,
-    extent: usize,
 ) -> KernelResult {
     let dtype = args.tensor(out)?.dtype;
-    let piece = as_dtype_piece(&args.tensor(input)?, dtype);
-    let mut io = Dense::io(args, &[input], &[out.into()], &[piece])?;
-    let (info, bytes) = io.inputs.first().cloned().ok_or_else(oob)?;
-    let data = as_dtype(&info, bytes, dtype, &mut io.scratch)?;
-    let (walk, dst) = along.part(at, extent);
-    let src = Layout::contiguous(&walk);
-    copy(dtype.size(), &walk, data, &src, io.bytes_mut(0)?, &dst)?;
-    io.finish()
+    for group in items.chunks(PARTS_PER_CALL) {
+        let mut parts: SmallVec<[Arg; PARTS_PER_CALL]> = SmallVec::new();
+        let mut pieces: SmallVec<[(usize, usize); PARTS_PER_CALL]> = SmallVec::new();
+        for &(j, _, _) in group {
+            parts.push(Arg::Item(0, j));
+            pieces.push(as_dtype_piece(&args.tensor(Arg::Item(0, j))?, dtype));
+        }
+        let mut io = Dense::io(args, &parts, &[out.into()], &pieces)?;
+        for (k, &(_, at, extent)) in group.iter().enumerate() {
+            let (info, bytes) = io.inputs.get(k).cloned().ok_or_else(oob)?;
+            let data = as_dtype(&info, bytes, dtype, &mut io.scratch)?;
+            let (walk, dst) = along.part(at, extent);
+            let src = Layout::contiguous(&walk);
+            copy(dtype.size(), &walk, data, &src, io.bytes_mut(0)?, &dst)?;
+        }
+        io.finish()?;
+    }
+    Ok(())
 }
+
+/// Parts of a `cat` or `stack` read by one `io` call: as many inputs as its views
+/// hold without a heap allocation, less the output.
+const PARTS_PER_CALL: usize = 7;
 
 /// PyTorch's `cat` skips 1-D empty tensors whatever the other shapes are.
 fn skipped_by_cat(t: &TensorInfo) -> bool {
@@ -387,12 +399,17 @@ fn cat(args: &mut Args<'_>) -> KernelResult {
     args.resize(2, &sizes)?;
     let along = Along::new(&sizes, dim);
     let mut at = 0;
+    let mut group: SmallVec<[(usize, usize, usize); PARTS_PER_CALL]> = SmallVec::new();
     for j in 0..n {
         let t = args.tensor(Arg::Item(0, j))?;
         if !skipped_by_cat(&t) {
             let extent = *t.sizes.at(dim)?;
-            place(args, Arg::Item(0, j), 2, along, at, extent)?;
+            group.push((j, at, extent));
             at += extent;
+        }
+        if group.len() == PARTS_PER_CALL || (j + 1 == n && !group.is_empty()) {
+            place(args, &group, 2, along)?;
+            group.clear();
         }
     }
     Ok(())
@@ -422,8 +439,12 @@ fn stack(args: &mut Args<'_>) -> KernelResult {
     numel_of(&sizes)?;
     args.resize(2, &sizes)?;
     let along = Along::new(&sizes, dim);
-    for j in 0..n {
-        place(args, Arg::Item(0, j), 2, along, j, 1)?;
+    for first in (0..n).step_by(PARTS_PER_CALL) {
+        let group: SmallVec<[(usize, usize, usize); PARTS_PER_CALL]> = (first
+            ..n.min(first + PARTS_PER_CALL))
+            .map(|j| (j, j, 1))
+            .collect();
+        place(args, &group, 2, along)?;
     }
     Ok(())
 }
