@@ -45,6 +45,9 @@ use std::time::{Duration, Instant};
 
 use memmap2::MmapMut;
 
+mod counting;
+pub use counting::{allocations, CountingAllocator};
+
 /// Buffers of their own from this size on are mappings that ask for huge pages.
 pub const MAP_FROM: usize = HUGE_PAGE;
 

@@ -3,9 +3,6 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use common::{load, tensor};
 use pte_format::schema::executorch_flatbuffer::ScalarType::Float;
 use pte_runtime::{EValue, Program, Tensor};
@@ -13,35 +10,8 @@ use pte_testkit::program::{Memory, ProgramBuilder};
 use pte_testkit::values;
 use pte_xnnpack::schema::fb_xnnpack as x;
 
-struct Counting;
-
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards to the system allocator unchanged; only counts calls.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as the caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as the caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
 #[global_allocator]
-static COUNTING: Counting = Counting;
+static COUNTING: pte_alloc::CountingAllocator = pte_alloc::CountingAllocator;
 
 /// A program of one delegate that sums `inputs` vectors of `len` values with a chain
 /// of Add nodes and returns the sum and the last input doubled.
@@ -120,12 +90,12 @@ fn a_delegate_call_of_many_arguments_allocates_nothing_after_the_first() {
             let mut method = load(&program, threads);
             method.set_inputs(&tensors).unwrap();
             method.execute().unwrap();
-            let before = ALLOCATIONS.load(Ordering::Relaxed);
+            let before = pte_alloc::allocations();
             for _ in 0..runs {
                 method.set_inputs(&tensors).unwrap();
                 method.execute().unwrap();
             }
-            let made = ALLOCATIONS.load(Ordering::Relaxed) - before;
+            let made = pte_alloc::allocations() - before;
             assert_eq!(
                 made, 0,
                 "{inputs} inputs, {threads} threads: {made} allocations in {runs} executions"
