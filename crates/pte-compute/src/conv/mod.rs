@@ -613,93 +613,82 @@ impl Conv2d {
                         .zip(y_b.chunks_exact_mut(cog * ohw))
                         .enumerate()
                     {
-                        let missing = || Error::InvalidParameter {
-                            what: "missing group weights".into(),
-                        };
                         if let Some(r) = residual {
                             let at = b * p.out_channels * ohw + g * cog * ohw;
                             let r = r.get(at..at + cog * ohw).unwrap_or_default();
                             error::need("convolution residual", r.len(), y_g.len())?;
                             y_g.copy_from_slice(r);
                         }
-                        let bias = self.bias.get(g * cog..(g + 1) * cog).unwrap_or_default();
-                        let epi = |bias| Epilogue {
-                            accumulate: residual.is_some(),
-                            bias,
-                            activation: self.activation,
-                        };
-                        let cols = Im2col {
-                            p,
-                            out: self.out,
-                            x: x_g,
-                        };
-                        let x = MatRef::row_major(x_g, cig, hw)?.t();
-                        match weights {
-                            GemmWeights::ChannelRows(w) => {
-                                let a = Side::<MatRef<'_>>::Packed(
-                                    w.get(g).ok_or_else(missing)?.panels(),
-                                );
-                                let c = MatMut::row_major(y_g, cog, ohw)?;
-                                let epi = epi(Bias::Row(bias));
-                                if *implicit {
-                                    self.gemm.run_sides(
-                                        pool,
-                                        c,
-                                        a,
-                                        Side::Lines(&cols),
-                                        &epi,
-                                        scratch,
-                                    )?;
-                                } else {
-                                    self.gemm.run_sides(
-                                        pool,
-                                        c,
-                                        a,
-                                        Side::Lines(&x),
-                                        &epi,
-                                        scratch,
-                                    )?;
-                                }
-                            }
-                            GemmWeights::PixelRows(w) => {
-                                let b = Side::<MatRef<'_>>::Packed(
-                                    w.get(g).ok_or_else(missing)?.panels(),
-                                );
-                                // The product in row-major scratch, then transposed
-                                // into place: tiles stored through a transposed view
-                                // of the output went through a tile buffer at every
-                                // depth block (wav2letter: 54 -> 66 ms).
-                                let len = scratch.len();
-                                let (t, rest) = scratch.split_at_mut_checked(ohw * cog).ok_or(
-                                    Error::ScratchTooSmall {
-                                        len,
-                                        needed: ohw * cog,
-                                    },
-                                )?;
-                                if residual.is_some() {
-                                    crate::layout::transpose(pool, y_g, 1, cog, ohw, t)?;
-                                }
-                                let c = MatMut::row_major(t, ohw, cog)?;
-                                let epi = epi(Bias::Col(bias));
-                                if *implicit {
-                                    self.gemm.run_sides(
-                                        pool,
-                                        c,
-                                        Side::Lines(&cols),
-                                        b,
-                                        &epi,
-                                        rest,
-                                    )?;
-                                } else {
-                                    self.gemm
-                                        .run_sides(pool, c, Side::Lines(&x), b, &epi, rest)?;
-                                }
-                                crate::layout::transpose(pool, t, 1, ohw, cog, y_g)?;
-                            }
+                        let group = (weights, g, residual.is_some());
+                        if *implicit {
+                            let cols = Im2col {
+                                p,
+                                out: self.out,
+                                x: x_g,
+                            };
+                            self.group_product(pool, group, &cols, y_g, scratch)?;
+                        } else {
+                            let x = MatRef::row_major(x_g, cig, hw)?.t();
+                            self.group_product(pool, group, &x, y_g, scratch)?;
                         }
                     }
                 }
                 Ok(())
+            }
+        }
+    }
+
+    /// Group `g`'s product of its weights and `pixels` (lines: output pixels, depth:
+    /// the receptive field) into `y` (`c_out × pixels` of the group), onto the residual
+    /// already in `y` when `accumulate`.
+    fn group_product<L: Lines>(
+        &self,
+        pool: &ThreadPool,
+        (weights, g, accumulate): (&GemmWeights, usize, bool),
+        pixels: &L,
+        y: &mut [f32],
+        scratch: &mut [f32],
+    ) -> Result {
+        let (_, cog) = self.p.channels_per_group();
+        let ohw = self.out[0] * self.out[1];
+        let missing = || Error::InvalidParameter {
+            what: "missing group weights".into(),
+        };
+        let bias = self.bias.get(g * cog..(g + 1) * cog).unwrap_or_default();
+        let epi = |bias| Epilogue {
+            accumulate,
+            bias,
+            activation: self.activation,
+        };
+        match weights {
+            GemmWeights::ChannelRows(w) => {
+                let a = Side::<L>::Packed(w.get(g).ok_or_else(missing)?.panels());
+                let c = MatMut::row_major(y, cog, ohw)?;
+                let epi = epi(Bias::Row(bias));
+                self.gemm
+                    .run_sides(pool, c, a, Side::Lines(pixels), &epi, scratch)
+            }
+            GemmWeights::PixelRows(w) => {
+                let b = Side::<L>::Packed(w.get(g).ok_or_else(missing)?.panels());
+                // The product in row-major scratch, then transposed into place: tiles
+                // stored through a transposed view of the output went through a tile
+                // buffer at every depth block (wav2letter: 54 -> 66 ms).
+                let len = scratch.len();
+                let (t, rest) =
+                    scratch
+                        .split_at_mut_checked(ohw * cog)
+                        .ok_or(Error::ScratchTooSmall {
+                            len,
+                            needed: ohw * cog,
+                        })?;
+                if accumulate {
+                    crate::layout::transpose(pool, y, 1, cog, ohw, t)?;
+                }
+                let c = MatMut::row_major(t, ohw, cog)?;
+                let epi = epi(Bias::Col(bias));
+                self.gemm
+                    .run_sides(pool, c, Side::Lines(pixels), b, &epi, rest)?;
+                crate::layout::transpose(pool, t, 1, ohw, cog, y)
             }
         }
     }

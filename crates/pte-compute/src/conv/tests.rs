@@ -184,6 +184,38 @@ fn convolutions_match_the_reference() {
 }
 
 #[test]
+fn residuals_are_added_before_the_activation() {
+    // `run_add`: act(conv(x) + bias + residual), on every geometry and both threads
+    // (the pixel-row cases carry the residual through their transposes).
+    let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
+    let gemm = Gemm::new();
+    for (i, p) in cases().iter().enumerate() {
+        let (cig, _) = p.channels_per_group();
+        let w = values(p.out_channels * cig * p.kernel[0] * p.kernel[1], i as u32);
+        let bias = values(p.out_channels, 300 + i as u32);
+        let act = Activation::RELU6;
+        let pool = &pools[i % 2];
+        let conv = Conv2d::new(pool, gemm, *p, ConvWeights::oihw(&w), Some(&bias), act).unwrap();
+        let (x_len, y_len) = conv.io_len(1).unwrap();
+        let x = values(x_len, 400 + i as u32);
+        let r = values(y_len, 500 + i as u32);
+        let (sum, mag) = reference(p, &x, &w, &bias, Activation::Identity, 1);
+        let mut y = vec![f32::NAN; y_len];
+        let mut scratch = vec![f32::NAN; conv.scratch_len(pool.threads()).unwrap()];
+        conv.run_add(pool, &x, 1, &r, &mut y, &mut scratch).unwrap();
+        for (j, &got) in y.iter().enumerate() {
+            let want = f64::from(act.apply_scalar((sum[j] + f64::from(r[j])) as f32));
+            let tol = 1e-5 * (mag[j] + f64::from(r[j]).abs());
+            assert!(
+                (f64::from(got) - want).abs() <= tol,
+                "case {i} {} at {j}: {got} vs {want}",
+                conv.algorithm()
+            );
+        }
+    }
+}
+
+#[test]
 fn algorithms_are_chosen_by_shape() {
     let g = Gemm::new();
     let pool = ThreadPool::new(1).unwrap();
