@@ -286,6 +286,79 @@ fn a_constant_computed_at_load_is_released_once_captured() {
     assert_eq!(used(false) - used(true), 64 * 64 * 4);
 }
 
+/// `steps` products `h ← h · W + bias` in a row, each reading the same constant
+/// `[k, k]` weight, as an unrolled recurrent network reads its weight at every step.
+fn repeated_product(steps: usize, k: usize) -> (Vec<u8>, Vec<f32>, Vec<f32>) {
+    let weights: Vec<f32> = (0..k * k)
+        .map(|i| ((i * 7 % 23) as f32 - 11.0) / (4.0 * k as f32))
+        .collect();
+    let bias: Vec<f32> = (0..k).map(|j| j as f32 / k as f32 - 0.5).collect();
+    let kk = k as i32;
+    let mut b = ProgramBuilder::new();
+    let w = b.constant(Float, &[kk, kk], bytemuck::cast_slice(&weights));
+    let bias_value = b.constant(Float, &[kk], bytemuck::cast_slice(&bias));
+    let one = b.int(1);
+    let x = b.tensor(Float, &[1, kk], Memory::Planned);
+    let mut h = x;
+    for _ in 0..steps {
+        let next = b.tensor(Float, &[1, kk], Memory::Planned);
+        b.call(
+            "aten::addmm",
+            "out",
+            &[bias_value, h, w, one, one, next, next],
+        );
+        h = next;
+    }
+    b.input(x);
+    b.output(h);
+    (b.build(), weights, bias)
+}
+
+#[test]
+fn calls_reading_one_weight_share_its_packed_copy() {
+    let k = 96;
+    let load = |steps| {
+        Program::from_bytes(&repeated_product(steps, k).0)
+            .unwrap()
+            .load_method_with(
+                "forward",
+                &pte_kernels::registry(),
+                &BackendRegistry::new(),
+                &LoadOptions::default(),
+            )
+            .unwrap()
+            .memory_used()
+            .0
+    };
+    // Seven more steps hold their outputs and biases, not seven more packed weights.
+    let (one, eight) = (load(1), load(8));
+    assert!(
+        eight - one < (k * k * 4) as u64,
+        "1 step holds {one} bytes, 8 steps {eight}"
+    );
+    // And every step computes its product: h₈ against f64.
+    let (bytes, w, bias) = repeated_product(8, k);
+    let ran = run_with(&bytes, &pte_kernels::registry());
+    let mut h: Vec<f64> = bytemuck::pod_collect_to_vec::<u8, f32>(&ran.input)
+        .into_iter()
+        .map(f64::from)
+        .collect();
+    for _ in 0..8 {
+        h = (0..k)
+            .map(|j| {
+                (0..k).map(|p| h[p] * f64::from(w[p * k + j])).sum::<f64>() + f64::from(bias[j])
+            })
+            .collect();
+    }
+    let got: Vec<f32> = bytemuck::pod_collect_to_vec(&ran.outputs[0]);
+    for (j, (&g, &want)) in got.iter().zip(&h).enumerate() {
+        assert!(
+            (f64::from(g) - want).abs() < 1e-4 * (1.0 + want.abs()),
+            "{j}: {g} vs {want}"
+        );
+    }
+}
+
 /// A fuser that proposes nothing: the registry's kernels, each call on its own.
 struct NoFusion;
 
@@ -580,19 +653,64 @@ fn copies_that_keep_the_order_or_share_a_value_are_not_fused_whole() {
     );
 }
 
-/// An LSTM cell's gates as exported: `gates` of `[rows, 4 × h]` split along dim 1 into
-/// four, `sigmoid` / `tanh`, then `c' = f·c + i·g` and `h' = o·tanh(c')`, both outputs.
-/// With `expose`, the input gate is a method output too; `alpha` is the cell
+/// Where an LSTM cell's gates come from.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Gates {
+    /// A method input `[rows, 4 × h]`.
+    Given,
+    /// The sum of two method inputs, as an exported step adds its two products:
+    /// `[1, rows, 4 × h] + [rows, 4 × h]`, the second read through `relu` then
+    /// `squeeze_copy` of `[1, rows, 4 × h]` (a copy the runtime elides) when `squeezed`.
+    Summed { squeezed: bool },
+}
+
+impl Gates {
+    /// The sizes of the gates (`[1, rows, 4 × h]` when summed) with the last replaced.
+    fn sizes(self, rows: i32, last: i32) -> Vec<i32> {
+        match self {
+            Gates::Given => vec![rows, last],
+            Gates::Summed { .. } => vec![1, rows, last],
+        }
+    }
+}
+
+/// An LSTM cell's gates as exported: `gates` of `[rows, 4 × h]` split along the last
+/// dim into four, `sigmoid` / `tanh`, then `c' = f·c + i·g` and `h' = o·tanh(c')`, both
+/// outputs. With `expose`, the input gate is a method output too; `alpha` is the cell
 /// addition's.
-fn lstm_cell_program(rows: usize, h: usize, expose: bool, alpha: i64) -> Vec<u8> {
+fn lstm_cell_program(rows: usize, h: usize, expose: bool, alpha: i64, from: Gates) -> Vec<u8> {
     let mut b = ProgramBuilder::new();
     let (r, h) = (rows as i32, h as i32);
-    let gates = b.tensor(Float, &[r, 4 * h], Memory::Planned);
+    let gates = b.tensor(Float, &from.sizes(r, 4 * h), Memory::Planned);
+    let mut inputs = vec![gates];
+    if let Gates::Summed { squeezed } = from {
+        let x = b.tensor(Float, &[1, r, 4 * h], Memory::Planned);
+        let y = if squeezed {
+            let y = b.tensor(Float, &[1, r, 4 * h], Memory::Planned);
+            inputs.push(y);
+            let (relu, flat) = (
+                b.tensor(Float, &[1, r, 4 * h], Memory::Planned),
+                b.tensor(Float, &[r, 4 * h], Memory::Planned),
+            );
+            b.call("aten::relu", "out", &[y, relu, relu]);
+            let dims = b.int_list(&[0]);
+            b.call("aten::squeeze_copy", "dims_out", &[relu, dims, flat, flat]);
+            flat
+        } else {
+            let y = b.tensor(Float, &[r, 4 * h], Memory::Planned);
+            inputs.push(y);
+            y
+        };
+        inputs[0] = x;
+        let one = b.int(1);
+        b.call("aten::add", "out", &[x, y, one, gates, gates]);
+    }
     let c = b.tensor(Float, &[r, h], Memory::Planned);
+    let piece = from.sizes(r, h);
     let pieces: Vec<i32> = (0..4)
-        .map(|_| b.tensor(Float, &[r, h], Memory::Planned))
+        .map(|_| b.tensor(Float, &piece, Memory::Planned))
         .collect();
-    let (sizes, dim) = (b.int_list(&[i64::from(h); 4]), b.int(1));
+    let (sizes, dim) = (b.int_list(&[i64::from(h); 4]), b.int(-1));
     let (list, ret) = (b.tensor_list(&pieces), b.tensor_list(&pieces));
     b.call(
         "aten::split_with_sizes_copy",
@@ -600,7 +718,7 @@ fn lstm_cell_program(rows: usize, h: usize, expose: bool, alpha: i64) -> Vec<u8>
         &[gates, sizes, dim, list, ret],
     );
     let unary = |b: &mut ProgramBuilder, op: &str, x: i32| {
-        let y = b.tensor(Float, &[r, h], Memory::Planned);
+        let y = b.tensor(Float, &piece, Memory::Planned);
         b.call(op, "out", &[x, y, y]);
         y
     };
@@ -609,7 +727,7 @@ fn lstm_cell_program(rows: usize, h: usize, expose: bool, alpha: i64) -> Vec<u8>
     let g = unary(&mut b, "aten::tanh", pieces[2]);
     let o = unary(&mut b, "aten::sigmoid", pieces[3]);
     let binary = |b: &mut ProgramBuilder, op: &str, x: i32, y: i32, alpha: Option<i64>| {
-        let z = b.tensor(Float, &[r, h], Memory::Planned);
+        let z = b.tensor(Float, &piece, Memory::Planned);
         match alpha {
             Some(a) => {
                 let a = b.int(a);
@@ -624,7 +742,9 @@ fn lstm_cell_program(rows: usize, h: usize, expose: bool, alpha: i64) -> Vec<u8>
     let c2 = binary(&mut b, "aten::add", fc, ig, Some(alpha));
     let tc = unary(&mut b, "aten::tanh", c2);
     let h2 = binary(&mut b, "aten::mul", o, tc, None);
-    b.input(gates);
+    for x in inputs {
+        b.input(x);
+    }
     b.input(c);
     b.output(h2);
     b.output(c2);
@@ -635,28 +755,54 @@ fn lstm_cell_program(rows: usize, h: usize, expose: bool, alpha: i64) -> Vec<u8>
 }
 
 /// The cell run on deterministic inputs by `kernels`.
-fn run_lstm_cell(bytes: &[u8], rows: usize, h: usize, kernels: &KernelRegistry) -> Ran {
-    let gates = pte_testkit::values(rows * 4 * h, 41);
-    let c = pte_testkit::values(rows * h, 42);
-    let inputs = vec![
-        EValue::Tensor(pte_runtime::Tensor::from_slice(&[rows, 4 * h], &gates).unwrap()),
-        EValue::Tensor(pte_runtime::Tensor::from_slice(&[rows, h], &c).unwrap()),
-    ];
+fn run_lstm_cell(
+    bytes: &[u8],
+    rows: usize,
+    h: usize,
+    from: Gates,
+    kernels: &KernelRegistry,
+) -> Ran {
+    let tensor = |sizes: &[usize], seed| {
+        let values: Vec<f32> = pte_testkit::values(sizes.iter().product(), seed);
+        EValue::Tensor(pte_runtime::Tensor::from_slice(sizes, &values).unwrap())
+    };
+    let mut inputs = match from {
+        Gates::Given => vec![tensor(&[rows, 4 * h], 41)],
+        Gates::Summed { squeezed: true } => {
+            vec![tensor(&[1, rows, 4 * h], 41), tensor(&[1, rows, 4 * h], 43)]
+        }
+        Gates::Summed { squeezed: false } => {
+            vec![tensor(&[1, rows, 4 * h], 41), tensor(&[rows, 4 * h], 43)]
+        }
+    };
+    inputs.push(tensor(&[rows, h], 42));
     run_on(bytes, kernels, Some(inputs))
 }
 
 #[test]
 fn an_lstm_cell_runs_as_one_elementwise_chain_with_the_same_bits() {
-    // Blocks of 256 values: one block, one and a bit, the largest fused size.
-    for (h, expose) in [(128, false), (300, true), (4096, false)] {
-        let bytes = lstm_cell_program(1, h, expose, 1);
-        let fused = run_lstm_cell(&bytes, 1, h, &pte_kernels::registry());
-        assert_eq!(fused.ops, ["fused elementwise chain"], "h {h}");
-        let plain = run_lstm_cell(&bytes, 1, h, &with_fuser(NoFusion));
-        assert!(plain.ops.len() == 5, "{:?}", plain.ops);
-        assert_eq!(fused.outputs, plain.outputs, "h {h}");
-        // h' = o · tanh(f · c + i · g), from the inputs in f64.
-        let gates: Vec<f32> = pte_testkit::values(4 * h, 41);
+    // Blocks of 256 values: one block, one and a bit, the largest fused size; gates
+    // given, or summed first (the sum cut into pieces inside the chain).
+    let summed = Gates::Summed { squeezed: false };
+    for (h, expose, from) in [
+        (128, false, Gates::Given),
+        (300, true, Gates::Given),
+        (4096, false, Gates::Given),
+        (128, false, summed),
+        (300, true, summed),
+    ] {
+        let bytes = lstm_cell_program(1, h, expose, 1, from);
+        let fused = run_lstm_cell(&bytes, 1, h, from, &pte_kernels::registry());
+        assert_eq!(fused.ops, ["fused elementwise chain"], "h {h}, {from:?}");
+        let plain = run_lstm_cell(&bytes, 1, h, from, &with_fuser(NoFusion));
+        assert!(plain.ops.len() >= 5, "{:?}", plain.ops);
+        assert_eq!(fused.outputs, plain.outputs, "h {h}, {from:?}");
+        // h' = o · tanh(f · c + i · g), from the inputs in f64 (the sum in f32).
+        let mut gates: Vec<f32> = pte_testkit::values(4 * h, 41);
+        if from != Gates::Given {
+            let other: Vec<f32> = pte_testkit::values(4 * h, 43);
+            gates.iter_mut().zip(other).for_each(|(g, o)| *g += o);
+        }
         let c: Vec<f32> = pte_testkit::values(h, 42);
         let out: Vec<f32> = bytemuck::pod_collect_to_vec(&fused.outputs[0]);
         let sig = |x: f32| 1.0 / (1.0 + (-f64::from(x)).exp());
@@ -669,14 +815,26 @@ fn an_lstm_cell_runs_as_one_elementwise_chain_with_the_same_bits() {
 }
 
 #[test]
+fn a_copy_read_by_a_call_of_several_outputs_is_elided() {
+    // The chain writes h' and c'; the squeezed addend it reads is a view of the relu's
+    // result, with no copy.
+    let from = Gates::Summed { squeezed: true };
+    let bytes = lstm_cell_program(1, 64, false, 1, from);
+    let fused = run_lstm_cell(&bytes, 1, 64, from, &pte_kernels::registry());
+    assert_eq!(fused.ops, ["aten::relu.out", "fused elementwise chain"]);
+    let plain = run_lstm_cell(&bytes, 1, 64, from, &with_fuser(NoFusion));
+    assert_eq!(fused.outputs, plain.outputs);
+}
+
+#[test]
 fn elementwise_chains_stop_where_their_conditions_do() {
     // Pieces that are not runs of the input (two rows), tensors above the fused size,
     // an addition scaled by alpha: the chain is cut there or not formed, and every
     // result is the same.
     for (rows, h, alpha) in [(2, 64, 1), (1, 4097, 1), (1, 64, 2)] {
-        let bytes = lstm_cell_program(rows, h, false, alpha);
-        let fused = run_lstm_cell(&bytes, rows, h, &pte_kernels::registry());
-        let plain = run_lstm_cell(&bytes, rows, h, &with_fuser(NoFusion));
+        let bytes = lstm_cell_program(rows, h, false, alpha, Gates::Given);
+        let fused = run_lstm_cell(&bytes, rows, h, Gates::Given, &pte_kernels::registry());
+        let plain = run_lstm_cell(&bytes, rows, h, Gates::Given, &with_fuser(NoFusion));
         assert_eq!(
             fused.outputs, plain.outputs,
             "rows {rows}, h {h}, alpha {alpha}"
@@ -685,10 +843,22 @@ fn elementwise_chains_stop_where_their_conditions_do() {
         assert!(!whole, "rows {rows}, h {h}, alpha {alpha}: {:?}", fused.ops);
     }
     // With alpha 2, the calls before the addition still form a chain.
-    let bytes = lstm_cell_program(1, 64, false, 2);
-    let ops = run_lstm_cell(&bytes, 1, 64, &pte_kernels::registry()).ops;
+    let bytes = lstm_cell_program(1, 64, false, 2, Gates::Given);
+    let ops = run_lstm_cell(&bytes, 1, 64, Gates::Given, &pte_kernels::registry()).ops;
     assert!(
         ops.contains(&"fused elementwise chain".to_owned()),
         "{ops:?}"
     );
+    // Summed gates cut into pieces that are not runs (two rows): the sum stays a call
+    // of its own, and the results are the same.
+    let from = Gates::Summed { squeezed: false };
+    let bytes = lstm_cell_program(2, 64, false, 1, from);
+    let fused = run_lstm_cell(&bytes, 2, 64, from, &pte_kernels::registry());
+    assert!(
+        fused.ops.contains(&"aten::add.out".to_owned()),
+        "{:?}",
+        fused.ops
+    );
+    let plain = run_lstm_cell(&bytes, 2, 64, from, &with_fuser(NoFusion));
+    assert_eq!(fused.outputs, plain.outputs);
 }

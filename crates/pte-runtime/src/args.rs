@@ -59,13 +59,20 @@ impl Scalar {
     }
 }
 
-/// Inputs and outputs the views of a delegate call ([`Args::io_many`]) hold without a
-/// heap allocation: enough for the XNNPACK delegate calls of the benchmark models
-/// (lraspp's has 17 arguments); a call of more allocates. Kernel calls ([`Args::io`])
-/// hold 8 and 4: larger inline views cost every call their copies.
+/// Inputs and outputs whose views a call of many arguments ([`Args::io_many`]) holds
+/// without a heap allocation, in two sizes: a delegate call of up to 24 inputs and 8
+/// outputs (lraspp's XNNPACK calls pass 17), and one of up to 256 and 64 (a lowered
+/// recurrent network concatenates its 32 steps in one call). The larger views cost
+/// their copies (tens of kilobytes), so a call takes the smallest that fits; a call of
+/// more allocates. Kernel calls ([`Args::io`]) hold 8 and 4: larger inline views cost
+/// every call their copies.
 pub const INLINE_READS: usize = 24;
 /// See [`INLINE_READS`].
 pub const INLINE_WRITES: usize = 8;
+/// See [`INLINE_READS`].
+pub const MANY_READS: usize = 256;
+/// See [`INLINE_READS`].
+pub const MANY_WRITES: usize = 64;
 
 /// Metadata of a tensor argument.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -141,6 +148,8 @@ pub struct Args<'a> {
     pub(crate) memory: &'a mut Memory,
     pub(crate) pool: &'a pte_compute::ThreadPool,
     pub(crate) staging: &'a pte_compute::Staging,
+    /// While a method loads, what its kernels derive from constants, shared.
+    pub(crate) derived: Option<&'a crate::DerivedStates>,
 }
 
 /// What executions lend from (see [`Args::staging`]): nothing is kept.
@@ -515,6 +524,24 @@ impl<'a> Args<'a> {
         self.memory.shared(self.access(a.into())?)
     }
 
+    /// State derived from the constant tensor `a` alone (a packed weight), made by `make`
+    /// once while the method loads and shared by every call that asks for the same
+    /// `kind` and `variant` of the same constant bytes. `variant` holds whatever else the
+    /// state depends on, such as the dimensions the bytes are read with. For a tensor
+    /// that is not a constant, or during an execution, `make` runs at every call.
+    pub fn derived<T: std::any::Any + Send + Sync>(
+        &self,
+        a: impl Into<Arg>,
+        kind: &'static str,
+        variant: u64,
+        make: impl FnOnce() -> KernelResult<T>,
+    ) -> KernelResult<std::sync::Arc<T>> {
+        match (self.derived, self.constant(a)?) {
+            (Some(states), Some(bytes)) => states.get_or_make(bytes, kind, variant, make),
+            _ => make().map(std::sync::Arc::new),
+        }
+    }
+
     /// A shared view of one tensor, for kernels that read some data (an index, a
     /// condition) before deciding on output sizes.
     pub fn read(&self, a: impl Into<Arg>) -> KernelResult<TensorData<'_>> {
@@ -535,13 +562,13 @@ impl<'a> Args<'a> {
         self.io_inner(reads, writes, false)
     }
 
-    /// Like [`Args::io_strided`], for calls of many arguments such as a delegate's
-    /// (see [`INLINE_READS`]).
-    pub fn io_many(
+    /// Like [`Args::io_strided`], for calls of many arguments such as a delegate's,
+    /// with views of `R` inputs and `W` outputs held inline (see [`INLINE_READS`]).
+    pub fn io_many<const R: usize, const W: usize>(
         &mut self,
         reads: &[Arg],
         writes: &[Arg],
-    ) -> KernelResult<Io<'_, INLINE_READS, INLINE_WRITES>> {
+    ) -> KernelResult<Io<'_, R, W>> {
         self.io_inner(reads, writes, false)
     }
 

@@ -35,7 +35,14 @@ pub(crate) fn call_outputs(args: &[u32], values: &[Slot]) -> Option<SmallVec<[u3
             let outs = rest.get(rest.len().checked_sub(n)?..)?;
             (outs == &items[..]).then(|| outs.iter().copied().chain([last]).collect())
         }
-        Slot::Tensor(_) => (rest.last() == Some(&last)).then(|| SmallVec::from_slice(&[last])),
+        // Tensors only: a list among them would hide the tensors it writes.
+        Slot::Tensor(_) => {
+            let outs = crate::fuse::repeated_outputs(args);
+            let tensors = outs
+                .iter()
+                .all(|&v| matches!(values.get(v as usize), Some(Slot::Tensor(_))));
+            (!outs.is_empty() && tensors).then(|| SmallVec::from_slice(outs))
+        }
         Slot::Int(_) | Slot::Double(_) | Slot::Bool(_) => Some(SmallVec::from_slice(&[last])),
         _ => None,
     }
@@ -273,6 +280,7 @@ pub(crate) fn fold_constants(
             memory,
             pool,
             staging: &crate::args::PASSING,
+            derived: None,
         };
         let ran = k.prepare(&a).and_then(|mut p| p.run(&mut a)).is_ok();
         // Each output now holds a constant: its own buffer, or (a kernel that made its

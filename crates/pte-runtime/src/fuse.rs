@@ -38,6 +38,25 @@ pub struct Call<'a> {
     pub args: &'a [u32],
 }
 
+impl<'a> Call<'a> {
+    /// The values the call writes, by the out-variant convention (see
+    /// [`repeated_outputs`]).
+    pub fn outputs(&self) -> &'a [u32] {
+        repeated_outputs(self.args)
+    }
+}
+
+/// An out-variant call lists its `k` out arguments last, then the same `k` values again
+/// as its results: those values (the largest such `k`; none when nothing repeats).
+pub(crate) fn repeated_outputs(args: &[u32]) -> &[u32] {
+    let n = args.len();
+    (1..=n / 2)
+        .rev()
+        .find(|&k| args.get(n - 2 * k..n - k) == args.get(n - k..))
+        .and_then(|k| args.get(n - k..))
+        .unwrap_or_default()
+}
+
 /// A method's calls and values as fusers see them at load.
 pub struct Graph<'a> {
     calls: Vec<Call<'a>>,

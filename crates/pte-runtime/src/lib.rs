@@ -54,13 +54,14 @@ mod method;
 pub mod npy;
 mod program;
 mod registry;
+mod reuse;
 mod tensor;
 mod value;
 mod workspace;
 
 pub use args::{
     normalize_dim, Arg, Args, Io, Scalar, TensorData, TensorDataMut, TensorInfo, INLINE_READS,
-    INLINE_WRITES,
+    INLINE_WRITES, MANY_READS, MANY_WRITES,
 };
 pub use budget::{default_memory_limit, Buffer, Charge, MemoryBudget, MemoryError};
 pub use dtype::{DType, Element};
@@ -75,6 +76,7 @@ pub use registry::{
     ArgDecl, Backend, BackendRegistry, DelegateCall, DelegateInit, Kernel, KernelFn,
     KernelRegistry, NamedData, PartProfile, PreparedKernel, StepTimes,
 };
+pub use reuse::DerivedStates;
 pub use tensor::{contiguous_dim_order, strides_for, AlignedBuf, Dims, Tensor, MAX_RANK};
 pub use value::{Dynamism, EValue};
 pub use workspace::{WorkBuffers, Workspace};

@@ -362,7 +362,7 @@ impl Memory {
         } = self;
         let mut outs: Writes<'_, W> = writes.iter().map(|_| Default::default()).collect();
         // Pieces of planned buffers between outputs: (buffer, start offset, bytes).
-        let mut gaps: SmallVec<[(u32, usize, &[u8]); 8]> = SmallVec::new();
+        let mut gaps: SmallVec<[(u32, usize, &[u8]); R]> = SmallVec::new();
         for (b, buf) in planned.iter_mut().enumerate() {
             let b = b as u32;
             let mut cuts: SmallVec<[(usize, usize, usize); W]> = write_places
@@ -392,7 +392,7 @@ impl Memory {
             }
             gaps.push((b, at, rest));
         }
-        let mut owners: SmallVec<[u32; 8]> = reads
+        let mut owners: SmallVec<[u32; R]> = reads
             .iter()
             .chain(writes)
             .filter_map(|a| match a.storage {
@@ -402,7 +402,7 @@ impl Memory {
             .collect();
         owners.sort_unstable();
         owners.dedup();
-        let mut heap_shared: SmallVec<[(u32, &[u8]); 8]> = SmallVec::new();
+        let mut heap_shared: SmallVec<[(u32, &[u8]); R]> = SmallVec::new();
         for (h, buf) in pick_mut(heap, &owners) {
             let taker = write_places
                 .iter()

@@ -448,6 +448,8 @@ impl Method {
         }
         let mut delegates = Vec::with_capacity(delegate_refs.len());
         let workspace = crate::Workspace::new(&memory.budget);
+        // What delegates and kernels derive from constants, shared until all are prepared.
+        let derived = crate::DerivedStates::default();
         for (i, d) in delegate_refs.iter().enumerate() {
             let id = d.id()?.unwrap_or_default().to_owned();
             let processed = d
@@ -471,6 +473,7 @@ impl Method {
                 budget: &memory.budget,
                 pool: &compute_pool,
                 workspace: &workspace,
+                derived: &derived,
                 calls: calls.get(i).map_or(&[], Vec::as_slice),
             };
             let first = init.calls.first();
@@ -601,6 +604,7 @@ impl Method {
                 memory: &mut memory,
                 pool: &compute_pool,
                 staging: &staging,
+                derived: Some(&derived),
             };
             prepared.push(Some(kernel.prepare(&a).map_err(|source| {
                 RuntimeError::Kernel {
@@ -612,7 +616,7 @@ impl Method {
             })?));
         }
 
-        drop(staging);
+        drop((staging, derived));
         crate::fold::release_consumed(&chains, &call_args, &mut values, &prepared, &mut memory);
 
         let largest_dim = values
@@ -936,6 +940,7 @@ impl Method {
                             memory,
                             pool: compute_pool,
                             staging: &crate::args::PASSING,
+                            derived: None,
                         };
                         let result =
                             match kernels.get_mut(*kernel as usize).and_then(Option::as_mut) {
@@ -961,6 +966,7 @@ impl Method {
                             memory,
                             pool: compute_pool,
                             staging: &crate::args::PASSING,
+                            derived: None,
                         };
                         handle
                             .run(&mut a)

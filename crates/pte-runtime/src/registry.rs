@@ -232,6 +232,9 @@ pub struct DelegateInit<'a> {
     /// Working memory shared by every delegate call of the method (they run one at a
     /// time); a backend sizes it at load and takes it for each execution.
     pub workspace: &'a crate::Workspace,
+    /// State derived from constant bytes (packed weights), shared with the method's
+    /// other delegates and kernels that read the same bytes.
+    pub derived: &'a crate::DerivedStates,
     /// Every call of this delegate in the method, so that a backend can check the
     /// arguments against its payload once, at load.
     pub calls: &'a [DelegateCall],

@@ -20,8 +20,8 @@ use std::sync::Arc;
 use half::{bf16, f16};
 use pte_compute::ThreadPool;
 use pte_runtime::{
-    Arg, Args, Buffer, DType, KernelError, KernelResult, MemoryBudget, PartProfile, StepTimes,
-    Workspace, INLINE_READS, INLINE_WRITES,
+    Arg, Args, Buffer, DType, DerivedStates, KernelError, KernelResult, MemoryBudget, PartProfile,
+    StepTimes, Workspace, INLINE_READS, INLINE_WRITES, MANY_READS, MANY_WRITES,
 };
 use smallvec::SmallVec;
 
@@ -168,6 +168,7 @@ impl Exec {
         budget: &MemoryBudget,
         pool: Arc<ThreadPool>,
         workspace: Workspace,
+        derived: &DerivedStates,
     ) -> Result<Exec> {
         let n = graph.values.len();
         let mut places = vec![Place::None; n];
@@ -248,16 +249,17 @@ impl Exec {
                 debug_handle: node.debug_handle,
                 message,
             };
-            let prepared = ops::prepare(node, graph, budget, &pool).map_err(|e| match e {
-                ops::PrepareError::Invalid(m) => fail(m),
-                ops::PrepareError::Memory(source) => XnnError::Memory {
-                    what: format!(
-                        "node {index} ({}, debug handle {}): prepared weights",
-                        node.kind, node.debug_handle
-                    ),
-                    source,
-                },
-            })?;
+            let prepared =
+                ops::prepare(node, graph, budget, &pool, derived).map_err(|e| match e {
+                    ops::PrepareError::Invalid(m) => fail(m),
+                    ops::PrepareError::Memory(source) => XnnError::Memory {
+                        what: format!(
+                            "node {index} ({}, debug handle {}): prepared weights",
+                            node.kind, node.debug_handle
+                        ),
+                        source,
+                    },
+                })?;
             for (pos, &input) in node.inputs.iter().enumerate() {
                 if let Some(i) = input {
                     if !prepared.captures(pos) {
@@ -650,13 +652,21 @@ impl Exec {
             }
             args.resize(e.arg, &sizes)?;
         }
-        let reads: SmallVec<[Arg; INLINE_READS]> =
-            self.inputs.iter().map(|e| Arg::At(e.arg)).collect();
-        let writes: SmallVec<[Arg; INLINE_WRITES]> =
-            self.outputs.iter().map(|e| Arg::At(e.arg)).collect();
-        let mut io = args.io_many(&reads, &writes)?;
-        let ins: SmallVec<[&[u8]; INLINE_READS]> = io.inputs.iter().map(|t| t.bytes()).collect();
-        let mut outs: SmallVec<[&mut [u8]; INLINE_WRITES]> =
+        if self.inputs.len() <= INLINE_READS && self.outputs.len() <= INLINE_WRITES {
+            self.run_steps::<INLINE_READS, INLINE_WRITES>(args)
+        } else {
+            self.run_steps::<MANY_READS, MANY_WRITES>(args)
+        }
+    }
+
+    /// Runs the nodes on the call's data, with views of up to `R` inputs and `W`
+    /// outputs held inline.
+    fn run_steps<const R: usize, const W: usize>(&mut self, args: &mut Args<'_>) -> KernelResult {
+        let reads: SmallVec<[Arg; R]> = self.inputs.iter().map(|e| Arg::At(e.arg)).collect();
+        let writes: SmallVec<[Arg; W]> = self.outputs.iter().map(|e| Arg::At(e.arg)).collect();
+        let mut io = args.io_many::<R, W>(&reads, &writes)?;
+        let ins: SmallVec<[&[u8]; R]> = io.inputs.iter().map(|t| t.bytes()).collect();
+        let mut outs: SmallVec<[&mut [u8]; W]> =
             io.outputs.iter_mut().map(|t| t.bytes_mut()).collect();
         let mut work = self.workspace.lock();
         let pte_runtime::WorkBuffers { arena, scratch } = &mut *work;
@@ -676,10 +686,8 @@ impl Exec {
                 .ok_or_else(|| KernelError::Failed("arena too small".into()))?;
             convert_in(e.dtype, src, dst)?;
         }
-        let arg_of_input: SmallVec<[usize; INLINE_READS]> =
-            self.inputs.iter().map(|e| e.arg).collect();
-        let arg_of_output: SmallVec<[usize; INLINE_WRITES]> =
-            self.outputs.iter().map(|e| e.arg).collect();
+        let arg_of_input: SmallVec<[usize; R]> = self.inputs.iter().map(|e| e.arg).collect();
+        let arg_of_output: SmallVec<[usize; W]> = self.outputs.iter().map(|e| e.arg).collect();
         for (k, step) in self.steps.iter().enumerate() {
             if self.elided.get(k) == Some(&true) {
                 continue;

@@ -221,6 +221,7 @@ impl Backend for XnnpackBackend {
             init.budget,
             Arc::clone(init.pool),
             init.workspace.clone(),
+            init.derived,
         )?;
         Ok(Box::new(Delegate { exec }))
     }

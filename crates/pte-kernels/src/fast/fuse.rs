@@ -119,17 +119,6 @@ pub(super) fn single_output(c: &Call<'_>) -> Option<u32> {
     }
 }
 
-/// The values a call writes: an out-variant call lists its `k` out arguments last,
-/// then the same `k` values again as its results (the largest such `k`).
-pub(super) fn outputs<'c>(c: &Call<'c>) -> &'c [u32] {
-    let n = c.args.len();
-    (1..=n / 2)
-        .rev()
-        .find(|&k| c.args.get(n - 2 * k..n - k) == c.args.get(n - k..))
-        .and_then(|k| c.args.get(n - k..))
-        .unwrap_or_default()
-}
-
 /// True for a float32 tensor in the default dim order.
 pub(super) fn is_f32(g: &Graph<'_>, v: u32) -> bool {
     g.tensor(v)

@@ -11,6 +11,7 @@ use pte_runtime::{
     Args, Charge, Kernel, KernelError, KernelResult, PreparedKernel, Scalar, SharedBytes,
 };
 use smallvec::SmallVec;
+use std::sync::Arc;
 
 use super::conv::Act;
 use super::{at, charge, compute, constant_f32, f32_tensor, scratch, settle, views};
@@ -81,11 +82,17 @@ impl Weight {
     }
 }
 
+/// A constant right operand and the memory charged for it.
+struct HeldWeight {
+    weight: Weight,
+    _charge: Charge,
+}
+
 /// A product with a constant right operand.
 pub(super) struct Packed {
     op: Op,
     gemm: Gemm,
-    b: Weight,
+    b: Arc<HeldWeight>,
     /// One value per output column.
     bias: Option<Vec<f32>>,
     act: Act,
@@ -232,21 +239,31 @@ fn build(
         }
         _ => None,
     };
-    // Packing holds the stored weight and its packed copy at once.
-    let packing = if shared.is_some() { 0 } else { k * n + 64 };
-    let mut held = charge(args, (packing + n) * 4 * 2, "packed weights")?;
-    let b = match shared {
-        Some(bytes) => Weight::InPlace { bytes, k, n },
-        None => Weight::Packed(gemm.pack_b_on(args.pool(), w_view).map_err(compute)?),
-    };
-    let packed_bytes = match &b {
-        Weight::Packed(b) => b.bytes(),
-        Weight::InPlace { .. } => 0,
-    };
-    settle(
+    // One packed copy serves every call of the method that reads this weight the same
+    // way (an unrolled recurrent network reads it at every step).
+    let variant = (k as u64) << 1 | u64::from(stored_transposed);
+    let b = args.derived(wi, "packed product weight", variant, || {
+        // Packing holds the stored weight and its packed copy at once.
+        let packing = if shared.is_some() { 0 } else { k * n + 64 };
+        let mut held = charge(args, packing * 4 * 2, "packed weights")?;
+        let weight = match shared {
+            Some(bytes) => Weight::InPlace { bytes, k, n },
+            None => Weight::Packed(gemm.pack_b_on(args.pool(), w_view).map_err(compute)?),
+        };
+        let packed_bytes = match &weight {
+            Weight::Packed(b) => b.bytes(),
+            Weight::InPlace { .. } => 0,
+        };
+        settle(args, &mut held, packed_bytes)?;
+        Ok(HeldWeight {
+            weight,
+            _charge: held,
+        })
+    })?;
+    let held = charge(
         args,
-        &mut held,
-        packed_bytes + bias.as_ref().map_or(0, |v| v.len() * 4),
+        bias.as_ref().map_or(0, |v| v.len() * 4),
+        "product bias",
     )?;
     // Validate the activation's scalars now, so that a bad one fails at load.
     act.resolve(args)?;
@@ -267,7 +284,7 @@ impl PreparedKernel for Packed {
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
         let (xi, _, _) = self.op.positions();
         let x = args.tensor(xi)?;
-        let (k, n) = self.b.dims();
+        let (k, n) = self.b.weight.dims();
         let m = match self.op {
             Op::Linear if x.sizes.last() == Some(&k) => x.numel() / k.max(1),
             Op::Addmm | Op::Mm => match matrix(&x.sizes) {
@@ -302,7 +319,7 @@ impl PreparedKernel for Packed {
         let pool = args.pool();
         let mut io = args.io(&[at(xi)], &[at(self.out)])?;
         let (x, y) = views(&io.inputs, &mut io.outputs)?;
-        let packed = matches!(self.b, Weight::Packed(_));
+        let packed = matches!(self.b.weight, Weight::Packed(_));
         let len = self
             .gemm
             .scratch_len(m, n, k, false, packed, pool.threads())
@@ -316,7 +333,7 @@ impl PreparedKernel for Packed {
         let c = MatMut::row_major(y, m, n).map_err(compute)?;
         let a = MatRef::row_major(x, m, k).map_err(compute)?;
         self.gemm
-            .run(pool, c, Lhs::Mat(a), self.b.rhs()?, &epilogue, s)
+            .run(pool, c, Lhs::Mat(a), self.b.weight.rhs()?, &epilogue, s)
             .map_err(compute)
     }
 

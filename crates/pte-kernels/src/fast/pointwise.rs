@@ -101,10 +101,18 @@ fn kind(op: &str) -> Option<Kind> {
 fn chain(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
     let numel = |v: u32| g.tensor(v).map(|t| t.numel());
     let plain = |v: u32| is_f32(g, v) && g.is_static(v);
-    // The chain's size: the first result's.
+    // The chain's size: a piece's when it starts with a split (or with the binary call
+    // whose result a split cuts), else the first result's.
+    let piece = |c: &Call<'_>| numel(*g.tensor_list(arg(c, 3)?)?.first()?);
     let first = calls.first()?;
-    let len = match kind(first.op)? {
-        Kind::Split => numel(*g.tensor_list(arg(first, 3)?)?.first()?)?,
+    let len = match (kind(first.op)?, calls.get(1)) {
+        (Kind::Split, _) => piece(first)?,
+        (Kind::Binary(..), Some(next))
+            if matches!(kind(next.op), Some(Kind::Split))
+                && arg(next, 0) == single_output(first) =>
+        {
+            piece(next)?
+        }
         _ => numel(single_output(first)?)?,
     };
     if len == 0 || len > MAX_VALUES {
@@ -114,6 +122,10 @@ fn chain(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
     let mut inputs: Vec<(u32, usize)> = Vec::new();
     let mut steps: Vec<Step> = Vec::new();
     let mut lists: Vec<u32> = Vec::new();
+    // Binary calls on several chain sizes of inputs whose result only a split reads:
+    // (result, operation, operands). Each piece becomes the operation on runs of the
+    // operands (an LSTM step adds its two products before cutting the gates).
+    let mut wide: Vec<(u32, BinaryOp, Operand, Operand)> = Vec::new();
     let read = |v: u32, defined: &[(u32, Operand)], inputs: &mut Vec<(u32, usize)>| {
         if let Some(&(_, o)) = defined.iter().find(|(d, _)| *d == v) {
             return Some(o);
@@ -140,9 +152,29 @@ fn chain(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
                 if !(runs && fits && whole && plain(x)) || defined.iter().any(|(d, _)| *d == x) {
                     return None;
                 }
-                let k = input(&mut inputs, x, t.numel());
-                for (j, &p) in pieces.iter().enumerate() {
-                    defined.push((p, Operand::Input { k, offset: j * len }));
+                let run = |o: Operand, j: usize| match o {
+                    Operand::Input { k, offset } => Operand::Input {
+                        k,
+                        offset: offset + j * len,
+                    },
+                    Operand::Step(_) => o,
+                };
+                match wide.iter().find(|w| w.0 == x) {
+                    Some(&(_, op, a, b)) => {
+                        for (j, &p) in pieces.iter().enumerate() {
+                            steps.push(Step::Binary(op, run(a, j), run(b, j)));
+                            defined.push((p, Operand::Step(steps.len() - 1)));
+                        }
+                    }
+                    None => {
+                        let whole = Operand::Input {
+                            k: input(&mut inputs, x, t.numel()),
+                            offset: 0,
+                        };
+                        for (j, &p) in pieces.iter().enumerate() {
+                            defined.push((p, run(whole, j)));
+                        }
+                    }
                 }
                 lists.push(list);
             }
@@ -160,9 +192,28 @@ fn chain(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
                 if alpha && g.double(arg(c, 2)?) != Some(1.0) {
                     return None;
                 }
-                let x = read(arg(c, 0)?, &defined, &mut inputs)?;
-                let y = read(arg(c, 1)?, &defined, &mut inputs)?;
-                if !plain(out) || numel(out)? != len {
+                let (a, b) = (arg(c, 0)?, arg(c, 1)?);
+                let n = numel(out)?;
+                if n != len && n % len == 0 {
+                    // Whole inputs of the result's size (no broadcast), not results of
+                    // the chain.
+                    let fresh = |v: u32| {
+                        plain(v) && numel(v) == Some(n) && !defined.iter().any(|(d, _)| *d == v)
+                    };
+                    if !(plain(out) && fresh(a) && fresh(b)) {
+                        return None;
+                    }
+                    let mut whole = |v: u32| Operand::Input {
+                        k: input(&mut inputs, v, n),
+                        offset: 0,
+                    };
+                    let (x, y) = (whole(a), whole(b));
+                    wide.push((out, op, x, y));
+                    continue;
+                }
+                let x = read(a, &defined, &mut inputs)?;
+                let y = read(b, &defined, &mut inputs)?;
+                if !plain(out) || n != len {
                     return None;
                 }
                 steps.push(Step::Binary(op, x, y));
@@ -191,7 +242,11 @@ fn chain(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
         let inside = uses.iter().find(|(u, _)| *u == v).map_or(0, |&(_, n)| n);
         g.uses(v) != inside || g.is_aliased(v)
     };
-    if lists.iter().any(|&l| outside(l)) {
+    if lists
+        .iter()
+        .chain(wide.iter().map(|w| &w.0))
+        .any(|&l| outside(l))
+    {
         return None;
     }
     let outputs: Vec<(u32, Operand)> = defined.into_iter().filter(|&(v, _)| outside(v)).collect();

@@ -46,7 +46,7 @@ use pte_runtime::{
 use smallvec::SmallVec;
 
 use super::conv::{self, Act, Layout};
-use super::fuse::{activation, arg, is_f32, match_conv, outputs, single_output};
+use super::fuse::{activation, arg, is_f32, match_conv, single_output};
 use super::{at, charge, compute, scratch, settle};
 
 /// Where a step reads a tensor.
@@ -249,7 +249,7 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
         let own = calls.get(calls_of(k)..calls_of(k + 1)).unwrap_or_default();
         let out = b.output_values(step);
         for c in own {
-            for &v in outputs(c) {
+            for &v in c.outputs() {
                 let inside = own.iter().filter(|c| refers(g, c, v)).count() as u32;
                 let dropped = !out.contains(&v)
                     && is_f32(g, v)

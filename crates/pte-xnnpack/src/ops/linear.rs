@@ -16,6 +16,7 @@ use pte_compute::qconv::{QConvNhwc, QuantParams};
 use pte_compute::qgemm::{qgemm, PackedI8, Rows};
 use pte_compute::{Bias, Epilogue, Gemm, Lhs, MatMut, MatRef, PackedB, Rhs};
 use pte_runtime::Charge;
+use std::sync::Arc;
 
 use super::elementwise::row_params;
 use super::quant::{self, Q8};
@@ -61,20 +62,27 @@ pub(crate) fn charge(cx: &NodeCx<'_>, bytes: usize) -> PResult<Charge> {
 }
 
 enum FloatWeights {
-    Packed(PackedB),
+    /// Packed at load: shared by every node of the method's delegates that reads the
+    /// same fp32 filter the same way.
+    Packed(Arc<PackedFilter>),
     /// A large fp32 filter `[n, k]` read where the file holds it (see
     /// [`in_place_filter`]).
     InPlace(Constant),
     /// Read at run time: transposed (`[k, n]`) or not.
-    Dynamic {
-        transpose: bool,
-    },
+    Dynamic { transpose: bool },
 }
 
 enum FloatBias {
     None,
     Const(Vec<f32>),
     Dynamic,
+}
+
+/// A filter packed into the layout the product kernel reads, and the memory it is
+/// charged for.
+struct PackedFilter {
+    b: PackedB,
+    _charge: Charge,
 }
 
 struct FloatFc {
@@ -124,7 +132,7 @@ impl Kernel for FloatFc {
             }
         };
         let rhs = match &self.weights {
-            FloatWeights::Packed(p) => Rhs::Packed(p),
+            FloatWeights::Packed(p) => Rhs::Packed(&p.b),
             FloatWeights::InPlace(w) => filter_rhs(w.bytes(), (n, k), false)?,
             FloatWeights::Dynamic { transpose } => {
                 filter_rhs(arg(inputs, 1)?.bytes, (n, k), *transpose)?
@@ -209,28 +217,37 @@ fn float_fc(cx: &NodeCx<'_>, transpose: bool) -> PResult<Prepared> {
     let (n, k) = filter_nk(&w.dims, transpose)?;
     let mut captured = Vec::new();
     let in_place = in_place_filter(w, (n, k), transpose);
-    // Packed weights (panels padded to whole tiles) and the bias.
-    let packed = if in_place.is_some() {
-        0
-    } else {
-        n.saturating_add(32).saturating_mul(k)
-    };
-    let charge = charge(cx, packed.saturating_add(n).saturating_mul(4))?;
+    // The bias (the packed filter is charged with it, once for the nodes sharing it).
+    let held = charge(cx, n.saturating_mul(4))?;
     let weights = if let Some(c) = in_place {
         captured.push(1);
         FloatWeights::InPlace(c)
-    } else if w.data.is_some() {
-        let v = float_filter(w, transpose)?;
-        let m = if transpose {
-            MatRef::row_major(&v, k, n)
-        } else {
-            MatRef::row_major(&v, n, k).map(MatRef::t)
+    } else if let Some(c) = &w.data {
+        let pack = || -> PResult<PackedFilter> {
+            // Panels padded to whole tiles.
+            let charge = charge(cx, n.saturating_add(32).saturating_mul(k).saturating_mul(4))?;
+            let v = float_filter(w, transpose)?;
+            let m = if transpose {
+                MatRef::row_major(&v, k, n)
+            } else {
+                MatRef::row_major(&v, n, k).map(MatRef::t)
+            };
+            let b = gemm
+                .pack_b_on(cx.pool, m.map_err(|e| e.to_string())?)
+                .map_err(|e| e.to_string())?;
+            Ok(PackedFilter { b, _charge: charge })
         };
         captured.push(1);
-        FloatWeights::Packed(
-            gemm.pack_b_on(cx.pool, m.map_err(|e| e.to_string())?)
-                .map_err(|e| e.to_string())?,
-        )
+        // Only fp32 bytes mean the same values in every node (8/4-bit ones are read with
+        // each node's quantization parameters).
+        let packed = if w.dtype == Datatype::F32 {
+            let variant = (k as u64) << 1 | u64::from(transpose);
+            cx.derived
+                .get_or_make(c.bytes(), "xnnpack packed fp32 filter", variant, pack)?
+        } else {
+            Arc::new(pack()?)
+        };
+        FloatWeights::Packed(packed)
     } else if w.dtype.is_float() {
         FloatWeights::Dynamic { transpose }
     } else {
@@ -264,7 +281,7 @@ fn float_fc(cx: &NodeCx<'_>, transpose: bool) -> PResult<Prepared> {
             min,
             max,
             fused: cx.node.fused,
-            _charge: charge,
+            _charge: held,
         },
         &captured,
     )

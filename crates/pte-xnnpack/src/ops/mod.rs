@@ -19,7 +19,7 @@ mod weights;
 use std::sync::Arc;
 
 use pte_compute::ThreadPool;
-use pte_runtime::{MemoryBudget, MemoryError};
+use pte_runtime::{DerivedStates, MemoryBudget, MemoryError};
 
 use crate::exec::{Cx, In, Out};
 use crate::graph::{Datatype, Dims, Graph, Node, Op, Quant, Value};
@@ -112,6 +112,8 @@ pub(crate) struct NodeCx<'a> {
     pub budget: &'a MemoryBudget,
     /// The method's threads, for packing large weights.
     pub pool: &'a Arc<ThreadPool>,
+    /// Weights packed once for every node of the method's delegates that reads them.
+    pub derived: &'a DerivedStates,
 }
 
 impl<'a> NodeCx<'a> {
@@ -175,12 +177,14 @@ pub(crate) fn prepare(
     graph: &Graph,
     budget: &MemoryBudget,
     pool: &Arc<ThreadPool>,
+    derived: &DerivedStates,
 ) -> PResult<Prepared> {
     let cx = NodeCx {
         node,
         graph,
         budget,
         pool,
+        derived,
     };
     match &node.op {
         Op::Binary(op) => elementwise::binary(&cx, *op),

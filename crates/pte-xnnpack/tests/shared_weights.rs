@@ -1,0 +1,123 @@
+//! Fully connected nodes that read the same fp32 filter share one packed copy, as an
+//! unrolled recurrent network's steps do (upstream's partitioner gives each step a
+//! delegate of its own, all reading one named weight): the method holds one copy, and
+//! every node computes its product.
+
+mod common;
+
+use common::{load, tensor};
+use pte_format::schema::executorch_flatbuffer::ScalarType::Float;
+use pte_runtime::{EValue, Program, Tensor};
+use pte_testkit::program::{Memory, ProgramBuilder};
+use pte_testkit::values;
+use pte_xnnpack::schema::fb_xnnpack as x;
+
+/// A program of one delegate applying `h ← h · wᵀ + bias` `steps` times, every node
+/// reading filter value 1 and bias value 2.
+fn program(steps: usize, k: usize, w: &[f32], bias: &[f32]) -> Vec<u8> {
+    let mut constants: Vec<u8> = bytemuck::cast_slice(w).to_vec();
+    let bias_at = constants.len() as u64;
+    constants.extend_from_slice(bytemuck::cast_slice(bias));
+    // Values: 0 the input, 1 the filter, 2 the bias, then one per step (the last is
+    // the output).
+    let mut xvalues = vec![
+        tensor(0, &[1, k], 0, Some((0, 1))),
+        tensor(1, &[k, k], 1, None),
+        tensor(2, &[k], 2, None),
+    ];
+    let mut xnodes = Vec::new();
+    for s in 0..steps {
+        let out = 3 + s as u32;
+        let last = s + 1 == steps;
+        xvalues.push(tensor(out, &[1, k], 0, last.then_some((1, 2))));
+        xnodes.push(x::XNode {
+            xnode_union: Some(x::XNodeUnion::XnnFullyConnected(Box::new(
+                x::XnnFullyConnected {
+                    input1_id: if s == 0 { 0 } else { out - 1 },
+                    filter_id: 1,
+                    bias_id: 2,
+                    output_id: out,
+                    flags: 0,
+                },
+            ))),
+            debug_handle: s as u32,
+            output_min_max: None,
+        });
+    }
+    let graph = x::XnnGraph {
+        version: Some(String::new()),
+        xnodes: Some(xnodes),
+        xvalues: Some(xvalues),
+        num_externs: 2,
+        input_ids: Some(vec![0]),
+        output_ids: Some(vec![2 + steps as u32]),
+        constant_buffer: None,
+        mem_buffer_sizes: None,
+        constant_data: Some(vec![
+            x::ConstantDataOffset::default(),
+            x::ConstantDataOffset {
+                offset: 0,
+                size: bias_at,
+                named_key: None,
+            },
+            x::ConstantDataOffset {
+                offset: bias_at,
+                size: (k * 4) as u64,
+                named_key: None,
+            },
+        ]),
+    };
+    let payload = pte_xnnpack::payload::write(&graph, &constants).unwrap();
+    let mut b = ProgramBuilder::new();
+    let xv = b.tensor(Float, &[1, k as i32], Memory::Planned);
+    let yv = b.tensor(Float, &[1, k as i32], Memory::Planned);
+    b.delegate("XnnpackBackend", payload, &[xv, yv]);
+    b.input(xv);
+    b.output(yv);
+    b.build()
+}
+
+#[test]
+fn nodes_reading_one_filter_share_its_packed_copy() {
+    let k = 96;
+    let scale = 1.0 / (k as f32).sqrt();
+    let w: Vec<f32> = values(k * k, 1).iter().map(|v| v * scale).collect();
+    let bias = values(k, 2);
+    let input = values(k, 3);
+    let run = |steps: usize| {
+        let program = Program::from_bytes(&program(steps, k, &w, &bias)).unwrap();
+        let mut method = load(&program, 1);
+        let inputs = [EValue::Tensor(Tensor::from_slice(&[1, k], &input).unwrap())];
+        method.set_inputs(&inputs).unwrap();
+        method.execute().unwrap();
+        let out = method.outputs().unwrap()[0]
+            .as_tensor()
+            .unwrap()
+            .as_slice::<f32>()
+            .unwrap()
+            .to_vec();
+        (out, method.memory_used().0)
+    };
+    let ((_, one), (out, eight)) = (run(1), run(8));
+    // Seven more nodes hold their biases and values, not seven more packed filters.
+    assert!(
+        eight - one < (k * k * 4) as u64,
+        "1 node holds {one} bytes, 8 nodes {eight}"
+    );
+    let mut h: Vec<f64> = input.iter().map(|&v| f64::from(v)).collect();
+    for _ in 0..8 {
+        h = (0..k)
+            .map(|j| {
+                let row = &w[j * k..(j + 1) * k];
+                let dot: f64 = row.iter().zip(&h).map(|(&a, &b)| f64::from(a) * b).sum();
+                dot + f64::from(bias[j])
+            })
+            .collect();
+    }
+    for (i, (&got, &want)) in out.iter().zip(&h).enumerate() {
+        assert!(
+            (f64::from(got) - want).abs() <= 1e-4 * (1.0 + want.abs()),
+            "output {i} is {got}, not {want}"
+        );
+    }
+}
