@@ -166,7 +166,7 @@ pub fn copy(
 }
 
 /// Bytes below which a copy stays on one thread (the hand-off costs about a microsecond).
-const PARALLEL_COPY_BYTES: usize = 1 << 14;
+pub(crate) const PARALLEL_COPY_BYTES: usize = 1 << 14;
 
 /// [`copy`] into `dst` in the row-major order of `sizes` (as [`Layout::contiguous`]),
 /// split over the pool's threads by outer rows when it moves enough bytes.

@@ -19,7 +19,7 @@ use pte_runtime::{
 use smallvec::SmallVec;
 
 use crate::layout::{as_dtype, as_dtype_piece, copy, copy_into, copy_to_contiguous, row_major};
-use crate::layout::{window, Along, Dense};
+use crate::layout::{window, Along, Dense, PARALLEL_COPY_BYTES};
 use crate::layout::{Layout, Strides, Walk};
 use crate::num::Elem;
 use crate::util::{dim_of, dim_set, infer_sizes, numel_of, oob, prod, same_dtype, slice_bounds};
@@ -37,13 +37,43 @@ fn gather(
     layout: &Layout,
 ) -> KernelResult {
     args.resize(out, sizes)?;
-    let dtype = args.tensor(src)?.dtype;
-    same_dtype(dtype, args.tensor(out)?.dtype)?;
+    let (x, y) = (args.tensor(src)?, args.tensor(out)?);
+    let dtype = x.dtype;
+    same_dtype(dtype, y.dtype)?;
+    // A run of the input's elements, both tensors in the default order: one copy of
+    // the bytes, without walking layouts (unless large enough to split over threads).
+    // Views, squeezes and slices of leading dims are such runs.
+    let bytes = y.nbytes();
+    if x.is_contiguous() && y.is_contiguous() && bytes < PARALLEL_COPY_BYTES && is_run(walk, layout)
+    {
+        let start = layout.offset.checked_mul(dtype.size()).ok_or_else(oob)?;
+        let mut io = args.io(&[src.into()], &[out.into()])?;
+        let (inputs, outputs) = (&io.inputs, &mut io.outputs);
+        let from = inputs.first().ok_or_else(oob)?.bytes();
+        let from = from.get(start..start + bytes).ok_or_else(oob)?;
+        let to = outputs.first_mut().ok_or_else(oob)?.bytes_mut();
+        if to.len() != from.len() {
+            return Err(oob());
+        }
+        to.copy_from_slice(from);
+        return Ok(());
+    }
     let pool = args.pool();
     let mut io = Dense::io(args, &[src.into()], &[out.into()], &[])?;
     let input = io.bytes(0)?;
     copy_to_contiguous(pool, dtype.size(), walk, input, layout, io.bytes_mut(0)?)?;
     io.finish()
+}
+
+/// True when `layout` walks `walk` as one run of consecutive elements (the row-major
+/// strides of `walk`, wherever a dim is longer than 1).
+fn is_run(walk: &[usize], layout: &Layout) -> bool {
+    let dense = row_major(walk);
+    walk.len() == layout.strides.len()
+        && walk
+            .iter()
+            .zip(layout.strides.iter().zip(&dense))
+            .all(|(&n, (s, d))| n <= 1 || s == d)
 }
 
 /// An output with new sizes and the input's elements in the same order.
@@ -521,6 +551,14 @@ fn split_into(
         )));
     }
     let along = Along::new(&x.sizes, dim);
+    // With only ones before `dim` and every tensor in the default order, each piece is
+    // a run of the input's bytes: copied as such, without walking layouts (an LSTM step
+    // cuts its gates so, between the delegate calls of its lowered program).
+    let leading_ones = x
+        .sizes
+        .get(..dim)
+        .is_some_and(|s| s.iter().all(|&d| d == 1));
+    let mut runs = leading_ones && x.is_contiguous();
     let mut at = 0;
     for (group, chunk) in extents.chunks(PIECES_PER_CALL).enumerate() {
         let first = group * PIECES_PER_CALL;
@@ -530,7 +568,25 @@ fn split_into(
         for (&piece, &e) in pieces.iter().zip(chunk) {
             let (sizes, _) = window(&x.sizes, dim, 0, e, 1, drop)?;
             args.resize(piece, &sizes)?;
-            same_dtype(x.dtype, args.tensor(piece)?.dtype)?;
+            let info = args.tensor(piece)?;
+            same_dtype(x.dtype, info.dtype)?;
+            runs &= info.is_contiguous();
+        }
+        if runs {
+            let row = x.dtype.size() * along.inner;
+            let mut io = args.io(&[0.into()], &pieces)?;
+            let (inputs, outputs) = (&io.inputs, &mut io.outputs);
+            let input = inputs.first().ok_or_else(oob)?.bytes();
+            for (out, &e) in outputs.iter_mut().zip(chunk) {
+                let src = input.get(at * row..(at + e) * row).ok_or_else(oob)?;
+                let dst = out.bytes_mut();
+                if dst.len() != src.len() {
+                    return Err(oob());
+                }
+                dst.copy_from_slice(src);
+                at += e;
+            }
+            continue;
         }
         let mut io = Dense::io(args, &[0.into()], &pieces, &[])?;
         let input = io.bytes(0)?;

@@ -1,7 +1,8 @@
 //! `split_with_sizes_copy` writes its pieces and `cat` / `stack` read their parts a few
 //! per view call: every piece holds exactly its run of the input and every part lands
 //! at its place, for more of them than one call takes, along inner and outer dims,
-//! empty ones and (for `cat`) other dtypes included.
+//! empty ones and (for `cat`) other dtypes included. Slices, selections and views copy
+//! the right elements, whether they are one run of the input (copied as bytes) or not.
 
 use pte_format::schema::executorch_flatbuffer::ScalarType::{Float, Int};
 use pte_runtime::{EValue, LoadOptions, Program, Tensor};
@@ -172,4 +173,127 @@ fn every_part_of_a_cat_or_stack_lands_at_its_place() {
         .flat_map(|j| data[j].clone())
         .collect();
     assert_eq!(got[1], want);
+}
+
+/// A fuser that proposes nothing: every copy runs (none is elided into a view).
+struct NoFusion;
+
+impl pte_runtime::Fuser for NoFusion {
+    fn fuse(&self, _: &pte_runtime::Graph<'_>) -> Vec<pte_runtime::Fusion> {
+        Vec::new()
+    }
+}
+
+/// `x[.., start : start + len · step : step, ..]` along `dim`, row-major.
+fn slice_ref(
+    xs: &[usize],
+    data: &[f32],
+    dim: usize,
+    start: usize,
+    len: usize,
+    step: usize,
+) -> Vec<f32> {
+    let (outer, inner) = (
+        xs[..dim].iter().product::<usize>(),
+        xs[dim + 1..].iter().product::<usize>(),
+    );
+    (0..outer)
+        .flat_map(|o| {
+            (0..len).flat_map(move |j| {
+                let at = (o * xs[dim] + start + j * step) * inner;
+                data[at..at + inner].iter().copied()
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn slices_selections_and_views_copy_the_right_elements() {
+    // Runs of the input (a leading dim, or only ones before it) and strided windows,
+    // each as the one call of its program.
+    let slices: [(&[usize], usize, usize, usize, usize); 5] = [
+        (&[4, 3, 5], 0, 1, 2, 1),
+        (&[1, 6, 5], 1, 2, 3, 1),
+        (&[4, 6, 5], 1, 2, 3, 1),
+        (&[4, 3, 5], 0, 0, 2, 2),
+        (&[1, 1, 7], 2, 3, 4, 1),
+    ];
+    let mut kernels = pte_kernels::registry();
+    kernels.set_fuser(NoFusion);
+    let run = |bytes: &[u8], xs: &[usize], data: &[f32]| {
+        let program = Program::from_bytes(bytes).unwrap();
+        let mut method = program
+            .load_method_with(
+                "forward",
+                &kernels,
+                &Default::default(),
+                &LoadOptions::default(),
+            )
+            .unwrap();
+        let input = [EValue::Tensor(Tensor::from_slice(xs, data).unwrap())];
+        method.set_inputs(&input).unwrap();
+        method.execute().unwrap();
+        method.outputs().unwrap()[0]
+            .as_tensor()
+            .unwrap()
+            .as_slice::<f32>()
+            .unwrap()
+            .to_vec()
+    };
+    let to_i32 = |v: &[usize]| v.iter().map(|&d| d as i32).collect::<Vec<_>>();
+    for (xs, dim, start, len, step) in slices {
+        let data = values(xs.iter().product(), 7);
+        let mut ys = xs.to_vec();
+        ys[dim] = len;
+        let mut b = ProgramBuilder::new();
+        let x = b.tensor(Float, &to_i32(xs), Memory::Planned);
+        let y = b.tensor(Float, &to_i32(&ys), Memory::Planned);
+        let (d, s, e, st) = (
+            b.int(dim as i64),
+            b.int(start as i64),
+            b.int((start + (len - 1) * step + 1) as i64),
+            b.int(step as i64),
+        );
+        b.call("aten::slice_copy", "Tensor_out", &[x, d, s, e, st, y, y]);
+        b.input(x);
+        b.output(y);
+        let got = run(&b.build(), xs, &data);
+        let want = slice_ref(xs, &data, dim, start, len, step);
+        assert_eq!(
+            got, want,
+            "slice of {xs:?} along {dim} from {start}, {len} by {step}"
+        );
+    }
+    // select along a leading dim and along an inner one; a view.
+    for (xs, dim, index) in [(&[4usize, 3, 5][..], 0usize, 2usize), (&[4, 3, 5], 1, 1)] {
+        let data = values(xs.iter().product(), 8);
+        let ys: Vec<usize> = xs
+            .iter()
+            .enumerate()
+            .filter(|&(d, _)| d != dim)
+            .map(|(_, &s)| s)
+            .collect();
+        let mut b = ProgramBuilder::new();
+        let x = b.tensor(Float, &to_i32(xs), Memory::Planned);
+        let y = b.tensor(Float, &to_i32(&ys), Memory::Planned);
+        let (d, i) = (b.int(dim as i64), b.int(index as i64));
+        b.call("aten::select_copy", "int_out", &[x, d, i, y, y]);
+        b.input(x);
+        b.output(y);
+        let got = run(&b.build(), xs, &data);
+        assert_eq!(
+            got,
+            slice_ref(xs, &data, dim, index, 1, 1),
+            "select {index} of {xs:?} along {dim}"
+        );
+    }
+    let data = values(60, 9);
+    let mut b = ProgramBuilder::new();
+    let x = b.tensor(Float, &[4, 3, 5], Memory::Planned);
+    let y = b.tensor(Float, &[12, 5], Memory::Planned);
+    let sizes = b.int_list(&[12, 5]);
+    b.call("aten::view_copy", "out", &[x, sizes, y, y]);
+    b.input(x);
+    b.output(y);
+    assert_eq!(run(&b.build(), &[4, 3, 5], &data), data);
 }
