@@ -5,11 +5,9 @@
 
 mod common;
 
-use common::{load, tensor};
+use common::{load, product_program, tensor};
 use pte_compute::gemm::IN_PLACE_WEIGHT_BYTES;
-use pte_format::schema::executorch_flatbuffer::ScalarType::Float;
 use pte_runtime::{EValue, Program, Tensor};
-use pte_testkit::program::{Memory, ProgramBuilder};
 use pte_testkit::values;
 use pte_xnnpack::schema::fb_xnnpack as x;
 
@@ -22,58 +20,27 @@ fn program(m: usize, (n, k): (usize, usize), w: &[f32], bias: &[f32], transpose:
     } else {
         w.to_vec()
     };
-    let mut constants: Vec<u8> = bytemuck::cast_slice(&stored).to_vec();
-    let bias_at = constants.len() as u64;
-    constants.extend_from_slice(bytemuck::cast_slice(bias));
     let filter_dims = if transpose { [k, n] } else { [n, k] };
-    let graph = x::XnnGraph {
-        version: Some(String::new()),
-        xnodes: Some(vec![x::XNode {
-            xnode_union: Some(x::XNodeUnion::XnnFullyConnected(Box::new(
-                x::XnnFullyConnected {
-                    input1_id: 0,
-                    filter_id: 1,
-                    bias_id: 2,
-                    output_id: 3,
-                    flags: u32::from(transpose),
-                },
-            ))),
-            debug_handle: 0,
-            output_min_max: None,
-        }]),
-        xvalues: Some(vec![
-            tensor(0, &[m, k], 0, Some((0, 1))),
-            tensor(1, &filter_dims, 1, None),
-            tensor(2, &[n], 2, None),
-            tensor(3, &[m, n], 0, Some((1, 2))),
-        ]),
-        num_externs: 2,
-        input_ids: Some(vec![0]),
-        output_ids: Some(vec![3]),
-        constant_buffer: None,
-        mem_buffer_sizes: None,
-        constant_data: Some(vec![
-            x::ConstantDataOffset::default(),
-            x::ConstantDataOffset {
-                offset: 0,
-                size: bias_at,
-                named_key: None,
+    let node = x::XNode {
+        xnode_union: Some(x::XNodeUnion::XnnFullyConnected(Box::new(
+            x::XnnFullyConnected {
+                input1_id: 0,
+                filter_id: 1,
+                bias_id: 2,
+                output_id: 3,
+                flags: u32::from(transpose),
             },
-            x::ConstantDataOffset {
-                offset: bias_at,
-                size: (n * 4) as u64,
-                named_key: None,
-            },
-        ]),
+        ))),
+        debug_handle: 0,
+        output_min_max: None,
     };
-    let payload = pte_xnnpack::payload::write(&graph, &constants).unwrap();
-    let mut b = ProgramBuilder::new();
-    let xv = b.tensor(Float, &[m as i32, k as i32], Memory::Planned);
-    let yv = b.tensor(Float, &[m as i32, n as i32], Memory::Planned);
-    b.delegate("XnnpackBackend", payload, &[xv, yv]);
-    b.input(xv);
-    b.output(yv);
-    b.build()
+    let values = vec![
+        tensor(0, &[m, k], 0, Some((0, 1))),
+        tensor(1, &filter_dims, 1, None),
+        tensor(2, &[n], 2, None),
+        tensor(3, &[m, n], 0, Some((1, 2))),
+    ];
+    product_program(vec![node], values, 3, (&stored, bias), &[m, k], &[m, n])
 }
 
 /// The outputs of two executions of the program on `input`, and the bytes the method

@@ -5,19 +5,14 @@
 
 mod common;
 
-use common::{load, tensor};
-use pte_format::schema::executorch_flatbuffer::ScalarType::Float;
+use common::{load, product_program, tensor};
 use pte_runtime::{EValue, Program, Tensor};
-use pte_testkit::program::{Memory, ProgramBuilder};
 use pte_testkit::values;
 use pte_xnnpack::schema::fb_xnnpack as x;
 
 /// A program of one delegate applying `h ← h · wᵀ + bias` `steps` times, every node
 /// reading filter value 1 and bias value 2.
 fn program(steps: usize, k: usize, w: &[f32], bias: &[f32]) -> Vec<u8> {
-    let mut constants: Vec<u8> = bytemuck::cast_slice(w).to_vec();
-    let bias_at = constants.len() as u64;
-    constants.extend_from_slice(bytemuck::cast_slice(bias));
     // Values: 0 the input, 1 the filter, 2 the bias, then one per step (the last is
     // the output).
     let mut xvalues = vec![
@@ -44,37 +39,14 @@ fn program(steps: usize, k: usize, w: &[f32], bias: &[f32]) -> Vec<u8> {
             output_min_max: None,
         });
     }
-    let graph = x::XnnGraph {
-        version: Some(String::new()),
-        xnodes: Some(xnodes),
-        xvalues: Some(xvalues),
-        num_externs: 2,
-        input_ids: Some(vec![0]),
-        output_ids: Some(vec![2 + steps as u32]),
-        constant_buffer: None,
-        mem_buffer_sizes: None,
-        constant_data: Some(vec![
-            x::ConstantDataOffset::default(),
-            x::ConstantDataOffset {
-                offset: 0,
-                size: bias_at,
-                named_key: None,
-            },
-            x::ConstantDataOffset {
-                offset: bias_at,
-                size: (k * 4) as u64,
-                named_key: None,
-            },
-        ]),
-    };
-    let payload = pte_xnnpack::payload::write(&graph, &constants).unwrap();
-    let mut b = ProgramBuilder::new();
-    let xv = b.tensor(Float, &[1, k as i32], Memory::Planned);
-    let yv = b.tensor(Float, &[1, k as i32], Memory::Planned);
-    b.delegate("XnnpackBackend", payload, &[xv, yv]);
-    b.input(xv);
-    b.output(yv);
-    b.build()
+    product_program(
+        xnodes,
+        xvalues,
+        2 + steps as u32,
+        (w, bias),
+        &[1, k],
+        &[1, k],
+    )
 }
 
 #[test]

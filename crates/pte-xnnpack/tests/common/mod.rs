@@ -1,7 +1,9 @@
 //! Pieces the tests share: XNNPACK graph values written by hand, and methods loaded
 //! with the XNNPACK backend registered.
 
+use pte_format::schema::executorch_flatbuffer::ScalarType::Float;
 use pte_runtime::{BackendRegistry, LoadOptions, Method, Program};
+use pte_testkit::program::{Memory, ProgramBuilder};
 use pte_xnnpack::schema::fb_xnnpack as x;
 
 /// Value `id`: fp32 of `dims`, constant entry `constant` (0: none), and an external id
@@ -36,4 +38,53 @@ pub fn load(program: &Program, threads: usize) -> Method {
     program
         .load_method_with("forward", &pte_kernels::registry(), &backends, &options)
         .unwrap()
+}
+
+/// A program of one delegate running `nodes` on `values`: external 0 the input of
+/// `input` dims, external 1 (value `output_id`) the output of `output` dims; constant
+/// entry 1 the `filter`, entry 2 the `bias`.
+#[allow(dead_code)] // not every test file builds a product
+pub fn product_program(
+    nodes: Vec<x::XNode>,
+    values: Vec<x::XValue>,
+    output_id: u32,
+    (filter, bias): (&[f32], &[f32]),
+    input: &[usize],
+    output: &[usize],
+) -> Vec<u8> {
+    let mut constants: Vec<u8> = bytemuck::cast_slice(filter).to_vec();
+    let bias_at = constants.len() as u64;
+    constants.extend_from_slice(bytemuck::cast_slice(bias));
+    let graph = x::XnnGraph {
+        version: Some(String::new()),
+        xnodes: Some(nodes),
+        xvalues: Some(values),
+        num_externs: 2,
+        input_ids: Some(vec![0]),
+        output_ids: Some(vec![output_id]),
+        constant_buffer: None,
+        mem_buffer_sizes: None,
+        constant_data: Some(vec![
+            x::ConstantDataOffset::default(),
+            x::ConstantDataOffset {
+                offset: 0,
+                size: bias_at,
+                named_key: None,
+            },
+            x::ConstantDataOffset {
+                offset: bias_at,
+                size: std::mem::size_of_val(bias) as u64,
+                named_key: None,
+            },
+        ]),
+    };
+    let payload = pte_xnnpack::payload::write(&graph, &constants).unwrap();
+    let dims = |d: &[usize]| d.iter().map(|&v| v as i32).collect::<Vec<_>>();
+    let mut b = ProgramBuilder::new();
+    let xv = b.tensor(Float, &dims(input), Memory::Planned);
+    let yv = b.tensor(Float, &dims(output), Memory::Planned);
+    b.delegate("XnnpackBackend", payload, &[xv, yv]);
+    b.input(xv);
+    b.output(yv);
+    b.build()
 }
