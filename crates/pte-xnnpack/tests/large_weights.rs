@@ -5,9 +5,8 @@
 
 mod common;
 
-use common::{load, product_program, tensor};
+use common::{product_program, run_product, tensor};
 use pte_compute::gemm::IN_PLACE_WEIGHT_BYTES;
-use pte_runtime::{EValue, Program, Tensor};
 use pte_testkit::values;
 use pte_xnnpack::schema::fb_xnnpack as x;
 
@@ -43,25 +42,6 @@ fn program(m: usize, (n, k): (usize, usize), w: &[f32], bias: &[f32], transpose:
     product_program(vec![node], values, 3, (&stored, bias), &[m, k], &[m, n])
 }
 
-/// The outputs of two executions of the program on `input`, and the bytes the method
-/// holds.
-fn run(bytes: &[u8], m: usize, k: usize, input: &[f32], threads: usize) -> (Vec<f32>, u64) {
-    let program = Program::from_bytes(bytes).unwrap();
-    let mut method = load(&program, threads);
-    let inputs = [EValue::Tensor(Tensor::from_slice(&[m, k], input).unwrap())];
-    for _ in 0..2 {
-        method.set_inputs(&inputs).unwrap();
-        method.execute().unwrap();
-    }
-    let out = method.outputs().unwrap()[0]
-        .as_tensor()
-        .unwrap()
-        .as_slice::<f32>()
-        .unwrap()
-        .to_vec();
-    (out, method.memory_used().0)
-}
-
 #[test]
 fn a_filter_of_32_mib_is_read_in_place_with_the_same_results() {
     let (n, k) = (1024, 8192);
@@ -86,7 +66,7 @@ fn a_filter_of_32_mib_is_read_in_place_with_the_same_results() {
             .collect();
         for (transpose, threads) in [(false, 1), (false, 2), (true, 1)] {
             let bytes = program(m, (n, k), &w, &bias, transpose);
-            let (out, held) = run(&bytes, m, k, &input, threads);
+            let (out, held) = run_product(&bytes, &[m, k], &input, threads);
             assert_eq!(out.len(), m * n);
             for (i, (&got, &want)) in out.iter().zip(&expected).enumerate() {
                 assert!(

@@ -5,8 +5,7 @@
 
 mod common;
 
-use common::{load, product_program, tensor};
-use pte_runtime::{EValue, Program, Tensor};
+use common::{product_program, run_product, tensor};
 use pte_testkit::values;
 use pte_xnnpack::schema::fb_xnnpack as x;
 
@@ -56,20 +55,7 @@ fn nodes_reading_one_filter_share_its_packed_copy() {
     let w: Vec<f32> = values(k * k, 1).iter().map(|v| v * scale).collect();
     let bias = values(k, 2);
     let input = values(k, 3);
-    let run = |steps: usize| {
-        let program = Program::from_bytes(&program(steps, k, &w, &bias)).unwrap();
-        let mut method = load(&program, 1);
-        let inputs = [EValue::Tensor(Tensor::from_slice(&[1, k], &input).unwrap())];
-        method.set_inputs(&inputs).unwrap();
-        method.execute().unwrap();
-        let out = method.outputs().unwrap()[0]
-            .as_tensor()
-            .unwrap()
-            .as_slice::<f32>()
-            .unwrap()
-            .to_vec();
-        (out, method.memory_used().0)
-    };
+    let run = |steps: usize| run_product(&program(steps, k, &w, &bias), &[1, k], &input, 1);
     let ((_, one), (out, eight)) = (run(1), run(8));
     // Seven more nodes hold their biases and values, not seven more packed filters.
     assert!(

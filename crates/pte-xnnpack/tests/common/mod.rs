@@ -2,7 +2,7 @@
 //! with the XNNPACK backend registered.
 
 use pte_format::schema::executorch_flatbuffer::ScalarType::Float;
-use pte_runtime::{BackendRegistry, LoadOptions, Method, Program};
+use pte_runtime::{BackendRegistry, EValue, LoadOptions, Method, Program, Tensor};
 use pte_testkit::program::{Memory, ProgramBuilder};
 use pte_xnnpack::schema::fb_xnnpack as x;
 
@@ -87,4 +87,24 @@ pub fn product_program(
     b.input(xv);
     b.output(yv);
     b.build()
+}
+
+/// The first output of two executions of `bytes` on the f32 `input` of `dims`, and the
+/// bytes the method holds.
+#[allow(dead_code)] // not every test file builds a product
+pub fn run_product(bytes: &[u8], dims: &[usize], input: &[f32], threads: usize) -> (Vec<f32>, u64) {
+    let program = Program::from_bytes(bytes).unwrap();
+    let mut method = load(&program, threads);
+    let inputs = [EValue::Tensor(Tensor::from_slice(dims, input).unwrap())];
+    for _ in 0..2 {
+        method.set_inputs(&inputs).unwrap();
+        method.execute().unwrap();
+    }
+    let out = method.outputs().unwrap()[0]
+        .as_tensor()
+        .unwrap()
+        .as_slice::<f32>()
+        .unwrap()
+        .to_vec();
+    (out, method.memory_used().0)
 }
