@@ -95,7 +95,8 @@ fn outputs(bytes: &[u8], inputs: &[EValue]) -> Vec<Vec<f32>> {
 #[test]
 fn every_part_of_a_cat_or_stack_lands_at_its_place() {
     // Parts [2, e, 3] along dim 1 (one of them the 1-D empty tensor `cat` skips), the
-    // fourth int32 (converted), more parts than one call reads.
+    // fourth int32 (converted), more parts than one call reads; the float parts of
+    // extent 1 stacked, and concatenated along dim 0.
     let extents = [1usize, 2, 0, 3, 1, 1, 2, 1, 1, 2];
     let dtype = |j: usize| if j == 3 { Int } else { Float };
     let mut b = ProgramBuilder::new();
@@ -125,11 +126,16 @@ fn every_part_of_a_cat_or_stack_lands_at_its_place() {
     let zero = b.int(0);
     let stacked = b.tensor(Float, &[ones.len() as i32, 2, 1, 3], Memory::Planned);
     b.call("aten::stack", "out", &[stack_list, zero, stacked, stacked]);
+    // `cat` of the same parts along dim 0: each one run of the output.
+    let cat_list = b.tensor_list(&ones);
+    let leading = b.tensor(Float, &[2 * ones.len() as i32, 1, 3], Memory::Planned);
+    b.call("aten::cat", "out", &[cat_list, zero, leading, leading]);
     for &p in &parts {
         b.input(p);
     }
     b.output(out);
     b.output(stacked);
+    b.output(leading);
     let bytes = b.build();
     let data: Vec<Vec<f32>> = extents
         .iter()
@@ -173,6 +179,7 @@ fn every_part_of_a_cat_or_stack_lands_at_its_place() {
         .flat_map(|j| data[j].clone())
         .collect();
     assert_eq!(got[1], want);
+    assert_eq!(got[2], want);
 }
 
 /// A fuser that proposes nothing: every copy runs (none is elided into a view).
