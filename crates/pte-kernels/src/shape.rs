@@ -51,18 +51,22 @@ fn gather(
         let (inputs, outputs) = (&io.inputs, &mut io.outputs);
         let from = inputs.first().ok_or_else(oob)?.bytes();
         let from = from.get(start..start + bytes).ok_or_else(oob)?;
-        let to = outputs.first_mut().ok_or_else(oob)?.bytes_mut();
-        if to.len() != from.len() {
-            return Err(oob());
-        }
-        to.copy_from_slice(from);
-        return Ok(());
+        return copy_run(outputs.first_mut().ok_or_else(oob)?.bytes_mut(), from);
     }
     let pool = args.pool();
     let mut io = Dense::io(args, &[src.into()], &[out.into()], &[])?;
     let input = io.bytes(0)?;
     copy_to_contiguous(pool, dtype.size(), walk, input, layout, io.bytes_mut(0)?)?;
     io.finish()
+}
+
+/// Copies `src` into `dst`, which must be as long (a fast path's run of bytes).
+fn copy_run(dst: &mut [u8], src: &[u8]) -> KernelResult {
+    if dst.len() != src.len() {
+        return Err(oob());
+    }
+    dst.copy_from_slice(src);
+    Ok(())
 }
 
 /// True when `layout` walks `walk` as one run of consecutive elements (the row-major
@@ -377,12 +381,8 @@ fn place(
             let (inputs, outputs) = (&io.inputs, &mut io.outputs);
             let dst = outputs.first_mut().ok_or_else(oob)?.bytes_mut();
             for (input, &(_, at, extent)) in inputs.iter().zip(group) {
-                let src = input.bytes();
                 let to = dst.get_mut(at * row..(at + extent) * row).ok_or_else(oob)?;
-                if to.len() != src.len() {
-                    return Err(oob());
-                }
-                to.copy_from_slice(src);
+                copy_run(to, input.bytes())?;
             }
             continue;
         }
@@ -602,11 +602,7 @@ fn split_into(
             let input = inputs.first().ok_or_else(oob)?.bytes();
             for (out, &e) in outputs.iter_mut().zip(chunk) {
                 let src = input.get(at * row..(at + e) * row).ok_or_else(oob)?;
-                let dst = out.bytes_mut();
-                if dst.len() != src.len() {
-                    return Err(oob());
-                }
-                dst.copy_from_slice(src);
+                copy_run(out.bytes_mut(), src)?;
                 at += e;
             }
             continue;
