@@ -101,19 +101,29 @@ fn a_leading_select_reads_at_its_offset() {
     assert!(!ran.iter().any(|n| n.contains("select_copy")), "{ran:?}");
 }
 
-#[test]
-fn a_copy_whose_source_is_overwritten_before_its_last_read_runs() {
-    // u = unsqueeze(a); then t, planned over a's bytes (a is dead to the planner),
-    // is written; out = u + t must see a's old values.
+/// `u = unsqueeze(a)`, then `t = exp(u)` planned over a's bytes (a is dead to the
+/// planner), then `out = u + t`, which must see a's old values. `a` is `-x` or, with
+/// `a_is_input`, the input `x` itself.
+fn overwritten_source(a_is_input: bool) -> (Vec<f32>, Vec<String>) {
     let mut b = ProgramBuilder::new();
-    let x = b.tensor(Float, &[2, 3], Memory::Planned);
     let a_at = 32;
-    let a = b.tensor(Float, &[2, 3], Memory::At(a_at));
+    let x = b.tensor(
+        Float,
+        &[2, 3],
+        Memory::At(if a_is_input { a_at } else { 0 }),
+    );
+    let a = if a_is_input {
+        x
+    } else {
+        b.tensor(Float, &[2, 3], Memory::At(a_at))
+    };
     let u = b.tensor(Float, &[1, 2, 3], Memory::At(64));
     let t = b.tensor(Float, &[1, 2, 3], Memory::At(a_at));
     let out = b.tensor(Float, &[1, 2, 3], Memory::At(96));
     let (zero, one) = (b.int(0), b.int(1));
-    b.call("aten::neg", "out", &[x, a, a]);
+    if !a_is_input {
+        b.call("aten::neg", "out", &[x, a, a]);
+    }
     b.call("aten::unsqueeze_copy", "out", &[a, zero, u, u]);
     b.call("aten::exp", "out", &[u, t, t]);
     b.call("aten::add", "out", &[u, t, one, out, out]);
@@ -121,39 +131,53 @@ fn a_copy_whose_source_is_overwritten_before_its_last_read_runs() {
     b.output(out);
     let xs = input(6);
     let (got, ran) = run(&b.build(), &[2, 3], &xs);
-    let want: Vec<f32> = xs.iter().map(|v| -v + (-v).exp()).collect();
+    let sign = if a_is_input { 1.0 } else { -1.0 };
+    let want: Vec<f32> = xs.iter().map(|v| sign * v + (sign * v).exp()).collect();
     for (g, w) in got.iter().zip(&want) {
         assert!(
             (g - w).abs() <= 1e-6 * w.abs().max(1.0),
             "{got:?} vs {want:?}"
         );
     }
+    (got, ran)
+}
+
+#[test]
+fn a_copy_whose_source_is_overwritten_before_its_last_read_reads_a_moved_source() {
+    // -x moves to a buffer of its own, where exp's output does not reach it.
+    let (_, ran) = overwritten_source(false);
+    assert!(!ran.iter().any(|n| n.contains("unsqueeze_copy")), "{ran:?}");
+}
+
+#[test]
+fn a_copy_of_an_overwritten_input_runs() {
+    // The caller's input is not moved: the copy keeps its values.
+    let (_, ran) = overwritten_source(true);
     assert!(ran.iter().any(|n| n.contains("unsqueeze_copy")), "{ran:?}");
 }
 
 #[test]
 fn a_method_output_keeps_its_bytes_to_the_end() {
-    // out = view(-x, [6]) is a method output: elided only when nothing overwrites -x
-    // before the method ends (`overwrite`: t, planned over -x's bytes, comes after).
+    // out = view(x, [6]) is a method output: elided only when nothing overwrites the
+    // input x before the method ends (`overwrite`: t, planned over x's bytes, comes
+    // after). A computed source would move instead (see above); an input stays.
     for overwrite in [false, true] {
         let mut b = ProgramBuilder::new();
-        let x = b.tensor(Float, &[2, 3], Memory::Planned);
-        let a_at = 32;
-        let a = b.tensor(Float, &[2, 3], Memory::At(a_at));
+        let x_at = 32;
+        let x = b.tensor(Float, &[2, 3], Memory::At(x_at));
         let out = b.tensor(Float, &[6], Memory::At(64));
         let sizes = b.int_list(&[6]);
-        b.call("aten::neg", "out", &[x, a, a]);
-        b.call("aten::view_copy", "out", &[a, sizes, out, out]);
+        b.call("aten::view_copy", "out", &[x, sizes, out, out]);
         b.input(x);
         b.output(out);
         if overwrite {
-            let t = b.tensor(Float, &[2, 3], Memory::At(a_at));
+            let t = b.tensor(Float, &[2, 3], Memory::At(x_at));
             b.call("aten::exp", "out", &[x, t, t]);
             b.output(t);
         }
         let xs = input(6);
         let (got, ran) = run(&b.build(), &[2, 3], &xs);
-        assert_eq!(got, xs.iter().map(|v| -v).collect::<Vec<_>>());
+        assert_eq!(got, xs);
         assert_eq!(
             ran.iter().any(|n| n.contains("view_copy")),
             overwrite,

@@ -16,7 +16,7 @@ use smallvec::SmallVec;
 
 use crate::fold::{call_outputs, Views};
 use crate::fuse::{referenced, CallId, Graph};
-use crate::memory::Storage;
+use crate::memory::{Memory, Storage};
 use crate::method::Instr;
 use crate::registry::KernelRegistry;
 use crate::value::{Dynamism, Slot};
@@ -84,6 +84,7 @@ pub(crate) fn elide(
     values: &mut [Slot],
     viewed: &mut Views,
     m: &Method<'_>,
+    memory: &mut Memory,
 ) {
     let Some(fuser) = m.kernels.fuser() else {
         return;
@@ -106,16 +107,43 @@ pub(crate) fn elide(
         fuser.aliases(&graph)
     };
     proposals.sort_by_key(|a| a.call.instruction);
-    let writes = crate::fold::writes(
+    let mut writes = crate::fold::writes(
         std::slice::from_ref(chain),
         m.call_args,
         &|op| m.is_pure(op),
         values,
     );
+    let mut allowance = memory.planned_total() / RELOCATED_SHARE;
     for a in proposals {
-        let Some((readers, storage)) = check(&a, chain, values, viewed, &writes, m) else {
+        let Some(mut verdict) = check(&a, chain, values, viewed, &writes, m) else {
             continue;
         };
+        if verdict.clobbered {
+            // Upstream's plan reuses the input's bytes while the copy's output is still
+            // read (the steps of an unrolled recurrence each slicing one product made
+            // for all of them): give those bytes a place of their own, then look again.
+            if relocate(
+                a.input,
+                chain,
+                values,
+                viewed,
+                &writes,
+                m,
+                memory,
+                &mut allowance,
+            )
+            .is_none()
+            {
+                continue;
+            }
+            match check(&a, chain, values, viewed, &writes, m) {
+                Some(v) if !v.clobbered => verdict = v,
+                _ => continue,
+            }
+        }
+        let Verdict {
+            readers, storage, ..
+        } = verdict;
         for &r in &readers {
             if let Some(Slot::Tensor(t)) = values.get_mut(r as usize) {
                 t.storage = storage;
@@ -124,12 +152,30 @@ pub(crate) fn elide(
         }
         if let Some(i) = chain.get_mut(a.call.instruction) {
             *i = Instr::Nop;
+            // Written no more, the output is one more view of the input's bytes.
+            if let Some(w) = writes.get_mut(a.output as usize) {
+                *w = 0;
+            }
         }
     }
 }
 
-/// The output and the views on it, and the input's bytes they are to read, when the
-/// alias is safe.
+/// At most this share (1 / n) of the planned bytes is moved to buffers of its own so that
+/// copies can be elided (see [`relocate`]).
+const RELOCATED_SHARE: usize = 2;
+
+/// What [`check`] finds of an alias that the method's calls allow.
+struct Verdict {
+    /// The output and the views on it.
+    readers: SmallVec<[u32; 4]>,
+    /// The input's bytes they are to read.
+    storage: Storage,
+    /// Whether an instruction writes those bytes before the last read of the readers:
+    /// the alias is safe only when this is false.
+    clobbered: bool,
+}
+
+/// The alias's [`Verdict`]; `None` when the calls or the tensors rule it out.
 fn check(
     a: &Alias,
     chain: &[Instr],
@@ -137,7 +183,7 @@ fn check(
     viewed: &Views,
     writes: &[u32],
     m: &Method<'_>,
-) -> Option<(SmallVec<[u32; 4]>, Storage)> {
+) -> Option<Verdict> {
     let p = a.call.instruction;
     let Instr::Kernel { op, args, .. } = chain.get(p)? else {
         return None;
@@ -221,14 +267,110 @@ fn check(
             .into_iter()
             .any(overlaps)
     });
-    (!clobbered).then_some((
+    Some(Verdict {
         readers,
-        Storage::Planned {
+        storage: Storage::Planned {
             buffer,
             offset: start,
         },
-    ))
+        clobbered,
+    })
 }
+
+/// Moves the tensor whose bytes `input` reads (`input`, or the tensor an elided view
+/// `input` is reads), with every elided view on it, to a planned buffer of its own.
+/// Only for a static tensor that one pure call writes, that nothing reads before that
+/// call, and that the caller neither sets nor reads; at most `allowance` bytes in all
+/// (charged to the budget). `None` when it is not moved.
+#[allow(clippy::too_many_arguments)]
+fn relocate(
+    input: u32,
+    chain: &[Instr],
+    values: &mut [Slot],
+    viewed: &Views,
+    writes: &[u32],
+    m: &Method<'_>,
+    memory: &mut Memory,
+    allowance: &mut usize,
+) -> Option<()> {
+    let mut root = input;
+    for _ in 0..values.len() {
+        match viewed.source_of(root) {
+            Some(s) => root = s,
+            None => break,
+        }
+    }
+    let mut family: SmallVec<[u32; 8]> = SmallVec::from_slice(&[root]);
+    let mut k = 0;
+    while let Some(&v) = family.get(k) {
+        k += 1;
+        for w in viewed.of(v) {
+            if !family.contains(&w) {
+                family.push(w);
+            }
+        }
+        if family.len() > MAX_RELOCATED_VIEWS {
+            return None;
+        }
+    }
+    let place = |v: u32| match values.get(v as usize) {
+        Some(Slot::Tensor(t)) if t.dynamism == Dynamism::Static => match t.storage {
+            Storage::Planned { buffer, offset } => Some((buffer, offset, t.nbytes())),
+            _ => None,
+        },
+        _ => None,
+    };
+    let (buffer, offset, nbytes) = place(root)?;
+    let end = offset.checked_add(nbytes)?;
+    // The root is written once, its views never; none is the caller's.
+    for &v in &family {
+        let (b, o, n) = place(v)?;
+        let expected = if v == root { 1 } else { 0 };
+        if b != buffer
+            || o < offset
+            || o.checked_add(n)? > end
+            || writes.get(v as usize) != Some(&expected)
+            || m.io.contains(&v)
+        {
+            return None;
+        }
+    }
+    let pure = |op: u32| m.is_pure(op);
+    let writer = chain
+        .iter()
+        .position(|i| written(i, m.call_args, values, &pure).contains(&root))?;
+    let Some(Instr::Kernel { op, args, .. }) = chain.get(writer) else {
+        return None;
+    };
+    let args = m.call_args.get(args.start as usize..args.end as usize)?;
+    if !m.is_pure(*op) || !call_outputs(args, values)?.contains(&root) {
+        return None;
+    }
+    let read_before = chain.get(..writer)?.iter().any(|i| {
+        referenced(i, m.call_args, values)
+            .iter()
+            .any(|v| family.contains(v))
+    });
+    if read_before || nbytes > *allowance {
+        return None;
+    }
+    let moved = memory.add_planned(nbytes)?;
+    *allowance -= nbytes;
+    for &v in &family {
+        if let Some(Slot::Tensor(t)) = values.get_mut(v as usize) {
+            if let Storage::Planned { offset: o, .. } = t.storage {
+                t.storage = Storage::Planned {
+                    buffer: moved,
+                    offset: o - offset,
+                };
+            }
+        }
+    }
+    Some(())
+}
+
+/// Most views of one tensor [`relocate`] moves with it.
+const MAX_RELOCATED_VIEWS: usize = 64;
 
 /// True for a tensor, or a value no instruction writes (a list: nor its elements).
 fn fixed(v: u32, values: &[Slot], writes: &[u32]) -> bool {

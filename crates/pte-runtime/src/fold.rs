@@ -121,6 +121,14 @@ impl Views {
         self.of(v).next().is_some()
     }
 
+    /// The tensor whose memory the elided view `view` reads, if any.
+    pub(crate) fn source_of(&self, view: u32) -> Option<u32> {
+        self.pairs
+            .iter()
+            .find(|&&(_, v)| v == view)
+            .map(|&(s, _)| s)
+    }
+
     /// The elided views that read `source`'s memory.
     pub(crate) fn of(&self, source: u32) -> impl Iterator<Item = u32> + '_ {
         let start = self.pairs.partition_point(|&(s, _)| s < source);

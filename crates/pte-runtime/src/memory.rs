@@ -203,6 +203,19 @@ impl Memory {
         self.planned.get(buffer as usize).map(Buffer::len)
     }
 
+    /// Bytes of all planned buffers.
+    pub(crate) fn planned_total(&self) -> usize {
+        self.planned.iter().map(Buffer::len).sum()
+    }
+
+    /// A new planned buffer of `len` bytes, charged to the budget: its index; `None` if
+    /// the budget has no room for it.
+    pub(crate) fn add_planned(&mut self, len: usize) -> Option<u32> {
+        let index = u32::try_from(self.planned.len()).ok()?;
+        self.planned.push(self.budget.buffer(len).ok()?);
+        Some(index)
+    }
+
     /// The bytes of a tensor stored in the program or one of its data files, shared
     /// rather than copied; `None` for any other storage.
     pub(crate) fn shared(&self, a: Access) -> KernelResult<Option<SharedBytes>> {

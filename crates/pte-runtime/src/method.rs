@@ -576,7 +576,7 @@ impl Method {
             viewed.merge(&late);
         }
         // Copies that move no data.
-        crate::alias::elide(&mut chains, &mut values, &mut viewed, &fused);
+        crate::alias::elide(&mut chains, &mut values, &mut viewed, &fused, &mut memory);
         let unused: Vec<bool> = chains_calls_unused(&chains, kernel_calls.len());
 
         // The other kernels, prepared once per call site.
