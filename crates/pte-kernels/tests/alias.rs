@@ -185,3 +185,148 @@ fn a_method_output_keeps_its_bytes_to_the_end() {
         );
     }
 }
+
+/// `split_with_sizes_copy(-x, [2, 4], dim)` of a `[rows, 6]` tensor, each piece then
+/// negated again and the two concatenated: `x` back, from pieces that are runs of the
+/// input when `rows` is 1 and split along dim 1, or split along dim 0.
+fn split_back(rows: usize, dim: i64) -> (Vec<f32>, Vec<String>) {
+    let r = rows as i32;
+    let mut b = ProgramBuilder::new();
+    let x = b.tensor(Float, &[r, 6], Memory::Planned);
+    let a = b.tensor(Float, &[r, 6], Memory::Planned);
+    let piece = |b: &mut ProgramBuilder, len: i32| {
+        let sizes = if dim == 0 { [len, 6] } else { [r, len] };
+        b.tensor(Float, &sizes, Memory::Planned)
+    };
+    let (lens, p) = if dim == 0 {
+        let lens = [1, rows as i64 - 1];
+        (lens, [piece(&mut b, 1), piece(&mut b, r - 1)])
+    } else {
+        ([2, 4], [piece(&mut b, 2), piece(&mut b, 4)])
+    };
+    let n = [piece(&mut b, lens[0] as i32), piece(&mut b, lens[1] as i32)];
+    let out = b.tensor(Float, &[r, 6], Memory::Planned);
+    let (list, sizes, d) = (b.tensor_list(&p), b.int_list(&lens), b.int(dim));
+    let cat_list = b.tensor_list(&n);
+    b.call("aten::neg", "out", &[x, a, a]);
+    b.call(
+        "aten::split_with_sizes_copy",
+        "out",
+        &[a, sizes, d, list, list],
+    );
+    for k in 0..2 {
+        b.call("aten::neg", "out", &[p[k], n[k], n[k]]);
+    }
+    b.call("aten::cat", "out", &[cat_list, d, out, out]);
+    b.input(x);
+    b.output(out);
+    let xs = input(rows * 6);
+    let (got, ran) = run(&b.build(), &[rows, 6], &xs);
+    assert_eq!(got, xs, "rows {rows}, dim {dim}");
+    (got, ran)
+}
+
+#[test]
+fn a_split_into_runs_of_its_input_is_elided() {
+    for (rows, dim) in [(1, 1), (3, 0)] {
+        let (_, ran) = split_back(rows, dim);
+        assert!(!ran.iter().any(|n| n.contains("split")), "{ran:?}");
+    }
+}
+
+#[test]
+fn a_split_into_pieces_that_are_not_runs_runs() {
+    let (_, ran) = split_back(2, 1);
+    assert!(ran.iter().any(|n| n.contains("split")), "{ran:?}");
+}
+
+/// A delegate negating its input (argument 0) into its output (argument 1), naming the
+/// output as the one argument it writes, or not.
+struct Negate {
+    names_output: bool,
+}
+
+struct NegateCall {
+    written: Option<[usize; 1]>,
+}
+
+impl pte_runtime::Backend for Negate {
+    fn init(
+        &self,
+        _: &pte_runtime::DelegateInit<'_>,
+    ) -> pte_runtime::KernelResult<Box<dyn pte_runtime::PreparedKernel>> {
+        Ok(Box::new(NegateCall {
+            written: self.names_output.then_some([1]),
+        }))
+    }
+}
+
+impl pte_runtime::PreparedKernel for NegateCall {
+    fn run(&mut self, args: &mut pte_runtime::Args<'_>) -> pte_runtime::KernelResult {
+        let mut io = args.io(&[0.into()], &[1.into()])?;
+        let x: Vec<f32> = bytemuck::pod_collect_to_vec(io.inputs[0].bytes());
+        let y: &mut [f32] = bytemuck::cast_slice_mut(io.outputs[0].bytes_mut());
+        for (y, x) in y.iter_mut().zip(x) {
+            *y = -x;
+        }
+        Ok(())
+    }
+
+    fn written(&self) -> Option<&[usize]> {
+        self.written.as_ref().map(|w| &w[..])
+    }
+}
+
+#[test]
+fn a_copy_between_delegates_that_name_their_outputs_is_elided() {
+    // a = D(x); s = squeeze(a); t = exp(x), planned over a's bytes; out = D(s) + t.
+    for names_output in [true, false] {
+        let mut b = ProgramBuilder::new();
+        let x = b.tensor(Float, &[1, 2, 3], Memory::At(0));
+        let a_at = 32;
+        let a = b.tensor(Float, &[1, 2, 3], Memory::At(a_at));
+        let s = b.tensor(Float, &[2, 3], Memory::At(64));
+        let t = b.tensor(Float, &[1, 2, 3], Memory::At(a_at));
+        let d = b.tensor(Float, &[2, 3], Memory::At(96));
+        let out = b.tensor(Float, &[1, 2, 3], Memory::At(128));
+        let one = b.int(1);
+        let dims = b.int_list(&[0]);
+        b.delegate("Negate", vec![0; 8], &[x, a]);
+        b.call("aten::squeeze_copy", "dims_out", &[a, dims, s, s]);
+        b.call("aten::exp", "out", &[x, t, t]);
+        b.delegate("Negate", vec![0; 8], &[s, d]);
+        b.call("aten::add", "out", &[d, t, one, out, out]);
+        b.input(x);
+        b.output(out);
+        let mut backends = pte_runtime::BackendRegistry::new();
+        backends.register("Negate", Negate { names_output });
+        let program = Program::from_bytes(&b.build()).unwrap();
+        let mut m = program
+            .load_method_with(
+                "forward",
+                &pte_kernels::registry(),
+                &backends,
+                &pte_runtime::LoadOptions::default(),
+            )
+            .unwrap();
+        m.set_profiling(true);
+        let xs = input(6);
+        m.set_inputs(&[EValue::Tensor(Tensor::from_slice(&[1, 2, 3], &xs).unwrap())])
+            .unwrap();
+        m.execute().unwrap();
+        let got = match &m.outputs().unwrap()[0] {
+            EValue::Tensor(t) => t.as_slice::<f32>().unwrap().to_vec(),
+            other => panic!("{other:?}"),
+        };
+        for (g, v) in got.iter().zip(&xs) {
+            let w = v + v.exp();
+            assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{got:?}");
+        }
+        let ran: Vec<String> = m.profile().into_iter().map(|e| e.name).collect();
+        assert_eq!(
+            ran.iter().any(|n| n.contains("squeeze_copy")),
+            !names_output,
+            "{ran:?}"
+        );
+    }
+}

@@ -21,7 +21,8 @@ use crate::method::Instr;
 use crate::registry::KernelRegistry;
 use crate::value::{Dynamism, Slot};
 
-/// A call whose output is the input's elements from `offset` on, in the same order.
+/// A call whose output is the input's elements from `offset` on, in the same order (for
+/// a call of several outputs, one alias each: the call is elided only with all).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Alias {
     pub call: CallId,
@@ -29,32 +30,6 @@ pub struct Alias {
     pub output: u32,
     /// In elements of the input.
     pub offset: usize,
-}
-
-/// The values an instruction may write: the outputs of a call of a pure operator
-/// (`pure(op)`), every value any other instruction refers to.
-pub(crate) fn written(
-    instr: &Instr,
-    call_args: &[u32],
-    values: &[Slot],
-    pure: &dyn Fn(u32) -> bool,
-) -> SmallVec<[u32; 16]> {
-    match instr {
-        Instr::Kernel { op, args, .. } => {
-            let pure = pure(*op);
-            let args = call_args
-                .get(args.start as usize..args.end as usize)
-                .unwrap_or_default();
-            match call_outputs(args, values).filter(|_| pure) {
-                Some(outs) => outs.into_iter().collect(),
-                None => referenced(instr, call_args, values),
-            }
-        }
-        Instr::Move { to, .. } => SmallVec::from_slice(&[*to]),
-        Instr::Free { value } => SmallVec::from_slice(&[*value]),
-        Instr::JumpFalse { .. } | Instr::Nop => SmallVec::new(),
-        Instr::Delegate { .. } => referenced(instr, call_args, values),
-    }
 }
 
 /// What the rewrite needs to know about the method.
@@ -65,6 +40,9 @@ pub(crate) struct Method<'a> {
     /// Operators from this index on are fused calls (of pure calls only).
     pub fused_from: usize,
     pub io: &'a [u32],
+    /// By delegate: the argument positions its calls write, when it says
+    /// ([`crate::PreparedKernel::written`]).
+    pub delegate_writes: &'a [Option<Vec<usize>>],
 }
 
 impl Method<'_> {
@@ -74,6 +52,48 @@ impl Method<'_> {
                 .op_names
                 .get(op as usize)
                 .is_some_and(|name| self.kernels.is_pure(name))
+    }
+
+    /// The values an instruction may write: the outputs of a call of a pure operator
+    /// or of a delegate that names them, every value any other instruction refers to.
+    pub(crate) fn written(&self, instr: &Instr, values: &[Slot]) -> SmallVec<[u32; 16]> {
+        let args = |r: &std::ops::Range<u32>| {
+            self.call_args
+                .get(r.start as usize..r.end as usize)
+                .unwrap_or_default()
+        };
+        match instr {
+            Instr::Kernel { op, args: r, .. } => {
+                match call_outputs(args(r), values).filter(|_| self.is_pure(*op)) {
+                    Some(outs) => outs.into_iter().collect(),
+                    None => referenced(instr, self.call_args, values),
+                }
+            }
+            Instr::Delegate { delegate, args: r } => {
+                let positions = self.delegate_writes.get(*delegate as usize);
+                match positions.and_then(Option::as_deref) {
+                    Some(positions) => {
+                        let args = args(r);
+                        let mut outs: SmallVec<[u32; 16]> = SmallVec::new();
+                        for v in positions.iter().filter_map(|&p| args.get(p).copied()) {
+                            outs.push(v);
+                            match values.get(v as usize) {
+                                Some(Slot::TensorList(items)) => outs.extend_from_slice(items),
+                                Some(Slot::OptionalTensorList(items)) => {
+                                    outs.extend(items.iter().flatten().copied())
+                                }
+                                _ => {}
+                            }
+                        }
+                        outs
+                    }
+                    None => referenced(instr, self.call_args, values),
+                }
+            }
+            Instr::Move { to, .. } => SmallVec::from_slice(&[*to]),
+            Instr::Free { value } => SmallVec::from_slice(&[*value]),
+            Instr::JumpFalse { .. } | Instr::Nop => SmallVec::new(),
+        }
     }
 }
 
@@ -106,63 +126,106 @@ pub(crate) fn elide(
         );
         fuser.aliases(&graph)
     };
-    proposals.sort_by_key(|a| a.call.instruction);
-    let mut writes = crate::fold::writes(
-        std::slice::from_ref(chain),
-        m.call_args,
-        &|op| m.is_pure(op),
-        values,
-    );
-    let mut allowance = memory.planned_total() / RELOCATED_SHARE;
-    for a in proposals {
-        let Some(mut verdict) = check(&a, chain, values, viewed, &writes, m) else {
+    proposals.sort_by_key(|a| (a.call.instruction, a.output));
+    let mut writes = crate::fold::writes(std::slice::from_ref(chain), m, values);
+    let mut moved = Moved {
+        buffer: None,
+        allowance: (memory.planned_total() / RELOCATED_SHARE).max(MIN_RELOCATED_BYTES),
+    };
+    // One call at a time, with the aliases of all its outputs.
+    for group in proposals.chunk_by(|a, b| a.call == b.call) {
+        let Some(first) = group.first() else {
             continue;
         };
-        if verdict.clobbered {
-            // Upstream's plan reuses the input's bytes while the copy's output is still
-            // read (the steps of an unrolled recurrence each slicing one product made
-            // for all of them): give those bytes a place of their own, then look again.
-            if relocate(
-                a.input,
+        if group.iter().any(|a| a.input != first.input) {
+            continue;
+        }
+        let outputs: SmallVec<[u32; 8]> = group.iter().map(|a| a.output).collect();
+        let judge = |values: &[Slot]| -> Option<Vec<Verdict>> {
+            group
+                .iter()
+                .map(|a| check(a, &outputs, chain, values, viewed, &writes, m))
+                .collect()
+        };
+        let Some(mut verdicts) = judge(values) else {
+            continue;
+        };
+        if verdicts.iter().any(|v| v.clobbered) {
+            // Upstream's plan reuses the input's bytes while an output is still read
+            // (the steps of an unrolled recurrence each slicing one product made for
+            // all of them): give those bytes a place of their own, then look again.
+            let relocated = relocate(
+                first.input,
                 chain,
                 values,
                 viewed,
                 &writes,
                 m,
                 memory,
-                &mut allowance,
-            )
-            .is_none()
-            {
-                continue;
-            }
-            match check(&a, chain, values, viewed, &writes, m) {
-                Some(v) if !v.clobbered => verdict = v,
+                &mut moved,
+            );
+            match relocated.and_then(|()| judge(values)) {
+                Some(v) if v.iter().all(|v| !v.clobbered) => verdicts = v,
                 _ => continue,
             }
         }
-        let Verdict {
+        for Verdict {
             readers, storage, ..
-        } = verdict;
-        for &r in &readers {
-            if let Some(Slot::Tensor(t)) = values.get_mut(r as usize) {
-                t.storage = storage;
+        } in verdicts
+        {
+            for &r in &readers {
+                if let Some(Slot::Tensor(t)) = values.get_mut(r as usize) {
+                    t.storage = storage;
+                }
+                viewed.add(first.input, r);
             }
-            viewed.add(a.input, r);
         }
-        if let Some(i) = chain.get_mut(a.call.instruction) {
+        if let Some(i) = chain.get_mut(first.call.instruction) {
             *i = Instr::Nop;
-            // Written no more, the output is one more view of the input's bytes.
-            if let Some(w) = writes.get_mut(a.output as usize) {
-                *w = 0;
+            // Written no more, the outputs are more views of the input's bytes.
+            for &o in &outputs {
+                if let Some(w) = writes.get_mut(o as usize) {
+                    *w = 0;
+                }
             }
         }
     }
 }
 
-/// At most this share (1 / n) of the planned bytes is moved to buffers of its own so that
-/// copies can be elided (see [`relocate`]).
+/// At most this share (1 / n) of the planned bytes, or [`MIN_RELOCATED_BYTES`] if more,
+/// is moved to a buffer of its own so that copies can be elided (see [`relocate`]).
 const RELOCATED_SHARE: usize = 2;
+const MIN_RELOCATED_BYTES: usize = 1 << 20;
+
+/// The planned buffer the tensors [`relocate`] moves share, one after the other.
+struct Moved {
+    buffer: Option<u32>,
+    /// Bytes it may still grow by.
+    allowance: usize,
+}
+
+impl Moved {
+    /// Room for `nbytes` more: the buffer and the offset.
+    fn place(&mut self, memory: &mut Memory, nbytes: usize) -> Option<(u32, usize)> {
+        let buffer = match self.buffer {
+            Some(b) => b,
+            None => *self.buffer.insert(memory.add_planned()?),
+        };
+        let offset = memory
+            .planned_len(buffer)?
+            .next_multiple_of(MOVED_ALIGNMENT);
+        let grown = nbytes.checked_add(offset - memory.planned_len(buffer)?)?;
+        if grown > self.allowance {
+            return None;
+        }
+        memory.grow_planned(buffer, offset.checked_add(nbytes)?)?;
+        self.allowance -= grown;
+        Some((buffer, offset))
+    }
+}
+
+/// Alignment of a moved tensor in the shared buffer (a cache line).
+const MOVED_ALIGNMENT: usize = 64;
 
 /// What [`check`] finds of an alias that the method's calls allow.
 struct Verdict {
@@ -176,8 +239,10 @@ struct Verdict {
 }
 
 /// The alias's [`Verdict`]; `None` when the calls or the tensors rule it out.
+/// `outputs` are the outputs of the call that have aliases: all of its outputs.
 fn check(
     a: &Alias,
+    outputs: &[u32],
     chain: &[Instr],
     values: &[Slot],
     viewed: &Views,
@@ -189,14 +254,22 @@ fn check(
         return None;
     };
     let args = m.call_args.get(args.start as usize..args.end as usize)?;
-    // A pure call writing the output alone, reading the input; every other argument
-    // is fixed at load (not written at run time).
+    // A pure call writing the outputs alone (and the list holding them), reading the
+    // input; every other argument is fixed at load (not written at run time).
+    let written = call_outputs(args, values)?;
+    let tensors = written
+        .iter()
+        .filter(|&&v| matches!(values.get(v as usize), Some(Slot::Tensor(_))));
     if a.input == a.output
         || !m.is_pure(*op)
-        || call_outputs(args, values)?.as_slice() != [a.output]
+        || tensors.clone().count() != outputs.len()
+        || !tensors.clone().all(|v| outputs.contains(v))
         || !args.contains(&a.input)
         || writes.get(a.output as usize) != Some(&1)
-        || args.iter().any(|&v| !fixed(v, values, writes))
+        || args
+            .iter()
+            .filter(|v| !written.contains(v))
+            .any(|&v| !fixed(v, values, writes))
     {
         return None;
     }
@@ -262,11 +335,10 @@ fn check(
         // Lists: `written` lists their tensors too.
         _ => false,
     };
-    let clobbered = chain.get(p + 1..=last)?.iter().any(|i| {
-        written(i, m.call_args, values, &|op| m.is_pure(op))
-            .into_iter()
-            .any(overlaps)
-    });
+    let clobbered = chain
+        .get(p + 1..=last)?
+        .iter()
+        .any(|i| m.written(i, values).into_iter().any(overlaps));
     Some(Verdict {
         readers,
         storage: Storage::Planned {
@@ -279,9 +351,9 @@ fn check(
 
 /// Moves the tensor whose bytes `input` reads (`input`, or the tensor an elided view
 /// `input` is reads), with every elided view on it, to a planned buffer of its own.
-/// Only for a static tensor that one pure call writes, that nothing reads before that
-/// call, and that the caller neither sets nor reads; at most `allowance` bytes in all
-/// (charged to the budget). `None` when it is not moved.
+/// Only for a static tensor that one pure call or delegate writes as its output, that nothing reads before that
+/// call, and that the caller neither sets nor reads, while `moved` has room. `None` when
+/// it is not moved.
 #[allow(clippy::too_many_arguments)]
 fn relocate(
     input: u32,
@@ -291,7 +363,7 @@ fn relocate(
     writes: &[u32],
     m: &Method<'_>,
     memory: &mut Memory,
-    allowance: &mut usize,
+    moved: &mut Moved,
 ) -> Option<()> {
     let mut root = input;
     for _ in 0..values.len() {
@@ -335,15 +407,23 @@ fn relocate(
             return None;
         }
     }
-    let pure = |op: u32| m.is_pure(op);
     let writer = chain
         .iter()
-        .position(|i| written(i, m.call_args, values, &pure).contains(&root))?;
-    let Some(Instr::Kernel { op, args, .. }) = chain.get(writer) else {
-        return None;
+        .position(|i| m.written(i, values).contains(&root))?;
+    // A writer that names what it writes: the root is its output, not a tensor it
+    // updates in place.
+    let named = match chain.get(writer)? {
+        Instr::Kernel { op, args, .. } => {
+            let args = m.call_args.get(args.start as usize..args.end as usize)?;
+            m.is_pure(*op) && call_outputs(args, values)?.contains(&root)
+        }
+        Instr::Delegate { delegate, .. } => m
+            .delegate_writes
+            .get(*delegate as usize)
+            .is_some_and(Option::is_some),
+        _ => false,
     };
-    let args = m.call_args.get(args.start as usize..args.end as usize)?;
-    if !m.is_pure(*op) || !call_outputs(args, values)?.contains(&root) {
+    if !named {
         return None;
     }
     let read_before = chain.get(..writer)?.iter().any(|i| {
@@ -351,17 +431,16 @@ fn relocate(
             .iter()
             .any(|v| family.contains(v))
     });
-    if read_before || nbytes > *allowance {
+    if read_before {
         return None;
     }
-    let moved = memory.add_planned(nbytes)?;
-    *allowance -= nbytes;
+    let (to, at) = moved.place(memory, nbytes)?;
     for &v in &family {
         if let Some(Slot::Tensor(t)) = values.get_mut(v as usize) {
             if let Storage::Planned { offset: o, .. } = t.storage {
                 t.storage = Storage::Planned {
-                    buffer: moved,
-                    offset: o - offset,
+                    buffer: to,
+                    offset: at + (o - offset),
                 };
             }
         }

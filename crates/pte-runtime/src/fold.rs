@@ -48,16 +48,15 @@ pub(crate) fn call_outputs(args: &[u32], values: &[Slot]) -> Option<SmallVec<[u3
     }
 }
 
-/// How many instructions may write each value (see [`crate::alias::written`]).
+/// How many instructions may write each value (see [`crate::alias::Method::written`]).
 pub(crate) fn writes(
     chains: &[Vec<Instr>],
-    call_args: &[u32],
-    pure: &dyn Fn(u32) -> bool,
+    m: &crate::alias::Method<'_>,
     values: &[Slot],
 ) -> Vec<u32> {
     let mut count = vec![0u32; values.len()];
     for instr in chains.iter().flatten() {
-        for v in crate::alias::written(instr, call_args, values, pure) {
+        for v in m.written(instr, values) {
             if let Some(c) = count.get_mut(v as usize) {
                 *c = c.saturating_add(1);
             }
@@ -220,7 +219,7 @@ pub(crate) fn fold_constants(
     let mut folded: Vec<CallId> = Vec::new();
     // Fused calls count as pure here: what they only read (an elided view among them)
     // is not written, so the view's source keeps its planned memory.
-    let mut writes = writes(chains, call_args, &|op| m.is_pure(op), values);
+    let mut writes = writes(chains, m, values);
     let viewed = viewed(chains, call_args, values, &writes, inputs);
     let calls = chains.iter().enumerate().flat_map(|(chain, instrs)| {
         instrs

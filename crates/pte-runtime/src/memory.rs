@@ -208,12 +208,19 @@ impl Memory {
         self.planned.iter().map(Buffer::len).sum()
     }
 
-    /// A new planned buffer of `len` bytes, charged to the budget: its index; `None` if
-    /// the budget has no room for it.
-    pub(crate) fn add_planned(&mut self, len: usize) -> Option<u32> {
+    /// A new, empty planned buffer: its index.
+    pub(crate) fn add_planned(&mut self) -> Option<u32> {
         let index = u32::try_from(self.planned.len()).ok()?;
-        self.planned.push(self.budget.buffer(len).ok()?);
+        self.planned.push(Buffer::new(&self.budget));
         Some(index)
+    }
+
+    /// Grows planned buffer `buffer` to `len` bytes (zeroed), charged to the budget;
+    /// `None` if the budget has no room.
+    pub(crate) fn grow_planned(&mut self, buffer: u32, len: usize) -> Option<()> {
+        let b = self.planned.get_mut(buffer as usize)?;
+        (len >= b.len()).then_some(())?;
+        b.resize(len).ok()
     }
 
     /// The bytes of a tensor stored in the program or one of its data files, shared

@@ -491,6 +491,10 @@ impl Method {
             delegates.push((id, handle));
         }
 
+        let delegate_writes: Vec<Option<Vec<usize>>> = delegates
+            .iter()
+            .map(|(_, d)| d.written().map(<[usize]>::to_vec))
+            .collect();
         // Calls computing only from constants run now, once; those a fusion may read
         // through wait for the fusions (below), then fold if none took them.
         let io: Vec<u32> = inputs.iter().chain(&outputs).copied().collect();
@@ -505,6 +509,7 @@ impl Method {
                 kernels,
                 fused_from: op_names.len(),
                 io: &io,
+                delegate_writes: &delegate_writes,
             },
             &mut values,
             &mut memory,
@@ -562,6 +567,7 @@ impl Method {
             kernels,
             fused_from,
             io: &io,
+            delegate_writes: &delegate_writes,
         };
         if !deferred.is_empty() {
             let late = crate::fold::fold_constants(

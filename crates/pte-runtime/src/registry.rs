@@ -27,6 +27,13 @@ pub trait PreparedKernel: Send {
         &[]
     }
 
+    /// Argument positions this call writes, when it knows them (a delegate: the
+    /// positions of its outputs); `None`: it may write any argument. The runtime
+    /// elides more copies around a call that names them.
+    fn written(&self) -> Option<&[usize]> {
+        None
+    }
+
     /// Turns the timing of this call's parts on (clearing what was recorded) or off. A
     /// delegate that runs a graph times its nodes; a plain kernel has no parts.
     fn set_profiling(&mut self, _on: bool) {}

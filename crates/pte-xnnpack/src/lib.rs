@@ -105,11 +105,17 @@ pub fn register(backends: &mut BackendRegistry) {
 /// One delegate, prepared.
 struct Delegate {
     exec: exec::Exec,
+    /// Argument positions of the graph's outputs, the only ones a call writes.
+    written: Vec<usize>,
 }
 
 impl PreparedKernel for Delegate {
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
         self.exec.run(args)
+    }
+
+    fn written(&self) -> Option<&[usize]> {
+        Some(&self.written)
     }
 
     fn set_profiling(&mut self, on: bool) {
@@ -223,6 +229,13 @@ impl Backend for XnnpackBackend {
             init.workspace.clone(),
             init.derived,
         )?;
-        Ok(Box::new(Delegate { exec }))
+        let mut written: Vec<usize> = graph
+            .outputs
+            .iter()
+            .filter_map(|&i| Some(graph.values.get(i)?.external? as usize))
+            .collect();
+        written.sort_unstable();
+        written.dedup();
+        Ok(Box::new(Delegate { exec, written }))
     }
 }

@@ -10,7 +10,8 @@
 //! - `expand_copy` does when it repeats nothing (the same number of elements);
 //! - `permute_copy` does when the dimensions longer than 1 keep their order;
 //! - `select_copy` and `slice_copy` (step 1) read one run when every dimension before
-//!   the selected one has size 1.
+//!   the selected one has size 1, and so does each output of `split_copy`,
+//!   `split_with_sizes_copy` and `unbind_copy` (one alias per output).
 
 use pte_runtime::{normalize_dim, Alias, Call, Dims, Graph, TensorInfo};
 
@@ -32,7 +33,72 @@ pub(crate) fn default_dim_order(g: &Graph<'_>, order: u32) -> Option<bool> {
 
 /// The aliases among a method's calls.
 pub(crate) fn propose(g: &Graph<'_>) -> Vec<Alias> {
-    g.calls().iter().filter_map(|c| alias(g, c)).collect()
+    let mut out = Vec::new();
+    for c in g.calls() {
+        match alias(g, c) {
+            Some(a) => out.push(a),
+            None => out.extend(pieces(g, c).unwrap_or_default()),
+        }
+    }
+    out
+}
+
+/// One alias per output of a split into pieces along a dimension that only dimensions
+/// of size 1 precede: every piece is a run of the input (the runtime elides the call
+/// only with all of them).
+fn pieces(g: &Graph<'_>, c: &Call<'_>) -> Option<Vec<Alias>> {
+    let (&input, &list) = (c.args.first()?, c.args.last()?);
+    let outs = g.tensor_list(list)?;
+    let x = g.tensor(input)?;
+    if !x.is_contiguous() {
+        return None;
+    }
+    let arg = |i: usize| c.args.get(i).copied();
+    let dim = |i: usize| normalize_dim(g.int(arg(i)?)?, x.rank()).ok();
+    let (d, keep_dim, lens): (usize, bool, Vec<usize>) = match c.op {
+        "aten::split_with_sizes_copy.out" => {
+            let lens = g.int_list(arg(1)?)?;
+            let lens = lens.iter().map(|&s| usize::try_from(s).ok());
+            (dim(2)?, true, lens.collect::<Option<_>>()?)
+        }
+        "aten::split_copy.Tensor_out" => {
+            let d = dim(2)?;
+            let size = *x.sizes.get(d)?;
+            let step = usize::try_from(g.int(arg(1)?)?).ok().filter(|&s| s > 0)?;
+            let lens = (0..size).step_by(step).map(|s| step.min(size - s));
+            (d, true, lens.collect())
+        }
+        "aten::unbind_copy.int_out" => {
+            let d = dim(1)?;
+            (d, false, vec![1; *x.sizes.get(d)?])
+        }
+        _ => return None,
+    };
+    if lens.len() != outs.len() || lens.iter().sum::<usize>() != *x.sizes.get(d)? {
+        return None;
+    }
+    let mut start = 0;
+    let mut aliases = Vec::with_capacity(outs.len());
+    for (&output, &len) in outs.iter().zip(&lens) {
+        let y = g.tensor(output)?;
+        let mut sizes = x.sizes.clone();
+        if keep_dim {
+            *sizes.get_mut(d)? = len;
+        } else {
+            sizes.remove(d);
+        }
+        if y.dtype != x.dtype || !y.is_contiguous() || y.sizes != sizes {
+            return None;
+        }
+        aliases.push(Alias {
+            call: c.id,
+            input,
+            output,
+            offset: leading_run(&x, d, start)?,
+        });
+        start += len;
+    }
+    Some(aliases)
 }
 
 fn alias(g: &Graph<'_>, c: &Call<'_>) -> Option<Alias> {
