@@ -128,6 +128,7 @@ pub(crate) fn elide(
     };
     proposals.sort_by_key(|a| (a.call.instruction, a.output));
     let mut writes = crate::fold::writes(std::slice::from_ref(chain), m, values);
+    let mut uses = Uses::new(chain, values, m);
     let mut moved = Moved {
         buffer: None,
         allowance: (memory.planned_total() / RELOCATED_SHARE).max(MIN_RELOCATED_BYTES),
@@ -144,7 +145,7 @@ pub(crate) fn elide(
         let judge = |values: &[Slot]| -> Option<Vec<Verdict>> {
             group
                 .iter()
-                .map(|a| check(a, &outputs, chain, values, viewed, &writes, m))
+                .map(|a| check(a, &outputs, chain, &uses, values, viewed, &writes, m))
                 .collect()
         };
         let Some(mut verdicts) = judge(values) else {
@@ -157,6 +158,7 @@ pub(crate) fn elide(
             let relocated = relocate(
                 first.input,
                 chain,
+                &uses,
                 values,
                 viewed,
                 &writes,
@@ -182,6 +184,9 @@ pub(crate) fn elide(
         }
         if let Some(i) = chain.get_mut(first.call.instruction) {
             *i = Instr::Nop;
+            if let Some(w) = uses.written.get_mut(first.call.instruction) {
+                w.clear();
+            }
             // Written no more, the outputs are more views of the input's bytes.
             for &o in &outputs {
                 if let Some(w) = writes.get_mut(o as usize) {
@@ -189,6 +194,61 @@ pub(crate) fn elide(
                 }
             }
         }
+    }
+}
+
+/// Who refers to what in the chain, computed once: the proposals are taken in the order
+/// of their calls, so the instructions after the one being looked at are still as they
+/// were (elided calls only come before it).
+struct Uses {
+    /// By value: the first and the last instruction referring to it.
+    first: Vec<usize>,
+    last: Vec<usize>,
+    /// By value: the first instruction that may write it.
+    writer: Vec<usize>,
+    /// By instruction: the values it may write.
+    written: Vec<SmallVec<[u32; 16]>>,
+}
+
+impl Uses {
+    fn new(chain: &[Instr], values: &[Slot], m: &Method<'_>) -> Self {
+        let mut uses = Uses {
+            first: vec![usize::MAX; values.len()],
+            last: vec![0; values.len()],
+            writer: vec![usize::MAX; values.len()],
+            written: Vec::with_capacity(chain.len()),
+        };
+        for (k, i) in chain.iter().enumerate() {
+            for v in referenced(i, m.call_args, values) {
+                if let Some(f) = uses.first.get_mut(v as usize) {
+                    *f = (*f).min(k);
+                }
+                if let Some(l) = uses.last.get_mut(v as usize) {
+                    *l = k;
+                }
+            }
+            let written = m.written(i, values);
+            for &v in &written {
+                if let Some(w) = uses.writer.get_mut(v as usize) {
+                    *w = (*w).min(k);
+                }
+            }
+            uses.written.push(written);
+        }
+        uses
+    }
+
+    /// The last instruction after `p` that refers to one of `vs`.
+    fn last_after(&self, p: usize, vs: &[u32]) -> Option<usize> {
+        let last = *vs.iter().filter_map(|&v| self.last.get(v as usize)).max()?;
+        (last > p).then_some(last)
+    }
+
+    fn first_of(&self, vs: &[u32]) -> usize {
+        vs.iter()
+            .filter_map(|&v| self.first.get(v as usize).copied())
+            .min()
+            .unwrap_or(usize::MAX)
     }
 }
 
@@ -244,6 +304,7 @@ fn check(
     a: &Alias,
     outputs: &[u32],
     chain: &[Instr],
+    uses: &Uses,
     values: &[Slot],
     viewed: &Views,
     writes: &[u32],
@@ -309,17 +370,7 @@ fn check(
     let last = if m.io.contains(&a.output) {
         chain.len().checked_sub(1)?
     } else {
-        chain
-            .iter()
-            .enumerate()
-            .skip(p + 1)
-            .rev()
-            .find(|(_, i)| {
-                referenced(i, m.call_args, values)
-                    .iter()
-                    .any(|v| readers.contains(v))
-            })
-            .map(|(k, _)| k)?
+        uses.last_after(p, &readers)?
     };
     let overlaps = |v: u32| match values.get(v as usize) {
         Some(Slot::Tensor(t)) => match t.storage {
@@ -335,10 +386,11 @@ fn check(
         // Lists: `written` lists their tensors too.
         _ => false,
     };
-    let clobbered = chain
+    let clobbered = uses
+        .written
         .get(p + 1..=last)?
         .iter()
-        .any(|i| m.written(i, values).into_iter().any(overlaps));
+        .any(|w| w.iter().any(|&v| overlaps(v)));
     Some(Verdict {
         readers,
         storage: Storage::Planned {
@@ -358,6 +410,7 @@ fn check(
 fn relocate(
     input: u32,
     chain: &[Instr],
+    uses: &Uses,
     values: &mut [Slot],
     viewed: &Views,
     writes: &[u32],
@@ -407,9 +460,7 @@ fn relocate(
             return None;
         }
     }
-    let writer = chain
-        .iter()
-        .position(|i| m.written(i, values).contains(&root))?;
+    let writer = *uses.writer.get(root as usize)?;
     // A writer that names what it writes: the root is its output, not a tensor it
     // updates in place.
     let named = match chain.get(writer)? {
@@ -426,12 +477,7 @@ fn relocate(
     if !named {
         return None;
     }
-    let read_before = chain.get(..writer)?.iter().any(|i| {
-        referenced(i, m.call_args, values)
-            .iter()
-            .any(|v| family.contains(v))
-    });
-    if read_before {
+    if uses.first_of(&family) < writer {
         return None;
     }
     let (to, at) = moved.place(memory, nbytes)?;
