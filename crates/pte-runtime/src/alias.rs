@@ -142,10 +142,17 @@ pub(crate) fn elide(
             continue;
         }
         let outputs: SmallVec<[u32; 8]> = group.iter().map(|a| a.output).collect();
+        let cx = Cx {
+            chain,
+            uses: &uses,
+            viewed,
+            writes: &writes,
+            m,
+        };
         let judge = |values: &[Slot]| -> Option<Vec<Verdict>> {
             group
                 .iter()
-                .map(|a| check(a, &outputs, chain, &uses, values, viewed, &writes, m))
+                .map(|a| check(a, &outputs, &cx, values))
                 .collect()
         };
         let Some(mut verdicts) = judge(values) else {
@@ -155,17 +162,7 @@ pub(crate) fn elide(
             // Upstream's plan reuses the input's bytes while an output is still read
             // (the steps of an unrolled recurrence each slicing one product made for
             // all of them): give those bytes a place of their own, then look again.
-            let relocated = relocate(
-                first.input,
-                chain,
-                &uses,
-                values,
-                viewed,
-                &writes,
-                m,
-                memory,
-                &mut moved,
-            );
+            let relocated = relocate(first.input, &cx, values, memory, &mut moved);
             match relocated.and_then(|()| judge(values)) {
                 Some(v) if v.iter().all(|v| !v.clobbered) => verdicts = v,
                 _ => continue,
@@ -195,6 +192,16 @@ pub(crate) fn elide(
             }
         }
     }
+}
+
+/// What [`check`] and [`relocate`] read of the method.
+struct Cx<'a> {
+    chain: &'a [Instr],
+    uses: &'a Uses,
+    viewed: &'a Views,
+    /// How many instructions may write each value.
+    writes: &'a [u32],
+    m: &'a Method<'a>,
 }
 
 /// Who refers to what in the chain, computed once: the proposals are taken in the order
@@ -300,16 +307,14 @@ struct Verdict {
 
 /// The alias's [`Verdict`]; `None` when the calls or the tensors rule it out.
 /// `outputs` are the outputs of the call that have aliases: all of its outputs.
-fn check(
-    a: &Alias,
-    outputs: &[u32],
-    chain: &[Instr],
-    uses: &Uses,
-    values: &[Slot],
-    viewed: &Views,
-    writes: &[u32],
-    m: &Method<'_>,
-) -> Option<Verdict> {
+fn check(a: &Alias, outputs: &[u32], cx: &Cx<'_>, values: &[Slot]) -> Option<Verdict> {
+    let Cx {
+        chain,
+        uses,
+        viewed,
+        writes,
+        m,
+    } = *cx;
     let p = a.call.instruction;
     let Instr::Kernel { op, args, .. } = chain.get(p)? else {
         return None;
@@ -406,18 +411,20 @@ fn check(
 /// Only for a static tensor that one pure call or delegate writes as its output, that nothing reads before that
 /// call, and that the caller neither sets nor reads, while `moved` has room. `None` when
 /// it is not moved.
-#[allow(clippy::too_many_arguments)]
 fn relocate(
     input: u32,
-    chain: &[Instr],
-    uses: &Uses,
+    cx: &Cx<'_>,
     values: &mut [Slot],
-    viewed: &Views,
-    writes: &[u32],
-    m: &Method<'_>,
     memory: &mut Memory,
     moved: &mut Moved,
 ) -> Option<()> {
+    let Cx {
+        chain,
+        uses,
+        viewed,
+        writes,
+        m,
+    } = *cx;
     let mut root = input;
     for _ in 0..values.len() {
         match viewed.source_of(root) {
