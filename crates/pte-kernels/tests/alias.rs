@@ -330,3 +330,60 @@ fn a_copy_between_delegates_that_name_their_outputs_is_elided() {
         );
     }
 }
+
+#[test]
+fn an_unbind_and_a_split_by_size_into_runs_are_elided() {
+    // -x of [3, 2] unbound along dim 0 (three runs), or split in pieces of 2 rows (two
+    // runs, the last of one row); each piece negated again and the pieces concatenated:
+    // x back, flattened for the unbind.
+    for unbind in [true, false] {
+        let mut b = ProgramBuilder::new();
+        let x = b.tensor(Float, &[3, 2], Memory::Planned);
+        let a = b.tensor(Float, &[3, 2], Memory::Planned);
+        let shapes: Vec<Vec<i32>> = if unbind {
+            vec![vec![2]; 3]
+        } else {
+            vec![vec![2, 2], vec![1, 2]]
+        };
+        let pieces: Vec<i32> = shapes
+            .iter()
+            .map(|s| b.tensor(Float, s, Memory::Planned))
+            .collect();
+        let back: Vec<i32> = shapes
+            .iter()
+            .map(|s| b.tensor(Float, s, Memory::Planned))
+            .collect();
+        let out_shape: &[i32] = if unbind { &[6] } else { &[3, 2] };
+        let out = b.tensor(Float, out_shape, Memory::Planned);
+        let (list, back_list, zero, two) = (
+            b.tensor_list(&pieces),
+            b.tensor_list(&back),
+            b.int(0),
+            b.int(2),
+        );
+        b.call("aten::neg", "out", &[x, a, a]);
+        if unbind {
+            b.call("aten::unbind_copy", "int_out", &[a, zero, list, list]);
+        } else {
+            b.call(
+                "aten::split_copy",
+                "Tensor_out",
+                &[a, two, zero, list, list],
+            );
+        }
+        for (&p, &n) in pieces.iter().zip(&back) {
+            b.call("aten::neg", "out", &[p, n, n]);
+        }
+        b.call("aten::cat", "out", &[back_list, zero, out, out]);
+        b.input(x);
+        b.output(out);
+        let xs = input(6);
+        let (got, ran) = run(&b.build(), &[3, 2], &xs);
+        assert_eq!(got, xs, "unbind {unbind}");
+        assert!(
+            !ran.iter()
+                .any(|n| n.contains("unbind") || n.contains("split")),
+            "{ran:?}"
+        );
+    }
+}

@@ -65,16 +65,20 @@ fn pieces(g: &Graph<'_>, c: &Call<'_>) -> Option<Vec<Alias>> {
             let d = dim(2)?;
             let size = *x.sizes.get(d)?;
             let step = usize::try_from(g.int(arg(1)?)?).ok().filter(|&s| s > 0)?;
+            // As many pieces as outputs, before listing them (sizes come from the file).
+            (size.div_ceil(step) == outs.len()).then_some(())?;
             let lens = (0..size).step_by(step).map(|s| step.min(size - s));
             (d, true, lens.collect())
         }
         "aten::unbind_copy.int_out" => {
             let d = dim(1)?;
-            (d, false, vec![1; *x.sizes.get(d)?])
+            (*x.sizes.get(d)? == outs.len()).then_some(())?;
+            (d, false, vec![1; outs.len()])
         }
         _ => return None,
     };
-    if lens.len() != outs.len() || lens.iter().sum::<usize>() != *x.sizes.get(d)? {
+    let total = lens.iter().try_fold(0usize, |t, &l| t.checked_add(l))?;
+    if lens.len() != outs.len() || total != *x.sizes.get(d)? {
         return None;
     }
     let mut start = 0;
