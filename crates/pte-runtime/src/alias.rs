@@ -14,6 +14,7 @@
 
 use smallvec::SmallVec;
 
+use crate::budget::{Charge, MemoryError};
 use crate::fold::{call_outputs, Views};
 use crate::fuse::{referenced, CallId, Graph};
 use crate::memory::{Memory, Storage};
@@ -105,15 +106,15 @@ pub(crate) fn elide(
     viewed: &mut Views,
     m: &Method<'_>,
     memory: &mut Memory,
-) {
+) -> Result<(), MemoryError> {
     let Some(fuser) = m.kernels.fuser() else {
-        return;
+        return Ok(());
     };
     let [chain] = chains else {
-        return;
+        return Ok(());
     };
     if chain.iter().any(|i| matches!(i, Instr::JumpFalse { .. })) {
-        return;
+        return Ok(());
     }
     let mut proposals = {
         let graph = Graph::new(
@@ -129,9 +130,8 @@ pub(crate) fn elide(
     proposals.sort_by_key(|a| (a.call.instruction, a.output));
     let mut writes = crate::fold::writes(std::slice::from_ref(chain), m, values);
     let mut uses = Uses::new(chain, values, m);
-    let mut moved = Moved {
-        buffer: None,
-        allowance: (memory.planned_total() / RELOCATED_SHARE).max(MIN_RELOCATED_BYTES),
+    let Some(mut moved) = Moved::new(memory) else {
+        return Ok(());
     };
     // One call at a time, with the aliases of all its outputs.
     for group in proposals.chunk_by(|a, b| a.call == b.call) {
@@ -162,7 +162,7 @@ pub(crate) fn elide(
             // Upstream's plan reuses the input's bytes while an output is still read
             // (the steps of an unrolled recurrence each slicing one product made for
             // all of them): give those bytes a place of their own, then look again.
-            let relocated = relocate(first.input, &cx, values, memory, &mut moved);
+            let relocated = relocate(first.input, &cx, values, &mut moved);
             match relocated.and_then(|()| judge(values)) {
                 Some(v) if v.iter().all(|v| !v.clobbered) => verdicts = v,
                 _ => continue,
@@ -192,6 +192,7 @@ pub(crate) fn elide(
             }
         }
     }
+    moved.allocate(memory)
 }
 
 /// What [`check`] and [`relocate`] read of the method.
@@ -264,30 +265,55 @@ impl Uses {
 const RELOCATED_SHARE: usize = 2;
 const MIN_RELOCATED_BYTES: usize = 1 << 20;
 
-/// The planned buffer the tensors [`relocate`] moves share, one after the other.
+/// The planned buffer the tensors [`relocate`] moves share, one after the other: its
+/// bytes are charged as tensors are placed, and it is allocated once, at the end.
 struct Moved {
-    buffer: Option<u32>,
-    /// Bytes it may still grow by.
+    /// The index it gets, after every planned buffer.
+    buffer: u32,
+    len: usize,
+    held: Charge,
+    /// Most bytes it may hold.
     allowance: usize,
 }
 
 impl Moved {
+    fn new(memory: &Memory) -> Option<Self> {
+        Some(Moved {
+            buffer: u32::try_from(memory.planned_count()).ok()?,
+            len: 0,
+            held: memory.budget.charge(0).ok()?,
+            allowance: (memory.planned_total() / RELOCATED_SHARE).max(MIN_RELOCATED_BYTES),
+        })
+    }
+
     /// Room for `nbytes` more: the buffer and the offset.
-    fn place(&mut self, memory: &mut Memory, nbytes: usize) -> Option<(u32, usize)> {
-        let buffer = match self.buffer {
-            Some(b) => b,
-            None => *self.buffer.insert(memory.add_planned()?),
-        };
-        let offset = memory
-            .planned_len(buffer)?
-            .next_multiple_of(MOVED_ALIGNMENT);
-        let grown = nbytes.checked_add(offset - memory.planned_len(buffer)?)?;
-        if grown > self.allowance {
+    fn place(&mut self, nbytes: usize) -> Option<(u32, usize)> {
+        let offset = self.len.next_multiple_of(MOVED_ALIGNMENT);
+        let end = offset.checked_add(nbytes)?;
+        if end > self.allowance {
             return None;
         }
-        memory.grow_planned(buffer, offset.checked_add(nbytes)?)?;
-        self.allowance -= grown;
-        Some((buffer, offset))
+        self.held.grow(end as u64).ok()?;
+        self.len = end;
+        Some((self.buffer, offset))
+    }
+
+    /// Allocates the buffer, if anything was placed.
+    fn allocate(self, memory: &mut Memory) -> Result<(), MemoryError> {
+        let Moved {
+            buffer, len, held, ..
+        } = self;
+        if len == 0 {
+            return Ok(());
+        }
+        // The charge becomes the buffer's own.
+        drop(held);
+        let index = memory.add_planned(len)?;
+        debug_assert_eq!(
+            index, buffer,
+            "no planned buffer is added while copies are elided"
+        );
+        Ok(())
     }
 }
 
@@ -411,13 +437,7 @@ fn check(a: &Alias, outputs: &[u32], cx: &Cx<'_>, values: &[Slot]) -> Option<Ver
 /// Only for a static tensor that one pure call or delegate writes as its output, that nothing reads before that
 /// call, and that the caller neither sets nor reads, while `moved` has room. `None` when
 /// it is not moved.
-fn relocate(
-    input: u32,
-    cx: &Cx<'_>,
-    values: &mut [Slot],
-    memory: &mut Memory,
-    moved: &mut Moved,
-) -> Option<()> {
+fn relocate(input: u32, cx: &Cx<'_>, values: &mut [Slot], moved: &mut Moved) -> Option<()> {
     let Cx {
         chain,
         uses,
@@ -487,7 +507,7 @@ fn relocate(
     if uses.first_of(&family) < writer {
         return None;
     }
-    let (to, at) = moved.place(memory, nbytes)?;
+    let (to, at) = moved.place(nbytes)?;
     for &v in &family {
         if let Some(Slot::Tensor(t)) = values.get_mut(v as usize) {
             if let Storage::Planned { offset: o, .. } = t.storage {

@@ -208,19 +208,18 @@ impl Memory {
         self.planned.iter().map(Buffer::len).sum()
     }
 
-    /// A new, empty planned buffer: its index.
-    pub(crate) fn add_planned(&mut self) -> Option<u32> {
-        let index = u32::try_from(self.planned.len()).ok()?;
-        self.planned.push(Buffer::new(&self.budget));
-        Some(index)
+    /// Number of planned buffers.
+    pub(crate) fn planned_count(&self) -> usize {
+        self.planned.len()
     }
 
-    /// Grows planned buffer `buffer` to `len` bytes (zeroed), charged to the budget;
-    /// `None` if the budget has no room.
-    pub(crate) fn grow_planned(&mut self, buffer: u32, len: usize) -> Option<()> {
-        let b = self.planned.get_mut(buffer as usize)?;
-        (len >= b.len()).then_some(())?;
-        b.resize(len).ok()
+    /// A new planned buffer of `len` (zeroed) bytes, charged to the budget: its index.
+    pub(crate) fn add_planned(&mut self, len: usize) -> Result<u32, MemoryError> {
+        let index = u32::try_from(self.planned.len()).map_err(|_| MemoryError::AllocFailed {
+            requested: len as u64,
+        })?;
+        self.planned.push(self.budget.buffer(len)?);
+        Ok(index)
     }
 
     /// The bytes of a tensor stored in the program or one of its data files, shared

@@ -582,7 +582,12 @@ impl Method {
             viewed.merge(&late);
         }
         // Copies that move no data.
-        crate::alias::elide(&mut chains, &mut values, &mut viewed, &fused, &mut memory);
+        crate::alias::elide(&mut chains, &mut values, &mut viewed, &fused, &mut memory).map_err(
+            |source| RuntimeError::Memory {
+                what: format!("method {name}: inputs of elided copies, moved out of the plan"),
+                source,
+            },
+        )?;
         let unused: Vec<bool> = chains_calls_unused(&chains, kernel_calls.len());
 
         // The other kernels, prepared once per call site.

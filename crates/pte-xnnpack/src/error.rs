@@ -80,3 +80,9 @@ impl From<XnnError> for KernelError {
 pub(crate) fn fb(what: &str) -> impl Fn(planus::Error) -> XnnError + '_ {
     move |e| XnnError::Payload(format!("{what}: {e}"))
 }
+
+/// [`fb`] with the field's name made only on an error (names with indices, read for
+/// every value and node of every payload).
+pub(crate) fn fb_at(what: impl Fn() -> String) -> impl Fn(planus::Error) -> XnnError {
+    move |e| XnnError::Payload(format!("{}: {e}", what()))
+}

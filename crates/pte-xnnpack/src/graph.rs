@@ -16,7 +16,7 @@ use pte_compute::elementwise::Activation;
 use pte_runtime::{NamedData, SharedBytes};
 use smallvec::SmallVec;
 
-use crate::error::{fb, Result, XnnError};
+use crate::error::{fb, fb_at, Result, XnnError};
 use crate::payload;
 use crate::schema::fb_xnnpack as x;
 
@@ -450,7 +450,7 @@ impl Graph {
         let mut extra_nodes = Vec::new();
         for (i, v) in xvalues.iter().enumerate() {
             work.charge(16)?;
-            let v = v.map_err(fb(&format!("xvalues[{i}]")))?;
+            let v = v.map_err(fb_at(|| format!("xvalues[{i}]")))?;
             let parsed = read_value(v, i, &constants, &mut work)?;
             if parsed.dq {
                 // Old payloads: an fp32 input quantized at run time. Its id names the
@@ -497,7 +497,7 @@ impl Graph {
         let mut nodes = extra_nodes;
         for (i, n) in xnodes.iter().enumerate() {
             work.charge(16)?;
-            let n = n.map_err(fb(&format!("xnodes[{i}]")))?;
+            let n = n.map_err(fb_at(|| format!("xnodes[{i}]")))?;
             nodes.push(read_node(n, i, &ids, &mut work)?);
         }
         let mut graph = Graph {
@@ -743,27 +743,27 @@ fn read_value(
     let at = |what: &str| format!("xvalues[{index}].{what}");
     let (tensor, quant) = match v
         .xvalue_union()
-        .map_err(fb(&at("xvalue_union")))?
+        .map_err(fb_at(|| at("xvalue_union")))?
         .ok_or_else(|| XnnError::graph(format!("{} is missing", at("xvalue_union"))))?
     {
         x::XValueUnionRef::XnnTensorValue(t) => (t, None),
         x::XValueUnionRef::XnnQuantizedTensorValue(q) => (
             q.tensor_value()
-                .map_err(fb(&at("tensor_value")))?
+                .map_err(fb_at(|| at("tensor_value")))?
                 .ok_or_else(|| XnnError::graph(format!("{} is missing", at("tensor_value"))))?,
             Some(
                 q.quant_params()
-                    .map_err(fb(&at("quant_params")))?
+                    .map_err(fb_at(|| at("quant_params")))?
                     .ok_or_else(|| XnnError::graph(format!("{} is missing", at("quant_params"))))?,
             ),
         ),
     };
-    let id = tensor.id_out().map_err(fb(&at("id_out")))?;
+    let id = tensor.id_out().map_err(fb_at(|| at("id_out")))?;
     let err = |m: String| XnnError::value(id, m);
-    let raw_dtype = tensor.datatype().map_err(fb(&at("datatype")))?;
+    let raw_dtype = tensor.datatype().map_err(fb_at(|| at("datatype")))?;
     let dtype = Datatype::from_schema(raw_dtype)
         .ok_or_else(|| err(format!("datatype {raw_dtype:?} is not supported")))?;
-    let flags = tensor.flags().map_err(fb(&at("flags")))?;
+    let flags = tensor.flags().map_err(fb_at(|| at("flags")))?;
     if flags & !(FLAG_INPUT | FLAG_OUTPUT) != 0 {
         return Err(err(format!("unsupported flag bits {flags:#x}")));
     }
@@ -772,8 +772,8 @@ fn read_value(
             "is flagged both a graph input and a graph output".into()
         ));
     }
-    let dims_vec = tensor.dims().map_err(fb(&at("dims")))?;
-    let num_dims = tensor.num_dims().map_err(fb(&at("num_dims")))? as usize;
+    let dims_vec = tensor.dims().map_err(fb_at(|| at("dims")))?;
+    let num_dims = tensor.num_dims().map_err(fb_at(|| at("num_dims")))? as usize;
     let n = dims_vec.map_or(0, |d| d.len());
     if n > MAX_DIMS {
         return Err(err(format!("has {n} dimensions, more than {MAX_DIMS}")));
@@ -790,13 +790,13 @@ fn read_value(
         .ok_or_else(|| err(format!("dims {dims:?} overflow")))?;
     let cidx = tensor
         .constant_buffer_idx()
-        .map_err(fb(&at("constant_buffer_idx")))?;
+        .map_err(fb_at(|| at("constant_buffer_idx")))?;
     let data = if cidx == 0 {
         None
     } else {
         Some(constants.get(cidx, id)?.clone())
     };
-    let external = tensor.external_id().map_err(fb(&at("external_id")))?;
+    let external = tensor.external_id().map_err(fb_at(|| at("external_id")))?;
     let (is_input, is_output) = (flags & FLAG_INPUT != 0, flags & FLAG_OUTPUT != 0);
     if (is_input || is_output) != (external != INVALID_ID) {
         return Err(err(format!(
@@ -806,7 +806,7 @@ fn read_value(
     if data.is_some() && (is_input || is_output) {
         return Err(err("is a constant and a graph input or output".into()));
     }
-    let dq_raw = tensor.dq_datatype().map_err(fb(&at("dq_datatype")))?;
+    let dq_raw = tensor.dq_datatype().map_err(fb_at(|| at("dq_datatype")))?;
     let dq = dq_raw != x::XnnDatatype::XnnDatatypeInvalid;
     if dq {
         if dq_raw != x::XnnDatatype::XnnDatatypeQint8 {
@@ -1104,17 +1104,17 @@ fn read_node(
 ) -> Result<Node> {
     use x::XNodeUnionRef as U;
     let at = |what: &str| format!("xnodes[{index}].{what}");
-    let debug_handle = n.debug_handle().map_err(fb(&at("debug_handle")))?;
-    let (min, max) = match n.output_min_max().map_err(fb(&at("output_min_max")))? {
+    let debug_handle = n.debug_handle().map_err(fb_at(|| at("debug_handle")))?;
+    let (min, max) = match n.output_min_max().map_err(fb_at(|| at("output_min_max")))? {
         Some(m) => (
-            m.output_min().map_err(fb(&at("output_min")))?,
-            m.output_max().map_err(fb(&at("output_max")))?,
+            m.output_min().map_err(fb_at(|| at("output_min")))?,
+            m.output_max().map_err(fb_at(|| at("output_max")))?,
         ),
         None => (f32::NEG_INFINITY, f32::INFINITY),
     };
     let union = n
         .xnode_union()
-        .map_err(fb(&at("xnode_union")))?
+        .map_err(fb_at(|| at("xnode_union")))?
         .ok_or_else(|| XnnError::graph(format!("{} is missing", at("xnode_union"))))?;
     let mut node = Node {
         op: Op::Copy,
