@@ -15,7 +15,11 @@ fn load(bytes: &[u8]) -> Method {
 /// Runs the method on `x` (its one input, of `sizes`): the first output as f32 values,
 /// and the operators that ran.
 fn run(bytes: &[u8], sizes: &[usize], x: &[f32]) -> (Vec<f32>, Vec<String>) {
-    let mut m = load(bytes);
+    run_method(load(bytes), sizes, x)
+}
+
+/// [`run`] on a loaded method.
+fn run_method(mut m: Method, sizes: &[usize], x: &[f32]) -> (Vec<f32>, Vec<String>) {
     m.set_profiling(true);
     m.set_inputs(&[EValue::Tensor(Tensor::from_slice(sizes, x).unwrap())])
         .unwrap();
@@ -301,7 +305,7 @@ fn a_copy_between_delegates_that_name_their_outputs_is_elided() {
         let mut backends = pte_runtime::BackendRegistry::new();
         backends.register("Negate", Negate { names_output });
         let program = Program::from_bytes(&b.build()).unwrap();
-        let mut m = program
+        let m = program
             .load_method_with(
                 "forward",
                 &pte_kernels::registry(),
@@ -309,20 +313,12 @@ fn a_copy_between_delegates_that_name_their_outputs_is_elided() {
                 &pte_runtime::LoadOptions::default(),
             )
             .unwrap();
-        m.set_profiling(true);
         let xs = input(6);
-        m.set_inputs(&[EValue::Tensor(Tensor::from_slice(&[1, 2, 3], &xs).unwrap())])
-            .unwrap();
-        m.execute().unwrap();
-        let got = match &m.outputs().unwrap()[0] {
-            EValue::Tensor(t) => t.as_slice::<f32>().unwrap().to_vec(),
-            other => panic!("{other:?}"),
-        };
+        let (got, ran) = run_method(m, &[1, 2, 3], &xs);
         for (g, v) in got.iter().zip(&xs) {
             let w = v + v.exp();
             assert!((g - w).abs() <= 1e-6 * w.abs().max(1.0), "{got:?}");
         }
-        let ran: Vec<String> = m.profile().into_iter().map(|e| e.name).collect();
         assert_eq!(
             ran.iter().any(|n| n.contains("squeeze_copy")),
             !names_output,

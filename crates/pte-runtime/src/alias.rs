@@ -434,20 +434,13 @@ fn check(a: &Alias, outputs: &[u32], cx: &Cx<'_>, values: &[Slot]) -> Option<Ver
 
 /// Moves the tensor whose bytes `input` reads (`input`, or the tensor an elided view
 /// `input` is reads), with every elided view on it, to a planned buffer of its own.
-/// Only for a static tensor that one pure call or delegate writes as its output, that nothing reads before that
-/// call, and that the caller neither sets nor reads, while `moved` has room. `None` when
-/// it is not moved.
+/// Only for a static tensor that one pure call or delegate writes as its output, that
+/// nothing reads before that call, and that the caller neither sets nor reads, while
+/// `moved` has room. `None` when it is not moved.
 fn relocate(input: u32, cx: &Cx<'_>, values: &mut [Slot], moved: &mut Moved) -> Option<()> {
-    let Cx {
-        chain,
-        uses,
-        viewed,
-        writes,
-        m,
-    } = *cx;
     let mut root = input;
     for _ in 0..values.len() {
-        match viewed.source_of(root) {
+        match cx.viewed.source_of(root) {
             Some(s) => root = s,
             None => break,
         }
@@ -456,7 +449,7 @@ fn relocate(input: u32, cx: &Cx<'_>, values: &mut [Slot], moved: &mut Moved) -> 
     let mut k = 0;
     while let Some(&v) = family.get(k) {
         k += 1;
-        for w in viewed.of(v) {
+        for w in cx.viewed.of(v) {
             if !family.contains(&w) {
                 family.push(w);
             }
@@ -481,30 +474,31 @@ fn relocate(input: u32, cx: &Cx<'_>, values: &mut [Slot], moved: &mut Moved) -> 
         if b != buffer
             || o < offset
             || o.checked_add(n)? > end
-            || writes.get(v as usize) != Some(&expected)
-            || m.io.contains(&v)
+            || cx.writes.get(v as usize) != Some(&expected)
+            || cx.m.io.contains(&v)
         {
             return None;
         }
     }
-    let writer = *uses.writer.get(root as usize)?;
+    let writer = *cx.uses.writer.get(root as usize)?;
     // A writer that names what it writes: the root is its output, not a tensor it
     // updates in place.
-    let named = match chain.get(writer)? {
+    let named = match cx.chain.get(writer)? {
         Instr::Kernel { op, args, .. } => {
-            let args = m.call_args.get(args.start as usize..args.end as usize)?;
-            m.is_pure(*op) && call_outputs(args, values)?.contains(&root)
+            let args = cx.m.call_args.get(args.start as usize..args.end as usize)?;
+            cx.m.is_pure(*op) && call_outputs(args, values)?.contains(&root)
         }
-        Instr::Delegate { delegate, .. } => m
-            .delegate_writes
-            .get(*delegate as usize)
-            .is_some_and(Option::is_some),
+        Instr::Delegate { delegate, .. } => {
+            cx.m.delegate_writes
+                .get(*delegate as usize)
+                .is_some_and(Option::is_some)
+        }
         _ => false,
     };
     if !named {
         return None;
     }
-    if uses.first_of(&family) < writer {
+    if cx.uses.first_of(&family) < writer {
         return None;
     }
     let (to, at) = moved.place(nbytes)?;
