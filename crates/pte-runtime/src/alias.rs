@@ -128,7 +128,6 @@ pub(crate) fn elide(
         fuser.aliases(&graph)
     };
     proposals.sort_by_key(|a| (a.call.instruction, a.output));
-    let mut writes = crate::fold::writes(std::slice::from_ref(chain), m, values);
     let mut uses = Uses::new(chain, values, m);
     let Some(mut moved) = Moved::new(memory) else {
         return Ok(());
@@ -146,7 +145,6 @@ pub(crate) fn elide(
             chain,
             uses: &uses,
             viewed,
-            writes: &writes,
             m,
         };
         let judge = |values: &[Slot]| -> Option<Vec<Verdict>> {
@@ -186,7 +184,7 @@ pub(crate) fn elide(
             }
             // Written no more, the outputs are more views of the input's bytes.
             for &o in &outputs {
-                if let Some(w) = writes.get_mut(o as usize) {
+                if let Some(w) = uses.writes.get_mut(o as usize) {
                     *w = 0;
                 }
             }
@@ -200,8 +198,6 @@ struct Cx<'a> {
     chain: &'a [Instr],
     uses: &'a Uses,
     viewed: &'a Views,
-    /// How many instructions may write each value.
-    writes: &'a [u32],
     m: &'a Method<'a>,
 }
 
@@ -212,8 +208,9 @@ struct Uses {
     /// By value: the first and the last instruction referring to it.
     first: Vec<usize>,
     last: Vec<usize>,
-    /// By value: the first instruction that may write it.
+    /// By value: the first instruction that may write it, and how many may.
     writer: Vec<usize>,
+    writes: Vec<u32>,
     /// By instruction: the values it may write.
     written: Vec<SmallVec<[u32; 16]>>,
 }
@@ -224,6 +221,7 @@ impl Uses {
             first: vec![usize::MAX; values.len()],
             last: vec![0; values.len()],
             writer: vec![usize::MAX; values.len()],
+            writes: vec![0; values.len()],
             written: Vec::with_capacity(chain.len()),
         };
         for (k, i) in chain.iter().enumerate() {
@@ -240,6 +238,9 @@ impl Uses {
                 if let Some(w) = uses.writer.get_mut(v as usize) {
                     *w = (*w).min(k);
                 }
+                if let Some(c) = uses.writes.get_mut(v as usize) {
+                    *c = c.saturating_add(1);
+                }
             }
             uses.written.push(written);
         }
@@ -252,6 +253,7 @@ impl Uses {
         (last > p).then_some(last)
     }
 
+    /// The first instruction that refers to one of `vs` (`usize::MAX` for none).
     fn first_of(&self, vs: &[u32]) -> usize {
         vs.iter()
             .filter_map(|&v| self.first.get(v as usize).copied())
@@ -338,9 +340,9 @@ fn check(a: &Alias, outputs: &[u32], cx: &Cx<'_>, values: &[Slot]) -> Option<Ver
         chain,
         uses,
         viewed,
-        writes,
         m,
     } = *cx;
+    let writes = uses.writes.as_slice();
     let p = a.call.instruction;
     let Instr::Kernel { op, args, .. } = chain.get(p)? else {
         return None;
@@ -474,7 +476,7 @@ fn relocate(input: u32, cx: &Cx<'_>, values: &mut [Slot], moved: &mut Moved) -> 
         if b != buffer
             || o < offset
             || o.checked_add(n)? > end
-            || cx.writes.get(v as usize) != Some(&expected)
+            || cx.uses.writes.get(v as usize) != Some(&expected)
             || cx.m.io.contains(&v)
         {
             return None;
