@@ -31,7 +31,7 @@ macro_rules! dispatch_parts {
 fn conj_physical(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;
     args.resize(1, &x.sizes)?;
-    let out = args.tensor(1)?.dtype;
+    let out = args.info(1)?.dtype;
     if out != x.dtype {
         return Err(KernelError::dtypes(&[x.dtype, out]));
     }
@@ -52,8 +52,8 @@ fn conj_physical(args: &mut Args<'_>) -> KernelResult {
 
 /// `view_as_real_copy.out(self, out)`: a complex tensor's parts as a new last dim of 2.
 fn view_as_real(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
-    let out = args.tensor(1)?.dtype;
+    let x = args.info(0)?;
+    let out = args.info(1)?.dtype;
     if !x.dtype.is_complex() || out != complex_part(x.dtype) {
         return Err(KernelError::dtypes(&[x.dtype, out]));
     }
@@ -236,7 +236,7 @@ fn fft_r2c(args: &mut Args<'_>) -> KernelResult {
     let (dims, last) = fft_dims(&args.int_list(1)?, x.rank())?;
     let normalization = args.int(2)?;
     let onesided = args.bool(3)?;
-    let od = args.tensor(4)?.dtype;
+    let od = args.info(4)?.dtype;
     if !x.dtype.is_float() || !od.is_complex() {
         return Err(KernelError::dtypes(&[x.dtype, od]));
     }
@@ -308,7 +308,7 @@ fn fft_c2r(args: &mut Args<'_>) -> KernelResult {
     let (dims, last) = fft_dims(&args.int_list(1)?, x.rank())?;
     let normalization = args.int(2)?;
     let n = to_size(args.int(3)?, "last_dim_size")?;
-    let od = args.tensor(4)?.dtype;
+    let od = args.info(4)?.dtype;
     if !x.dtype.is_complex() || od != complex_part(x.dtype) || n == 0 {
         return Err(KernelError::invalid(format!(
             "_fft_c2r takes a complex input, gives its real part type and a positive size: got {}, {od}, {n}",

@@ -139,7 +139,7 @@ fn logical(args: &mut Args<'_>, op: impl IntOp<2>) -> KernelResult {
 
 /// `bitwise_not`: `!x` on integers, logical not on bools.
 fn bitwise_not(args: &mut Args<'_>) -> KernelResult {
-    let dtype = check_out(args, args.tensor(0)?.dtype, 1)?;
+    let dtype = check_out(args, args.info(0)?.dtype, 1)?;
     let x = [Operand::Tensor(0)];
     if dtype == DType::Bool {
         map_int(args, x, 1, dtype, &LogicalNot)
@@ -150,7 +150,7 @@ fn bitwise_not(args: &mut Args<'_>) -> KernelResult {
 
 /// `where(condition, self, other, out)`, all three broadcast.
 fn where_self(args: &mut Args<'_>) -> KernelResult {
-    let cond = args.tensor(0)?.dtype;
+    let cond = args.info(0)?.dtype;
     if !matches!(cond, DType::Bool | DType::U8) {
         return Err(KernelError::invalid(format!(
             "where expects a bool condition, not {cond}"
@@ -187,7 +187,7 @@ fn clamp(args: &mut Args<'_>) -> KernelResult {
 
 /// `hardtanh(self, min_val, max_val, out)`: a clamp in the input's dtype.
 fn hardtanh(args: &mut Args<'_>) -> KernelResult {
-    let compute = check_out(args, args.tensor(0)?.dtype, 3)?;
+    let compute = check_out(args, args.info(0)?.dtype, 3)?;
     let (lo, hi) = (Operand::at(args, 1)?, Operand::at(args, 2)?);
     clamp_in(args, compute, Some(lo), Some(hi))
 }
@@ -236,7 +236,7 @@ fn saturate(bound: Option<Operand>, compute: DType) -> Option<Operand> {
 
 /// A function of one tensor in its own dtype; `bools` allows bool inputs.
 fn unary<O: FloatOp<1> + IntOp<1>>(args: &mut Args<'_>, op: O, bools: bool) -> KernelResult {
-    let dtype = args.tensor(0)?.dtype;
+    let dtype = args.info(0)?.dtype;
     if dtype == DType::Bool && !bools {
         return Err(KernelError::dtypes(&[dtype]));
     }
@@ -246,13 +246,13 @@ fn unary<O: FloatOp<1> + IntOp<1>>(args: &mut Args<'_>, op: O, bools: bool) -> K
 
 /// A float function of one tensor (integers and bools promote to float32).
 fn unary_float(args: &mut Args<'_>, out: usize, op: impl FloatOp<1>) -> KernelResult {
-    let compute = check_out(args, float_type(args.tensor(0)?.dtype), out)?;
+    let compute = check_out(args, float_type(args.info(0)?.dtype), out)?;
     map_float(args, [Operand::Tensor(0)], out, compute, &op)
 }
 
 /// A test of each element (`isnan`, `isinf`), written as 0/1 in the output's dtype.
 fn predicate<O: FloatOp<1> + IntOp<1>>(args: &mut Args<'_>, op: O) -> KernelResult {
-    let dtype = args.tensor(0)?.dtype;
+    let dtype = args.info(0)?.dtype;
     map_any(args, [Operand::Tensor(0)], 1, dtype, &op)
 }
 
@@ -282,7 +282,7 @@ fn real(args: &Args<'_>, i: usize) -> KernelResult<f64> {
 /// `scalar_tensor(s, out)`: a 0-d tensor holding `s` in the output's dtype.
 fn scalar_tensor(args: &mut Args<'_>) -> KernelResult {
     let s = args.scalar(0)?;
-    let dtype = args.tensor(1)?.dtype;
+    let dtype = args.info(1)?.dtype;
     map_any(args, [Operand::Scalar(s)], 1, dtype, &Identity)
 }
 

@@ -117,8 +117,8 @@ fn read_indices(
         ));
     }
     reserve(values, t.info.numel(), charge)?;
-    values.extend(IndexData::of(&t.info, t.bytes())?.iter());
-    Ok(t.info.sizes)
+    values.extend(IndexData::of(t.info, t.bytes())?.iter());
+    Ok(t.info.sizes.clone())
 }
 
 /// Checks an index against `0..size` (no wrapping) and converts it.
@@ -393,7 +393,7 @@ fn add<T: Elem>(a: T, b: T, is_bool: bool) -> T {
 /// (the in-place `index_put_`).
 fn index_put(args: &mut Args<'_>, bufs: &mut Buffers, out: usize) -> KernelResult {
     let x = args.tensor(0)?;
-    let v = args.tensor(2)?;
+    let v = args.info(2)?;
     let accumulate = args.bool(3)?;
     same_dtype(x.dtype, v.dtype)?;
     let sizes = advanced(args, &x, 1, bufs)?;
@@ -470,8 +470,8 @@ fn copy_rows(
 fn index_select(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;
     let dim = x.dim(args.int(1)?)?;
-    let idx = args.tensor(2)?;
-    check_index_dtype(&idx)?;
+    let idx = args.info(2)?;
+    check_index_dtype(idx)?;
     if idx.rank() > 1 {
         return Err(KernelError::invalid(
             "index_select takes a 0-D or 1-D index",
@@ -510,8 +510,8 @@ fn embedding(args: &mut Args<'_>) -> KernelResult {
     let &[rows, cols] = w.sizes.as_slice() else {
         return Err(KernelError::invalid("embedding weight must be 2-D"));
     };
-    let idx = args.tensor(1)?;
-    check_index_dtype(&idx)?;
+    let idx = args.info(1)?;
+    check_index_dtype(idx)?;
     let mut sizes = idx.sizes.clone();
     sizes.push(cols);
     args.resize(5, &sizes)?;
@@ -625,8 +625,8 @@ fn gather(args: &mut Args<'_>) -> KernelResult {
 fn scatter(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;
     let dim = x.dim(args.int(1)?)?;
-    let idx = args.tensor(2)?;
-    let along = along_dim(&x, dim, &idx)?;
+    let idx = args.info(2)?;
+    let along = along_dim(&x, dim, idx)?;
     let src = match args.kind(3)? {
         "Tensor" => Some(args.tensor(3)?),
         _ => None,
@@ -680,9 +680,9 @@ fn scatter(args: &mut Args<'_>) -> KernelResult {
 fn scatter_add(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;
     let dim = x.dim(args.int(1)?)?;
-    let idx = args.tensor(2)?;
-    let along = along_dim(&x, dim, &idx)?;
-    let s = args.tensor(3)?;
+    let idx = args.info(2)?;
+    let along = along_dim(&x, dim, idx)?;
+    let s = args.info(3)?;
     same_dtype(x.dtype, s.dtype)?;
     let ss = at_least_1d(&s.sizes);
     if ss.len() != along.sizes.len() || along.sizes.iter().zip(&ss).any(|(i, s)| i > s) {
@@ -756,7 +756,7 @@ fn masked_select(args: &mut Args<'_>) -> KernelResult {
     let count = {
         let mask = args.read(1)?;
         // Read in the mask's own layout (its dim order), broadcast to `sizes`.
-        let own = crate::layout::broadcast_layout(&mask.info, &sizes)?;
+        let own = crate::layout::broadcast_layout(mask.info, &sizes)?;
         let own: Dims = own.strides.iter().map(|&s| s as usize).collect();
         let mask = typed::<u8>(mask.bytes())?;
         let mut count = 0usize;
@@ -838,7 +838,7 @@ fn nonzero(args: &mut Args<'_>) -> KernelResult {
     };
     let rank = x.rank();
     args.resize(1, &[count, rank])?;
-    same_dtype(DType::I64, args.tensor(1)?.dtype)?;
+    same_dtype(DType::I64, args.info(1)?.dtype)?;
     let mut io = Dense::io(args, &[0.into()], &[1.into()], &[])?;
     let st = row_major(&x.sizes);
     crate::dispatch_all!(x.dtype, T => {
@@ -893,8 +893,8 @@ fn embed(
 
 /// `slice_scatter.out(self, src, dim, start, end, step, out)`.
 fn slice_scatter(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
-    let dim = dim_of(&x, args.int(2)?)?;
+    let x = args.info(0)?;
+    let dim = dim_of(x, args.int(2)?)?;
     let step = args.int(5)?;
     let size = *x.sizes.at(dim)?;
     let (start, len) = slice_bounds(size, args.opt_int(3)?, args.opt_int(4)?, step)?;
@@ -904,8 +904,8 @@ fn slice_scatter(args: &mut Args<'_>) -> KernelResult {
 
 /// `select_scatter.out(self, src, dim, index, out)`.
 fn select_scatter(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
-    let dim = dim_of(&x, args.int(2)?)?;
+    let x = args.info(0)?;
+    let dim = dim_of(x, args.int(2)?)?;
     let index = wrap_index(args.int(3)?, *x.sizes.at(dim)?, dim)?;
     let (sizes, layout) = window(&x.sizes, dim, index, 1, 1, true)?;
     embed(args, 1, 4, &sizes, &layout)

@@ -461,8 +461,8 @@ pub fn copy_into(
     scratch: &mut Buffer,
 ) -> KernelResult {
     let sizes = dst.info.sizes.clone();
-    let s = broadcast_layout(&src.info, &sizes)?;
-    let d = Layout::of(&dst.info);
+    let s = broadcast_layout(src.info, &sizes)?;
+    let d = Layout::of(dst.info);
     let order = &dst.info.dim_order;
     let pick = |v: &[usize]| -> KernelResult<Walk> {
         order
@@ -479,8 +479,8 @@ pub fn copy_into(
     let walk = pick(&sizes)?;
     let s = Layout::new(0, pick_strides(&s.strides)?);
     let d = Layout::new(0, pick_strides(&d.strides)?);
-    let mut scratch = Scratch::new(scratch, &[as_dtype_piece(&src.info, dst.info.dtype)])?;
-    let data = as_dtype(&src.info, src.bytes(), dst.info.dtype, &mut scratch)?;
+    let mut scratch = Scratch::new(scratch, &[as_dtype_piece(src.info, dst.info.dtype)])?;
+    let data = as_dtype(src.info, src.bytes(), dst.info.dtype, &mut scratch)?;
     copy(dst.info.dtype.size(), &walk, data, &s, dst.bytes_mut(), &d)
 }
 
@@ -703,7 +703,7 @@ pub fn read_dense<T: Element + bytemuck::Zeroable>(
     v.try_reserve_exact(n)
         .map_err(|_| memory(MemoryError::AllocFailed { requested: bytes }))?;
     v.resize(n, T::zeroed());
-    let (walk, own, dense) = reorder(&t.info)?;
+    let (walk, own, dense) = reorder(t.info)?;
     let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut v);
     copy(t.info.dtype.size(), &walk, t.bytes(), &own, dst, &dense)?;
     Ok((v, charge))
@@ -775,7 +775,7 @@ impl<'a> Dense<'a> {
                 continue;
             }
             let buf = scratch.take::<u8>(t.info.nbytes())?;
-            let (walk, own, dense) = reorder(&t.info)?;
+            let (walk, own, dense) = reorder(t.info)?;
             copy(t.info.dtype.size(), &walk, t.bytes(), &own, buf, &dense)?;
             info.dim_order = (0..info.rank()).collect();
             dense_inputs.push((info, &*buf));
@@ -790,7 +790,7 @@ impl<'a> Dense<'a> {
             }
             // Kernels may write part of an output: start from what it holds.
             let buf = scratch.take::<u8>(t.info.nbytes())?;
-            let (walk, own, dense) = reorder(&t.info)?;
+            let (walk, own, dense) = reorder(t.info)?;
             copy(t.info.dtype.size(), &walk, t.bytes_mut(), &own, buf, &dense)?;
             info.dim_order = (0..info.rank()).collect();
             dense_outputs.push((info, buf));
@@ -841,7 +841,7 @@ impl<'a> Dense<'a> {
         } = self;
         for (k, mut t) in pending {
             let (_, bytes) = outputs.get(k).ok_or_else(oob)?;
-            let (walk, own, dense) = reorder(&t.info)?;
+            let (walk, own, dense) = reorder(t.info)?;
             let esize = t.info.dtype.size();
             copy(esize, &walk, bytes, &dense, t.bytes_mut(), &own)?;
         }

@@ -157,7 +157,7 @@ fn complex_products(
     args: &mut Args<'_>,
     (_, m, k, n): (usize, usize, usize, usize),
 ) -> KernelResult {
-    let dtype = args.tensor(2)?.dtype;
+    let dtype = args.info(2)?.dtype;
     let mut io = Dense::io(args, &[0.into(), 1.into()], &[2.into()], &[])?;
     let (a, b) = (Vals::input(&io, 0)?, Vals::input(&io, 1)?);
     let at = |v: Vals<'_>, i: usize| -> KernelResult<num_complex::Complex<f64>> {
@@ -179,9 +179,9 @@ fn complex_products(
 
 /// `mm.out(self, mat2, out)`.
 fn mm(args: &mut Args<'_>) -> KernelResult {
-    let (a, b) = (args.tensor(0)?, args.tensor(1)?);
-    let dtype = common_dtype(&[a.dtype, b.dtype, args.tensor(2)?.dtype])?;
-    let ((m, k), (k2, n)) = (matrix(&a, "self")?, matrix(&b, "mat2")?);
+    let (a, b) = (args.info(0)?, args.info(1)?);
+    let dtype = common_dtype(&[a.dtype, b.dtype, args.info(2)?.dtype])?;
+    let ((m, k), (k2, n)) = (matrix(a, "self")?, matrix(b, "mat2")?);
     inner_dims(k, k2, &a.sizes, &b.sizes)?;
     args.resize(2, &[m, n])?;
     if dtype.is_complex() {
@@ -198,8 +198,8 @@ fn mm(args: &mut Args<'_>) -> KernelResult {
 
 /// `bmm.out(self, mat2, out)`: one product per batch entry.
 fn bmm(args: &mut Args<'_>) -> KernelResult {
-    let (a, b) = (args.tensor(0)?, args.tensor(1)?);
-    let dtype = common_dtype(&[a.dtype, b.dtype, args.tensor(2)?.dtype])?;
+    let (a, b) = (args.info(0)?, args.info(1)?);
+    let dtype = common_dtype(&[a.dtype, b.dtype, args.info(2)?.dtype])?;
     let (batch, m, k, n) = match (a.sizes.as_slice(), b.sizes.as_slice()) {
         (&[ba, m, k], &[bb, k2, n]) if ba == bb && k == k2 => (ba, m, k, n),
         (sa, sb) => {
@@ -227,7 +227,7 @@ fn bmm(args: &mut Args<'_>) -> KernelResult {
 fn addmm(args: &mut Args<'_>) -> KernelResult {
     let (bias, a, b) = (args.tensor(0)?, args.tensor(1)?, args.tensor(2)?);
     let (beta, alpha) = (args.scalar(3)?, args.scalar(4)?);
-    let dtype = common_dtype(&[bias.dtype, a.dtype, b.dtype, args.tensor(5)?.dtype])?;
+    let dtype = common_dtype(&[bias.dtype, a.dtype, b.dtype, args.info(5)?.dtype])?;
     let ((m, k), (k2, n)) = (matrix(&a, "mat1")?, matrix(&b, "mat2")?);
     inner_dims(k, k2, &a.sizes, &b.sizes)?;
     args.resize(5, &[m, n])?;
@@ -254,11 +254,11 @@ fn addmm(args: &mut Args<'_>) -> KernelResult {
 /// `linear.out(input, weight, bias?, out)`: `input × weightᵀ + bias` over the last dim of
 /// `input`, the weight read transposed in place.
 fn linear(args: &mut Args<'_>) -> KernelResult {
-    let (x, w) = (args.tensor(0)?, args.tensor(1)?);
+    let (x, w) = (args.info(0)?, args.info(1)?);
     let bias = args.opt_tensor(2)?;
     let bias_dtype = bias.as_ref().map_or(x.dtype, |b| b.dtype);
-    let dtype = common_dtype(&[x.dtype, w.dtype, args.tensor(3)?.dtype, bias_dtype])?;
-    let (n, k) = matrix(&w, "weight")?;
+    let dtype = common_dtype(&[x.dtype, w.dtype, args.info(3)?.dtype, bias_dtype])?;
+    let (n, k) = matrix(w, "weight")?;
     let (&k2, lead) = x
         .sizes
         .split_last()
@@ -339,7 +339,7 @@ fn cdist(args: &mut Args<'_>) -> KernelResult {
     let (a, b) = (args.tensor(0)?, args.tensor(1)?);
     let p = args.double(2)?;
     check_p(p, "cdist")?;
-    let dtype = common_dtype(&[a.dtype, b.dtype, args.tensor(4)?.dtype])?;
+    let dtype = common_dtype(&[a.dtype, b.dtype, args.info(4)?.dtype])?;
     let ((ba, pr, m), (bb, rr, m2)) = (rows_of(&a)?, rows_of(&b)?);
     if m != m2 {
         return Err(KernelError::invalid(format!(
@@ -379,11 +379,11 @@ fn cdist(args: &mut Args<'_>) -> KernelResult {
 /// `_pdist_forward.out(self, p, out)`: the distances between rows `i < j` of `self`
 /// (`[N, M]`), in order.
 fn pdist(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
+    let x = args.info(0)?;
     let p = args.double(1)?;
     check_p(p, "pdist")?;
-    let dtype = common_dtype(&[x.dtype, args.tensor(2)?.dtype])?;
-    let (n, m) = matrix(&x, "pdist input")?;
+    let dtype = common_dtype(&[x.dtype, args.info(2)?.dtype])?;
+    let (n, m) = matrix(x, "pdist input")?;
     let pairs = n * n.saturating_sub(1) / 2;
     args.resize(2, &[pairs])?;
     let mut io = Dense::io(args, &[0.into()], &[2.into()], &[])?;

@@ -209,14 +209,14 @@ fn rounding(args: &mut Args<'_>, round: fn(f64) -> f64, op: &str) -> KernelResul
 }
 
 fn sym_size(args: &mut Args<'_>) -> KernelResult {
-    let t = args.tensor(0)?;
+    let t = args.info(0)?;
     let d = t.dim(args.int(1)?)?;
     let size = t.sizes.get(d).copied().unwrap_or(1);
     args.set_scalar(2, Scalar::Int(size as i64))
 }
 
 fn sym_numel(args: &mut Args<'_>) -> KernelResult {
-    let n = args.tensor(0)?.numel();
+    let n = args.info(0)?.numel();
     args.set_scalar(1, Scalar::Int(n as i64))
 }
 
@@ -227,14 +227,14 @@ fn local_scalar_dense(args: &mut Args<'_>) -> KernelResult {
             "_local_scalar_dense of an empty tensor",
         ));
     }
-    let value = crate::layout::first_scalar(&t.info, t.bytes())?;
+    let value = crate::layout::first_scalar(t.info, t.bytes())?;
     args.set_scalar(1, value)
 }
 
 /// `et_view(self, size, out)`: `out` becomes a view of `self` with new sizes (one may be
 /// -1, inferred).
 fn et_view(args: &mut Args<'_>) -> KernelResult {
-    let src = args.tensor(0)?;
+    let src = args.info(0)?;
     let requested = args.int_list(1)?;
     let sizes = crate::util::infer_sizes(&requested, src.numel())?;
     args.alias(2, 0, &sizes)
@@ -244,7 +244,7 @@ fn et_view(args: &mut Args<'_>) -> KernelResult {
 /// `copy_to`, growing `copy_to`'s first dimension to `index + 1` (how loops stack their
 /// per-iteration results).
 fn et_copy_index(args: &mut Args<'_>) -> KernelResult {
-    let to = args.tensor(0)?;
+    let to = args.info(0)?;
     let from = args.tensor(1)?;
     let index = to_size(args.int(2)?, "et_copy_index index")?;
     if to.dtype != from.dtype {

@@ -104,7 +104,7 @@ fn scalar_or_item(args: &Args<'_>, i: usize) -> KernelResult<Scalar> {
                 t.info.sizes.as_slice()
             )));
         }
-        first_scalar(&t.info, t.bytes())
+        first_scalar(t.info, t.bytes())
     } else {
         args.scalar(i)
     }
@@ -123,7 +123,7 @@ fn quantize_per_tensor(args: &mut Args<'_>) -> KernelResult {
         return Err(KernelError::dtypes(&[x.dtype]));
     }
     args.resize(6, &x.sizes)?;
-    let od = args.tensor(6)?.dtype;
+    let od = args.info(6)?.dtype;
     let ct = opmath(x.dtype);
     // 1 / scale in Python's double, then cast to the tensor's compute type.
     let inv = round_to(1.0 / scale, ct);
@@ -146,7 +146,7 @@ fn dequantize_per_tensor(args: &mut Args<'_>) -> KernelResult {
     );
     range(args, 3)?;
     args.resize(7, &x.sizes)?;
-    let od = args.tensor(7)?.dtype;
+    let od = args.info(7)?.dtype;
     if !od.is_float() || x.dtype.is_float() {
         return Err(KernelError::dtypes(&[x.dtype, od]));
     }
@@ -184,7 +184,7 @@ fn quantize_per_channel(args: &mut Args<'_>) -> KernelResult {
         )));
     }
     args.resize(7, &x.sizes)?;
-    let od = args.tensor(7)?.dtype;
+    let od = args.info(7)?.dtype;
     let ct = if s.dtype == DType::F64 || x.dtype == DType::F64 {
         DType::F64
     } else {
@@ -218,7 +218,7 @@ fn dequantize_per_channel(args: &mut Args<'_>) -> KernelResult {
         )));
     }
     args.resize(8, &x.sizes)?;
-    let od = args.tensor(8)?.dtype;
+    let od = args.info(8)?.dtype;
     let reads: &[pte_runtime::Arg] = if z.is_some() {
         &[
             pte_runtime::Arg::At(0),
@@ -260,7 +260,7 @@ fn quantize_per_token(args: &mut Args<'_>) -> KernelResult {
         )));
     }
     args.resize(6, &x.sizes)?;
-    let od = args.tensor(6)?.dtype;
+    let od = args.info(6)?.dtype;
     let ct = if s.dtype == DType::F64 || x.dtype == DType::F64 {
         DType::F64
     } else {
@@ -295,7 +295,7 @@ fn dequantize_per_token(args: &mut Args<'_>) -> KernelResult {
         )));
     }
     args.resize(7, &x.sizes)?;
-    let od = args.tensor(7)?.dtype;
+    let od = args.info(7)?.dtype;
     let mut io = Dense::io(args, &[0.into(), 1.into(), 2.into()], &[7.into()], &[])?;
     let read = |k: usize| Vals::input(&io, k);
     let (src, scales, zps) = (read(0)?, read(1)?, read(2)?);
@@ -323,7 +323,7 @@ fn choose_qparams(args: &mut Args<'_>) -> KernelResult {
     let ct = x.dtype;
     let (scale, zp) = {
         let t = args.read(0)?;
-        let src = Vals::of(&t.info, t.bytes())?;
+        let src = Vals::of(t.info, t.bytes())?;
         let mut extremes: Option<(f64, f64)> = None;
         for i in 0..src.len() {
             let v = src.at(i)?;
@@ -448,7 +448,7 @@ impl Packing {
 fn embedding(args: &mut Args<'_>, packing: Packing, out: usize) -> KernelResult {
     let (w, s) = (args.tensor(0)?, args.tensor(1)?);
     let z = args.opt_tensor(2)?;
-    let idx = args.tensor(5)?;
+    let idx = args.info(5)?;
     let (rows, packed) = match w.sizes.as_slice() {
         &[r, c] if matches!(w.dtype, DType::I8 | DType::U8) => (r, c),
         s => {
@@ -481,7 +481,7 @@ fn embedding(args: &mut Args<'_>, packing: Packing, out: usize) -> KernelResult 
     sizes.push(cols);
     crate::util::numel_of(&sizes)?;
     args.resize(out, &sizes)?;
-    let od = args.tensor(out)?.dtype;
+    let od = args.info(out)?.dtype;
     let reads: &[pte_runtime::Arg] = if z.is_some() {
         &[0.into(), 1.into(), 5.into(), 2.into()]
     } else {
@@ -564,7 +564,7 @@ fn mixed(args: &mut Args<'_>, linear: bool) -> KernelResult {
     let mut sizes: Dims = lead.into();
     sizes.push(n);
     args.resize(out, &sizes)?;
-    let od = args.tensor(out)?.dtype;
+    let od = args.info(out)?.dtype;
     // The weight dequantizes in float32 for mixed_linear, in the input's type for mixed_mm.
     let wt = if linear { DType::F32 } else { x.dtype };
     let reads: &[pte_runtime::Arg] = if z.is_some() {
@@ -613,7 +613,7 @@ fn quantized_add(args: &mut Args<'_>) -> KernelResult {
     same_dtype(a.dtype, b.dtype)?;
     let sizes = broadcast_shapes(&a.sizes, &b.sizes)?;
     args.resize(14, &sizes)?;
-    let od = args.tensor(14)?.dtype;
+    let od = args.info(14)?.dtype;
     let ct = DType::F32;
     let (sa, sb) = (round_to(sa, ct), round_to(sb, ct));
     let inv = round_to(1.0 / so, ct);

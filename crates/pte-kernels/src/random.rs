@@ -82,7 +82,7 @@ fn random(args: &mut Args<'_>, normal: bool) -> KernelResult {
         .collect::<KernelResult<_>>()?;
     numel_of(&sizes)?;
     args.resize(1, &sizes)?;
-    let dtype = args.tensor(1)?.dtype;
+    let dtype = args.info(1)?.dtype;
     let bits = precision(dtype)?;
     let mut rng = Rng::fresh();
     let mut draw = || {
@@ -117,7 +117,7 @@ fn native_dropout(args: &mut Args<'_>) -> KernelResult {
     }
     args.resize(3, &x.sizes)?;
     args.resize(4, &x.sizes)?;
-    let (out, mask) = (args.tensor(3)?.dtype, args.tensor(4)?.dtype);
+    let (out, mask) = (args.info(3)?.dtype, args.info(4)?.dtype);
     if out != x.dtype {
         return Err(KernelError::dtypes(&[x.dtype, out]));
     }

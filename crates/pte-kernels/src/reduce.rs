@@ -208,7 +208,7 @@ fn arith(
     let x = args.tensor(0)?;
     let p = plan(&x, dims, keepdim)?;
     args.resize(out, &p.out_sizes)?;
-    let od = args.tensor(out)?.dtype;
+    let od = args.info(out)?.dtype;
     if x.dtype.is_complex() || od.is_complex() {
         return complex_arith(args, op, &p, out);
     }
@@ -217,7 +217,7 @@ fn arith(
             "mean needs a floating-point output, got {od}"
         )));
     }
-    let n = args.tensor(out)?.numel();
+    let n = args.info(out)?.numel();
     // Results accumulate as f64 or i64 (same size).
     let pieces = [gather_piece(&x, &p.reduced), Scratch::piece::<f64>(n)];
     let mut io = Dense::io(args, &[0.into()], &[out.into()], &pieces)?;
@@ -269,7 +269,7 @@ fn arith(
 /// `f64`, part by part (upstream sums complex tensors; products are not supported).
 fn complex_arith(args: &mut Args<'_>, op: Arith, p: &Plan, out: usize) -> KernelResult {
     let x = args.tensor(0)?;
-    let od = args.tensor(out)?.dtype;
+    let od = args.info(out)?.dtype;
     if od != x.dtype || op == Arith::Prod {
         return Err(KernelError::dtypes(&[x.dtype, od]));
     }
@@ -345,7 +345,7 @@ fn extreme(
         same_dtype(x.dtype, args.tensor(v)?.dtype)?;
     }
     if let Some(i) = indices {
-        same_dtype(DType::I64, args.tensor(i)?.dtype)?;
+        same_dtype(DType::I64, args.info(i)?.dtype)?;
     }
     let mut io = Dense::io(args, &[0.into()], &writes, &[gather_piece(&x, &p.reduced)])?;
     let (block, data) = arrange(io.bytes(0)?, &x, &p.reduced, &mut io.scratch)?;
@@ -403,9 +403,9 @@ fn max_all(args: &mut Args<'_>, largest: bool) -> KernelResult {
 /// `argmax.out` / `argmin.out`: `(self, dim?, keepdim, out)`; no dim means the flattened
 /// input (with keepdim, every dim becomes 1).
 fn argmax(args: &mut Args<'_>, largest: bool) -> KernelResult {
-    let x = args.tensor(0)?;
+    let x = args.info(0)?;
     let dim = args.opt_int(1)?;
-    let p = plan(&x, dim.as_ref().map(std::slice::from_ref), args.bool(2)?)?;
+    let p = plan(x, dim.as_ref().map(std::slice::from_ref), args.bool(2)?)?;
     let op = if largest { "argmax" } else { "argmin" };
     extreme(args, &p, largest, None, Some(3), op)
 }
@@ -414,7 +414,7 @@ fn argmax(args: &mut Args<'_>, largest: bool) -> KernelResult {
 fn any(args: &mut Args<'_>, p: Plan, out: usize) -> KernelResult {
     let x = args.tensor(0)?;
     args.resize(out, &p.out_sizes)?;
-    let od = args.tensor(out)?.dtype;
+    let od = args.info(out)?.dtype;
     if !matches!(od, DType::Bool | DType::U8) {
         return Err(KernelError::dtypes(&[x.dtype, od]));
     }
@@ -451,12 +451,12 @@ fn var(args: &mut Args<'_>, correction: f64, with_mean: bool) -> KernelResult {
     };
     for &w in writes {
         args.resize(w, &p.out_sizes)?;
-        let od = args.tensor(w)?.dtype;
+        let od = args.info(w)?.dtype;
         if !x.dtype.is_float() || !od.is_float() {
             return Err(KernelError::dtypes(&[x.dtype, od]));
         }
     }
-    let n = args.tensor(4)?.numel();
+    let n = args.info(4)?.numel();
     let pieces = [
         gather_piece(&x, &p.reduced),
         Scratch::piece::<f64>(n),
@@ -495,7 +495,7 @@ fn cumsum(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;
     let dim = x.dim(args.int(1)?)?;
     args.resize(3, &x.sizes)?;
-    let od = args.tensor(3)?.dtype;
+    let od = args.info(3)?.dtype;
     let geom = split_at_dim(&x.sizes, dim);
     let n = x.numel();
     // Sums accumulate as f64 or i64 (same size).
@@ -578,7 +578,7 @@ fn topk(args: &mut Args<'_>) -> KernelResult {
     args.resize(5, &sizes)?;
     args.resize(6, &sizes)?;
     same_dtype(x.dtype, args.tensor(5)?.dtype)?;
-    same_dtype(DType::I64, args.tensor(6)?.dtype)?;
+    same_dtype(DType::I64, args.info(6)?.dtype)?;
     // One lane's positions along the dim, sorted by value.
     let pieces = [Scratch::piece::<usize>(red)];
     let mut io = Dense::io(args, &[0.into()], &[5.into(), 6.into()], &pieces)?;

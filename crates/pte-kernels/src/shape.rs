@@ -37,7 +37,7 @@ fn gather(
     layout: &Layout,
 ) -> KernelResult {
     args.resize(out, sizes)?;
-    let (x, y) = (args.tensor(src)?, args.tensor(out)?);
+    let (x, y) = (args.info(src)?, args.info(out)?);
     let dtype = x.dtype;
     same_dtype(dtype, y.dtype)?;
     // A run of the input's elements, both tensors in the default order: one copy of
@@ -82,7 +82,7 @@ fn is_run(walk: &[usize], layout: &Layout) -> bool {
 
 /// An output with new sizes and the input's elements in the same order.
 fn reshape(args: &mut Args<'_>, out: usize, sizes: &[usize]) -> KernelResult {
-    let numel = args.tensor(0)?.numel();
+    let numel = args.info(0)?.numel();
     if numel_of(sizes)? != numel {
         return Err(KernelError::invalid(format!(
             "cannot view {numel} elements as {sizes:?}"
@@ -114,7 +114,7 @@ fn permuted(x: &TensorInfo, perm: &[usize]) -> KernelResult<(Dims, Layout)> {
 }
 
 fn permute_copy(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
+    let x = args.info(0)?;
     let dims = args.int_list(1)?;
     if dims.len() != x.rank() {
         return Err(KernelError::invalid(format!(
@@ -128,7 +128,7 @@ fn permute_copy(args: &mut Args<'_>) -> KernelResult {
         .map(|&d| normalize_dim(d, x.rank()))
         .collect::<KernelResult<_>>()?;
     let perm = if x.rank() == 0 { Dims::new() } else { perm };
-    let (sizes, layout) = permuted(&x, &perm)?;
+    let (sizes, layout) = permuted(x, &perm)?;
     gather(args, 0, 2, &sizes, &sizes, &layout)
 }
 
@@ -210,7 +210,7 @@ pub(crate) fn in_order(sizes: &[usize], strides: &[isize]) -> bool {
 /// Output 1 as input 0 after a chain of rearranging copies, in one pass: the steps
 /// compose into one strided view of the input, gathered once.
 pub(crate) fn rearranged(args: &mut Args<'_>, steps: &[Rearrange]) -> KernelResult {
-    let x = args.tensor(0)?;
+    let x = args.info(0)?;
     let (mut sizes, mut strides) = (x.sizes.clone(), row_major(&x.sizes));
     for step in steps {
         step.apply(&mut sizes, &mut strides)?;
@@ -220,13 +220,13 @@ pub(crate) fn rearranged(args: &mut Args<'_>, steps: &[Rearrange]) -> KernelResu
 
 /// Swaps two dims of input 0 into output `out`.
 fn transpose(args: &mut Args<'_>, d0: i64, d1: i64, out: usize) -> KernelResult {
-    let x = args.tensor(0)?;
+    let x = args.info(0)?;
     let mut perm: Dims = (0..x.rank()).collect();
     let (a, b) = (x.dim(d0)?, x.dim(d1)?);
     if x.rank() > 0 {
         perm.swap(a, b);
     }
-    let (sizes, layout) = permuted(&x, &perm)?;
+    let (sizes, layout) = permuted(x, &perm)?;
     gather(args, 0, out, &sizes, &sizes, &layout)
 }
 
@@ -236,7 +236,7 @@ fn transpose_copy(args: &mut Args<'_>) -> KernelResult {
 }
 
 fn t_copy(args: &mut Args<'_>) -> KernelResult {
-    if args.tensor(0)?.rank() > 2 {
+    if args.info(0)?.rank() > 2 {
         return Err(KernelError::invalid(
             "t() expects a tensor with at most 2 dimensions",
         ));
@@ -245,13 +245,13 @@ fn t_copy(args: &mut Args<'_>) -> KernelResult {
 }
 
 fn view_copy(args: &mut Args<'_>) -> KernelResult {
-    let sizes = infer_sizes(&args.int_list(1)?, args.tensor(0)?.numel())?;
+    let sizes = infer_sizes(&args.int_list(1)?, args.info(0)?.numel())?;
     reshape(args, 2, &sizes)
 }
 
 /// Input sizes without the size-1 dims in `squeeze`.
 fn squeeze(args: &mut Args<'_>, squeeze: &[bool], out: usize) -> KernelResult {
-    let x = args.tensor(0)?;
+    let x = args.info(0)?;
     let sizes: Dims = x
         .sizes
         .iter()
@@ -263,22 +263,22 @@ fn squeeze(args: &mut Args<'_>, squeeze: &[bool], out: usize) -> KernelResult {
 }
 
 fn squeeze_dims(args: &mut Args<'_>) -> KernelResult {
-    let set = dim_set(&args.int_list(1)?, args.tensor(0)?.rank())?;
+    let set = dim_set(&args.int_list(1)?, args.info(0)?.rank())?;
     squeeze(args, &set, 2)
 }
 
 fn squeeze_dim(args: &mut Args<'_>) -> KernelResult {
-    let set = dim_set(&[args.int(1)?], args.tensor(0)?.rank())?;
+    let set = dim_set(&[args.int(1)?], args.info(0)?.rank())?;
     squeeze(args, &set, 2)
 }
 
 fn squeeze_all(args: &mut Args<'_>) -> KernelResult {
-    let set: SmallVec<[bool; 6]> = smallvec::smallvec![true; args.tensor(0)?.rank()];
+    let set: SmallVec<[bool; 6]> = smallvec::smallvec![true; args.info(0)?.rank()];
     squeeze(args, &set, 1)
 }
 
 fn unsqueeze_copy(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
+    let x = args.info(0)?;
     let d = normalize_dim(args.int(1)?, x.rank() + 1)?;
     let mut sizes = x.sizes.clone();
     sizes.insert(d, 1);
@@ -286,7 +286,7 @@ fn unsqueeze_copy(args: &mut Args<'_>) -> KernelResult {
 }
 
 fn expand_copy(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
+    let x = args.info(0)?;
     let req = args.int_list(1)?;
     let Some(lead) = req.len().checked_sub(x.rank()) else {
         return Err(KernelError::invalid(format!(
@@ -323,7 +323,7 @@ fn copy_same_sizes(args: &mut Args<'_>, out: usize) -> KernelResult {
 /// be the output's (which the program fixes).
 fn dim_order_copy(args: &mut Args<'_>) -> KernelResult {
     if let Some(order) = args.opt_int_list(2)? {
-        let out = args.tensor(3)?;
+        let out = args.info(3)?;
         if !order
             .iter()
             .map(|&d| usize::try_from(d).ok())
@@ -359,7 +359,7 @@ fn place(
     out: usize,
     along: Along,
 ) -> KernelResult {
-    let y = args.tensor(out)?;
+    let y = args.info(out)?;
     let dtype = y.dtype;
     // With only ones before `along`'s dim and every tensor of the output's dtype in the
     // default order, each part fills one run of the output's bytes: copied as such,
@@ -370,10 +370,10 @@ fn place(
         let mut pieces: SmallVec<[(usize, usize); PARTS_PER_CALL]> = SmallVec::new();
         let mut as_runs = runs;
         for &(j, _, _) in group {
-            let t = args.tensor(Arg::Item(0, j))?;
+            let t = args.info(Arg::Item(0, j))?;
             as_runs &= t.dtype == dtype && t.is_contiguous();
             parts.push(Arg::Item(0, j));
-            pieces.push(as_dtype_piece(&t, dtype));
+            pieces.push(as_dtype_piece(t, dtype));
         }
         if as_runs {
             let row = dtype.size() * along.inner;
@@ -412,8 +412,8 @@ fn cat(args: &mut Args<'_>) -> KernelResult {
     let n = args.list_len(0)?;
     let mut first = None;
     for j in 0..n {
-        let info = args.tensor(Arg::Item(0, j))?;
-        if !skipped_by_cat(&info) {
+        let info = args.info(Arg::Item(0, j))?;
+        if !skipped_by_cat(info) {
             first = Some(info);
             break;
         }
@@ -421,13 +421,13 @@ fn cat(args: &mut Args<'_>) -> KernelResult {
     let Some(first) = first else {
         return args.resize(2, &[0]);
     };
-    let dim = dim_of(&first, args.int(1)?)?;
+    let dim = dim_of(first, args.int(1)?)?;
     let mut sizes = first.sizes.clone();
     *sizes.as_mut_slice().at_mut(dim)? = 0;
     let mut total = 0usize;
     for j in 0..n {
-        let t = args.tensor(Arg::Item(0, j))?;
-        if skipped_by_cat(&t) {
+        let t = args.info(Arg::Item(0, j))?;
+        if skipped_by_cat(t) {
             continue;
         }
         let matches = t.rank() == sizes.len()
@@ -454,8 +454,8 @@ fn cat(args: &mut Args<'_>) -> KernelResult {
     let mut at = 0;
     let mut group: SmallVec<[(usize, usize, usize); PARTS_PER_CALL]> = SmallVec::new();
     for j in 0..n {
-        let t = args.tensor(Arg::Item(0, j))?;
-        if !skipped_by_cat(&t) {
+        let t = args.info(Arg::Item(0, j))?;
+        if !skipped_by_cat(t) {
             let extent = *t.sizes.at(dim)?;
             group.push((j, at, extent));
             at += extent;
@@ -475,9 +475,9 @@ fn stack(args: &mut Args<'_>) -> KernelResult {
             "stack expects a non-empty tensor list",
         ));
     }
-    let first = args.tensor(Arg::Item(0, 0))?;
+    let first = args.info(Arg::Item(0, 0))?;
     for j in 1..n {
-        let t = args.tensor(Arg::Item(0, j))?;
+        let t = args.info(Arg::Item(0, j))?;
         if t.sizes != first.sizes {
             return Err(KernelError::invalid(format!(
                 "stack: shapes {:?} and {:?} differ",
@@ -508,26 +508,26 @@ fn size(x: &TensorInfo, dim: usize) -> KernelResult<usize> {
 }
 
 fn slice_copy(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
-    let dim = dim_of(&x, args.int(1)?)?;
+    let x = args.info(0)?;
+    let dim = dim_of(x, args.int(1)?)?;
     let step = args.int(4)?;
-    let (start, len) = slice_bounds(size(&x, dim)?, args.opt_int(2)?, args.opt_int(3)?, step)?;
+    let (start, len) = slice_bounds(size(x, dim)?, args.opt_int(2)?, args.opt_int(3)?, step)?;
     let (sizes, layout) = window(&x.sizes, dim, start, len, step as usize, false)?;
     gather(args, 0, 5, &sizes, &sizes, &layout)
 }
 
 fn select_copy(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
-    let dim = dim_of(&x, args.int(1)?)?;
-    let index = wrap_index(args.int(2)?, size(&x, dim)?, dim)?;
+    let x = args.info(0)?;
+    let dim = dim_of(x, args.int(1)?)?;
+    let index = wrap_index(args.int(2)?, size(x, dim)?, dim)?;
     let (sizes, layout) = window(&x.sizes, dim, index, 1, 1, true)?;
     gather(args, 0, 3, &sizes, &sizes, &layout)
 }
 
 fn narrow_copy(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
-    let dim = dim_of(&x, args.int(1)?)?;
-    let size = size(&x, dim)?;
+    let x = args.info(0)?;
+    let dim = dim_of(x, args.int(1)?)?;
+    let size = size(x, dim)?;
     let start = args.int(2)?;
     let start = if start < 0 {
         start.saturating_add(size as i64)
@@ -591,7 +591,7 @@ fn split_into(
         for (&piece, &e) in pieces.iter().zip(chunk) {
             let (sizes, _) = window(&x.sizes, dim, 0, e, 1, drop)?;
             args.resize(piece, &sizes)?;
-            let info = args.tensor(piece)?;
+            let info = args.info(piece)?;
             same_dtype(x.dtype, info.dtype)?;
             runs &= info.is_contiguous();
         }
@@ -625,21 +625,21 @@ fn split_into(
 const PIECES_PER_CALL: usize = 4;
 
 fn split_with_sizes_copy(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
+    let x = args.info(0)?;
     let sizes: SmallVec<[usize; 8]> = args
         .int_list(1)?
         .iter()
         .map(|&s| to_size(s, "split size"))
         .collect::<KernelResult<_>>()?;
-    let dim = dim_of(&x, args.int(2)?)?;
+    let dim = dim_of(x, args.int(2)?)?;
     split_into(args, dim, &sizes, false, 3)
 }
 
 fn split_copy(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
+    let x = args.info(0)?;
     let split = to_size(args.int(1)?, "split size")?;
-    let dim = dim_of(&x, args.int(2)?)?;
-    let size = size(&x, dim)?;
+    let dim = dim_of(x, args.int(2)?)?;
+    let size = size(x, dim)?;
     let count = if split == 0 {
         usize::from(size == 0)
     } else {
@@ -658,9 +658,9 @@ fn split_copy(args: &mut Args<'_>) -> KernelResult {
 }
 
 fn unbind_copy(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
-    let dim = dim_of(&x, args.int(1)?)?;
-    let n = size(&x, dim)?;
+    let x = args.info(0)?;
+    let dim = dim_of(x, args.int(1)?)?;
+    let n = size(x, dim)?;
     if n > args.list_len(2)? {
         return Err(KernelError::invalid(format!(
             "unbind of {n} entries, but the output list holds {}",
@@ -674,16 +674,16 @@ fn unbind_copy(args: &mut Args<'_>) -> KernelResult {
 /// `diagonal_copy.out(self, offset, dim1, dim2, out)`: the other dims, then the diagonal
 /// of `dim1` and `dim2` shifted by `offset` (above the main one when positive).
 fn diagonal_copy(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
+    let x = args.info(0)?;
     let offset = args.int(1)?;
-    let (d1, d2) = (dim_of(&x, args.int(2)?)?, dim_of(&x, args.int(3)?)?);
+    let (d1, d2) = (dim_of(x, args.int(2)?)?, dim_of(x, args.int(3)?)?);
     if d1 == d2 {
         return Err(KernelError::invalid(format!(
             "diagonal dimensions cannot be identical: {d1}, {d2}"
         )));
     }
     let st = row_major(&x.sizes);
-    let (n1, n2) = (size(&x, d1)? as i128, size(&x, d2)? as i128);
+    let (n1, n2) = (size(x, d1)? as i128, size(x, d2)? as i128);
     let off = i128::from(offset);
     let (start1, start2) = if off >= 0 { (0, off) } else { (-off, 0) };
     let len = (n1 - start1).min(n2 - start2).max(0) as usize;
@@ -735,7 +735,7 @@ fn as_strided_copy(args: &mut Args<'_>) -> KernelResult {
 /// `dimension` (starting every `step`), the windows along `dimension` and the entries of
 /// each as a new last dim.
 fn unfold_copy(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
+    let x = args.info(0)?;
     let dim = x.dim(args.int(1)?)?;
     let window = to_size(args.int(2)?, "unfold size")?;
     let step = to_size(args.int(3)?, "unfold step")?;
@@ -808,7 +808,7 @@ fn repeat_interleave(args: &mut Args<'_>) -> KernelResult {
 }
 
 fn repeat(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
+    let x = args.info(0)?;
     let reps = args.int_list(1)?;
     let Some(lead) = reps.len().checked_sub(x.rank()) else {
         return Err(KernelError::invalid(format!(
@@ -822,7 +822,7 @@ fn repeat(args: &mut Args<'_>) -> KernelResult {
     for (i, &r) in reps.iter().enumerate() {
         let r = to_size(r, "repeat count")?;
         let (n, s) = match i.checked_sub(lead) {
-            Some(j) => (size(&x, j)?, *st.at(j)?),
+            Some(j) => (size(x, j)?, *st.at(j)?),
             None => (1, 0),
         };
         sizes.push(
@@ -949,7 +949,7 @@ fn tril(args: &mut Args<'_>) -> KernelResult {
 
 /// `pixel_shuffle` (`shuffle`) and `pixel_unshuffle` over the last three dims.
 fn pixel_shuffle(args: &mut Args<'_>, shuffle: bool) -> KernelResult {
-    let x = args.tensor(0)?;
+    let x = args.info(0)?;
     let r = to_size(args.int(1)?, "pixel shuffle factor")?;
     let (lead, c, h, w) = match x.sizes.as_slice() {
         [lead @ .., c, h, w] if r > 0 => (lead, *c, *h, *w),

@@ -387,14 +387,14 @@ fn check(a: &Alias, outputs: &[u32], cx: &Cx<'_>, values: &[Slot]) -> Option<Ver
         }
         readers.push(v);
     }
-    let start = offset.checked_add(a.offset.checked_mul(src.dtype.size())?)?;
+    let start = offset.checked_add(a.offset.checked_mul(src.info.dtype.size())?)?;
     let len = readers
         .iter()
         .filter_map(|&r| tensor(r))
         .map(|t| t.nbytes())
         .max()?;
     let end = start.checked_add(len)?;
-    if src.dtype != dst.dtype || end > offset.checked_add(src.nbytes())? {
+    if src.info.dtype != dst.info.dtype || end > offset.checked_add(src.nbytes())? {
         return None;
     }
     // The last instruction reading any of them (the end for a method output, which the
@@ -411,7 +411,10 @@ fn check(a: &Alias, outputs: &[u32], cx: &Cx<'_>, values: &[Slot]) -> Option<Ver
                 buffer: b,
                 offset: o,
             } => {
-                let bytes = t.capacity.max(t.numel()).saturating_mul(t.dtype.size());
+                let bytes = t
+                    .capacity
+                    .max(t.numel())
+                    .saturating_mul(t.info.dtype.size());
                 b == buffer && o < end && start < o.saturating_add(bytes)
             }
             _ => false,

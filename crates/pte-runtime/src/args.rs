@@ -391,14 +391,16 @@ impl<'a> Args<'a> {
         }
     }
 
-    /// Metadata of a tensor argument.
+    /// Metadata of a tensor argument, owned: it outlives changes to the arguments
+    /// (see [`Args::info`] for a view).
     pub fn tensor(&self, a: impl Into<Arg>) -> KernelResult<TensorInfo> {
-        let t = self.tensor_slot(a.into())?;
-        Ok(TensorInfo {
-            dtype: t.dtype,
-            sizes: t.sizes.clone(),
-            dim_order: t.dim_order.clone(),
-        })
+        self.info(a).cloned()
+    }
+
+    /// Metadata of a tensor argument, lent from its slot (no copy of the sizes, for
+    /// kernels that read them on every call).
+    pub fn info(&self, a: impl Into<Arg>) -> KernelResult<&TensorInfo> {
+        Ok(&self.tensor_slot(a.into())?.info)
     }
 
     /// Metadata of an optional tensor argument.
@@ -470,29 +472,29 @@ impl<'a> Args<'a> {
     /// Makes output `out` a view of `src`'s data with new sizes (same dtype, contiguous,
     /// no more bytes than `src` has).
     pub fn alias(&mut self, out: usize, src: usize, sizes: &[usize]) -> KernelResult {
-        let s = self.tensor_slot(Arg::At(src))?.clone();
+        let s = self.tensor_slot(Arg::At(src))?;
+        let (dtype, held, storage) = (s.info.dtype, s.numel(), s.storage);
         let t = self.tensor_slot_mut(Arg::At(out))?;
-        if t.dtype != s.dtype {
-            return Err(KernelError::dtypes(&[s.dtype, t.dtype]));
+        if t.info.dtype != dtype {
+            return Err(KernelError::dtypes(&[dtype, t.info.dtype]));
         }
         let numel =
             checked_numel(sizes).ok_or_else(|| KernelError::invalid("view size overflows"))?;
-        if numel != s.numel() {
+        if numel != held {
             return Err(KernelError::invalid(format!(
-                "cannot view {} elements as {sizes:?}",
-                s.numel()
+                "cannot view {held} elements as {sizes:?}"
             )));
         }
-        if sizes.len() != t.sizes.len() {
+        if sizes.len() != t.info.sizes.len() {
             return Err(KernelError::invalid(format!(
                 "view output has rank {}, not {}",
-                t.sizes.len(),
+                t.info.sizes.len(),
                 sizes.len()
             )));
         }
-        t.sizes = sizes.into();
-        t.dim_order = contiguous_dim_order(sizes.len());
-        t.storage = s.storage;
+        t.info.sizes = sizes.into();
+        t.info.dim_order = contiguous_dim_order(sizes.len());
+        t.storage = storage;
         Ok(())
     }
 
@@ -546,7 +548,7 @@ impl<'a> Args<'a> {
     /// condition) before deciding on output sizes.
     pub fn read(&self, a: impl Into<Arg>) -> KernelResult<TensorData<'_>> {
         let a = a.into();
-        let info = self.tensor(a)?;
+        let info = &self.tensor_slot(a)?.info;
         let bytes = self.memory.read(self.access(a)?)?;
         Ok(TensorData { info, bytes })
     }
@@ -597,42 +599,64 @@ impl<'a> Args<'a> {
                 self.memory.grow_heap(owner, nbytes)?;
             }
         }
-        let mut read_infos: SmallVec<[TensorInfo; R]> = SmallVec::new();
+        let mut read_ids: SmallVec<[usize; R]> = SmallVec::new();
+        let mut write_ids: SmallVec<[usize; W]> = SmallVec::new();
         let mut read_accesses: SmallVec<[Access; R]> = SmallVec::new();
-        let mut write_infos: SmallVec<[TensorInfo; W]> = SmallVec::new();
         let mut write_accesses: SmallVec<[Access; W]> = SmallVec::new();
         for (k, &a) in reads.iter().chain(writes).enumerate() {
-            let info = self.tensor(a)?;
-            if contiguous && !info.is_contiguous() {
+            let id = self.tensor_id(a)?;
+            let Some(Slot::Tensor(t)) = self.values.get(id) else {
+                return Err(KernelError::invalid(format!("{a:?} is not a tensor")));
+            };
+            if contiguous && !t.info.is_contiguous() {
                 return Err(KernelError::invalid(format!(
                     "{}: tensor with dim order {:?} is not supported (only the default order)",
-                    self.op, info.dim_order
+                    self.op, t.info.dim_order
                 )));
             }
-            let access = self.access(a)?;
+            let access = Access {
+                storage: t.storage,
+                nbytes: t.nbytes(),
+            };
             if k < reads.len() {
-                read_infos.push(info);
+                read_ids.push(id);
                 read_accesses.push(access);
             } else {
-                write_infos.push(info);
+                write_ids.push(id);
                 write_accesses.push(access);
             }
         }
+        // The views lend each tensor's metadata where its slot keeps it.
+        let values: &[Slot] = self.values;
+        let info = |id: usize| match values.get(id) {
+            Some(Slot::Tensor(t)) => Ok(&t.info),
+            _ => Err(KernelError::invalid(format!("value {id} is not a tensor"))),
+        };
         let borrowed = self
             .memory
             .borrow::<R, W>(&read_accesses, &write_accesses)?;
         let inputs = borrowed
             .reads
             .into_iter()
-            .zip(read_infos)
-            .map(|(bytes, info)| TensorData { info, bytes })
-            .collect();
+            .zip(&read_ids)
+            .map(|(bytes, &id)| {
+                Ok(TensorData {
+                    info: info(id)?,
+                    bytes,
+                })
+            })
+            .collect::<KernelResult<_>>()?;
         let outputs = borrowed
             .writes
             .into_iter()
-            .zip(write_infos)
-            .map(|(bytes, info)| TensorDataMut { info, bytes })
-            .collect();
+            .zip(&write_ids)
+            .map(|(bytes, &id)| {
+                Ok(TensorDataMut {
+                    info: info(id)?,
+                    bytes,
+                })
+            })
+            .collect::<KernelResult<_>>()?;
         Ok(Io {
             inputs,
             outputs,
@@ -642,21 +666,21 @@ impl<'a> Args<'a> {
 }
 
 pub(crate) fn resize_slot(t: &mut TensorSlot, sizes: &[usize]) -> KernelResult {
-    if t.sizes.as_slice() == sizes {
+    if t.info.sizes.as_slice() == sizes {
         return Ok(());
     }
-    if sizes.len() != t.sizes.len() {
+    if sizes.len() != t.info.sizes.len() {
         return Err(KernelError::invalid(format!(
             "cannot resize a rank-{} tensor {:?} to rank {} {sizes:?}",
-            t.sizes.len(),
-            t.sizes.as_slice(),
+            t.info.sizes.len(),
+            t.info.sizes.as_slice(),
             sizes.len()
         )));
     }
     match t.dynamism {
         Dynamism::Static => Err(KernelError::invalid(format!(
             "the tensor has the static shape {:?}; got {sizes:?}",
-            t.sizes.as_slice()
+            t.info.sizes.as_slice()
         ))),
         Dynamism::Bound => {
             let numel = checked_numel(sizes).unwrap_or(usize::MAX);
@@ -666,7 +690,7 @@ pub(crate) fn resize_slot(t: &mut TensorSlot, sizes: &[usize]) -> KernelResult {
                     t.capacity
                 )));
             }
-            t.sizes = sizes.into();
+            t.info.sizes = sizes.into();
             Ok(())
         }
     }
@@ -683,7 +707,7 @@ pub struct Io<'a, const R: usize = 8, const W: usize = 4> {
 
 /// A shared view of a tensor's data.
 pub struct TensorData<'a> {
-    pub info: TensorInfo,
+    pub info: &'a TensorInfo,
     bytes: &'a [u8],
 }
 
@@ -706,7 +730,7 @@ impl<'a> TensorData<'a> {
 
 /// An exclusive view of an output tensor's data.
 pub struct TensorDataMut<'a> {
-    pub info: TensorInfo,
+    pub info: &'a TensorInfo,
     bytes: &'a mut [u8],
 }
 

@@ -135,7 +135,7 @@ impl<'a> Graph<'a> {
         if !self.is_constant(v) || t.numel() != 1 {
             return None;
         }
-        let nbytes = t.dtype.size();
+        let nbytes = t.info.dtype.size();
         let bytes = self
             .memory?
             .read(Access {
@@ -143,7 +143,7 @@ impl<'a> Graph<'a> {
                 nbytes,
             })
             .ok()?;
-        Some(match (t.dtype, bytes) {
+        Some(match (t.info.dtype, bytes) {
             (DType::F32, &[a, b, c, d]) => f64::from(f32::from_le_bytes([a, b, c, d])),
             (DType::I32, &[a, b, c, d]) => f64::from(i32::from_le_bytes([a, b, c, d])),
             (DType::F64, b) => f64::from_le_bytes(b.try_into().ok()?),
@@ -161,9 +161,9 @@ impl<'a> Graph<'a> {
     pub fn tensor(&self, v: u32) -> Option<TensorInfo> {
         match self.values.get(v as usize)? {
             Slot::Tensor(t) => Some(TensorInfo {
-                dtype: t.dtype,
-                sizes: t.sizes.clone(),
-                dim_order: t.dim_order.clone(),
+                dtype: t.info.dtype,
+                sizes: t.info.sizes.clone(),
+                dim_order: t.info.dim_order.clone(),
             }),
             _ => None,
         }

@@ -11,7 +11,7 @@ use pte_compute::ThreadPool;
 use pte_format::schema::executorch_flatbuffer as et;
 use pte_format::{summary::operator_name, Ptd, Pte};
 
-use crate::args::{resize_slot, Args};
+use crate::args::{resize_slot, Args, TensorInfo};
 use crate::budget::{default_memory_limit, MemoryBudget};
 use crate::dtype::DType;
 use crate::error::{KernelError, Result, RuntimeError};
@@ -427,9 +427,9 @@ impl Method {
                     .map(|&v| match values.get(v as usize) {
                         Some(Slot::Tensor(t)) => ArgDecl::Tensor {
                             info: crate::TensorInfo {
-                                dtype: t.dtype,
-                                sizes: t.sizes.clone(),
-                                dim_order: t.dim_order.clone(),
+                                dtype: t.info.dtype,
+                                sizes: t.info.sizes.clone(),
+                                dim_order: t.info.dim_order.clone(),
                             },
                             dynamism: t.dynamism,
                         },
@@ -634,7 +634,7 @@ impl Method {
             .iter()
             .filter_map(|v| match v {
                 Slot::Tensor(t) if t.storage != Storage::Null && t.numel() > 0 => {
-                    t.sizes.iter().max().copied()
+                    t.info.sizes.iter().max().copied()
                 }
                 _ => None,
             })
@@ -696,22 +696,22 @@ impl Method {
             .ok_or_else(|| err("no such value".into()))?;
         match (slot, value) {
             (Slot::Tensor(t), EValue::Tensor(x)) => {
-                if t.dtype != x.dtype() {
-                    return Err(err(format!("expected {}, got {}", t.dtype, x.dtype())));
+                if t.info.dtype != x.dtype() {
+                    return Err(err(format!("expected {}, got {}", t.info.dtype, x.dtype())));
                 }
-                if t.sizes.len() != x.sizes().len() {
+                if t.info.sizes.len() != x.sizes().len() {
                     return Err(err(format!(
                         "expected rank {} (shape {:?}), got rank {} (shape {:?})",
-                        t.sizes.len(),
-                        t.sizes.as_slice(),
+                        t.info.sizes.len(),
+                        t.info.sizes.as_slice(),
                         x.sizes().len(),
                         x.sizes()
                     )));
                 }
-                if t.dim_order.as_slice() != x.dim_order() {
+                if t.info.dim_order.as_slice() != x.dim_order() {
                     return Err(err(format!(
                         "expected dim order {:?}, got {:?}",
-                        t.dim_order.as_slice(),
+                        t.info.dim_order.as_slice(),
                         x.dim_order()
                     )));
                 }
@@ -889,7 +889,7 @@ impl Method {
                     self.inputs
                         .iter()
                         .filter_map(|&i| match self.values.get(i as usize) {
-                            Some(Slot::Tensor(t)) => t.sizes.iter().max().copied(),
+                            Some(Slot::Tensor(t)) => t.info.sizes.iter().max().copied(),
                             _ => None,
                         });
                 let largest = inputs.fold(self.largest_dim, usize::max) as u64;
@@ -1065,7 +1065,7 @@ impl Method {
                 nbytes: t.nbytes(),
             })
             .map_err(|e| RuntimeError::invalid_argument(e.to_string()))?;
-        Tensor::from_bytes(t.dtype, &t.sizes, &t.dim_order, bytes)
+        Tensor::from_bytes(t.info.dtype, &t.info.sizes, &t.info.dim_order, bytes)
     }
 
     fn slot(&self, id: usize) -> Result<&Slot> {
@@ -1160,7 +1160,7 @@ fn free(values: &mut [Slot], memory: &mut Memory, value: u32) -> std::result::Re
 fn condition(v: &Slot, memory: &Memory) -> std::result::Result<bool, KernelError> {
     match v {
         Slot::Bool(b) => Ok(*b),
-        Slot::Tensor(t) if t.dtype == DType::Bool => Ok(memory
+        Slot::Tensor(t) if t.info.dtype == DType::Bool => Ok(memory
             .read(Access {
                 storage: t.storage,
                 nbytes: t.nbytes(),
@@ -1170,7 +1170,7 @@ fn condition(v: &Slot, memory: &Memory) -> std::result::Result<bool, KernelError
         other => Err(KernelError::invalid(format!(
             "a jump condition must be a Bool or a bool tensor, not {}",
             match other {
-                Slot::Tensor(t) => format!("a {} tensor", t.dtype),
+                Slot::Tensor(t) => format!("a {} tensor", t.info.dtype),
                 o => o.kind().to_owned(),
             }
         ))),
@@ -1408,10 +1408,12 @@ fn parse_tensor(
         }
     };
     Ok(TensorSlot {
-        dtype: shape.dtype,
+        info: TensorInfo {
+            dtype: shape.dtype,
+            sizes: shape.sizes,
+            dim_order: shape.dim_order,
+        },
         capacity: shape.numel,
-        sizes: shape.sizes,
-        dim_order: shape.dim_order,
         dynamism: shape.dynamism,
         storage,
     })

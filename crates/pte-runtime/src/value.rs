@@ -1,8 +1,8 @@
 //! Values: the public owned [`EValue`], and the method's internal value slots.
 
-use crate::dtype::DType;
+use crate::args::TensorInfo;
 use crate::memory::Storage;
-use crate::tensor::{Dims, Tensor};
+use crate::tensor::Tensor;
 
 /// A value of any kind the program schema has, owned. Method inputs and outputs are
 /// EValues.
@@ -66,9 +66,8 @@ pub enum Dynamism {
 /// A tensor value of a loaded method: metadata plus where its bytes are.
 #[derive(Clone, Debug)]
 pub(crate) struct TensorSlot {
-    pub dtype: DType,
-    pub sizes: Dims,
-    pub dim_order: Dims,
+    /// Dtype, sizes and dim order: lent as they are to the kernels' views.
+    pub info: TensorInfo,
     pub dynamism: Dynamism,
     /// Most elements the tensor may hold (the serialized shape's element count).
     pub capacity: usize,
@@ -77,11 +76,11 @@ pub(crate) struct TensorSlot {
 
 impl TensorSlot {
     pub(crate) fn numel(&self) -> usize {
-        self.sizes.iter().product()
+        self.info.numel()
     }
 
     pub(crate) fn nbytes(&self) -> usize {
-        self.numel() * self.dtype.size()
+        self.info.nbytes()
     }
 }
 

@@ -610,7 +610,7 @@ impl Exec {
         // Input shapes in physical (dim-order) layout, as XNNPACK's executor gives them;
         // compared in place with the planned ones (no allocation when they agree).
         let physical = |args: &Args<'_>, arg: usize| -> KernelResult<Dims> {
-            let t = args.tensor(arg)?;
+            let t = args.info(arg)?;
             Ok(t.dim_order
                 .iter()
                 .map(|&d| t.sizes.get(d).copied().unwrap_or(0))
@@ -630,7 +630,7 @@ impl Exec {
         }
         // Outputs take the shapes the graph gives them (back in their dim order).
         for e in &self.outputs {
-            let t = args.tensor(e.arg)?;
+            let t = args.info(e.arg)?;
             let mut shape = self.shapes.get(e.value).cloned().unwrap_or_default();
             // A 0-d argument is a one-element value of the graph (upstream serializes
             // scalars with dims [1]).

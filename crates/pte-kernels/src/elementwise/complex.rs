@@ -15,10 +15,10 @@ type C = Complex<f64>;
 
 /// True when a tensor operand or the output at `out` is complex.
 pub fn involved(args: &Args<'_>, operands: &[Operand], out: usize) -> KernelResult<bool> {
-    let mut any = args.tensor(out)?.dtype.is_complex();
+    let mut any = args.info(out)?.dtype.is_complex();
     for op in operands {
         if let Operand::Tensor(i) = *op {
-            any |= args.tensor(i)?.dtype.is_complex();
+            any |= args.info(i)?.dtype.is_complex();
         }
     }
     Ok(any)
@@ -47,7 +47,7 @@ pub fn binary(
     out: usize,
     f: impl Fn(C, C) -> C,
 ) -> KernelResult {
-    let od = args.tensor(out)?.dtype;
+    let od = args.info(out)?.dtype;
     if !od.is_complex() {
         return Err(KernelError::invalid(format!(
             "a complex result cannot be written to an output of type {od}"
@@ -58,7 +58,7 @@ pub fn binary(
     let mut sizes: [Option<Dims>; 2] = [None, None];
     for (op, size) in operands.iter().zip(sizes.iter_mut()) {
         if let Operand::Tensor(i) = *op {
-            let t = args.tensor(i)?;
+            let t = args.info(i)?;
             shape = broadcast_shapes(&shape, &t.sizes)?;
             *size = Some(t.sizes.clone());
             reads.push(Arg::At(i));
@@ -111,7 +111,7 @@ pub fn binary(
 /// `abs.out(self, out)` of a complex tensor: the magnitudes, in the parts' type.
 pub fn abs(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;
-    let od = args.tensor(1)?.dtype;
+    let od = args.info(1)?.dtype;
     if od != complex_part(x.dtype) {
         return Err(KernelError::dtypes(&[x.dtype, od]));
     }

@@ -70,7 +70,7 @@ pub fn result_type(args: &Args<'_>, operands: &[Operand]) -> KernelResult<DType>
     for op in operands {
         let (class, dtype) = match *op {
             Operand::Tensor(i) => {
-                let t = args.tensor(i)?;
+                let t = args.info(i)?;
                 let class = if t.rank() == 0 {
                     &mut zero_dim
                 } else {
@@ -112,7 +112,7 @@ pub fn float_type(dtype: DType) -> DType {
 /// Checks that a result computed as `compute` may be written to argument `out`, as
 /// PyTorch does (no float into an integer, no number into a bool).
 pub fn check_out(args: &Args<'_>, compute: DType, out: usize) -> KernelResult<DType> {
-    let to = args.tensor(out)?.dtype;
+    let to = args.info(out)?.dtype;
     let narrowing =
         (compute.is_float() && !to.is_float()) || (compute != DType::Bool && to == DType::Bool);
     if narrowing {

@@ -120,7 +120,7 @@ pub(super) type Key = SmallVec<[i64; 24]>;
 pub(super) fn key(args: &Args<'_>, l: &Layout) -> KernelResult<Key> {
     let c = l.conv;
     let mut k = Key::new();
-    k.extend(args.tensor(c)?.sizes.iter().map(|&s| s as i64));
+    k.extend(args.info(c)?.sizes.iter().map(|&s| s as i64));
     for list in 3..6 {
         k.push(-1);
         k.extend(args.int_list(c + list)?);
@@ -392,7 +392,7 @@ impl PreparedKernel for FastConv {
         let layer = &self.layer;
         args.resize(l.out, &layer.out_sizes)?;
         if let Some(r) = l.residual {
-            if args.tensor(r)?.sizes.as_slice() != layer.out_sizes.as_slice() {
+            if args.info(r)?.sizes.as_slice() != layer.out_sizes.as_slice() {
                 return Err(KernelError::invalid(format!(
                     "{}: the added tensor must have the output's shape {:?}",
                     args.op(),

@@ -283,7 +283,7 @@ fn build(
 impl PreparedKernel for Packed {
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
         let (xi, _, _) = self.op.positions();
-        let x = args.tensor(xi)?;
+        let x = args.info(xi)?;
         let (k, n) = self.b.weight.dims();
         let m = match self.op {
             Op::Linear if x.sizes.last() == Some(&k) => x.numel() / k.max(1),
@@ -301,7 +301,7 @@ impl PreparedKernel for Packed {
             )));
         }
         if self.own_shape {
-            let held = args.tensor(self.out)?.numel();
+            let held = args.info(self.out)?.numel();
             if held != m * n {
                 return Err(KernelError::invalid(format!(
                     "{}: output of {held} elements for a {m}x{n} product",
@@ -380,7 +380,7 @@ fn variable(
 
 impl PreparedKernel for Variable {
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
-        let (a, b) = (args.tensor(0)?, args.tensor(1)?);
+        let (a, b) = (args.info(0)?, args.info(1)?);
         let (count, m, k, n) = match (a.sizes.as_slice(), b.sizes.as_slice()) {
             (&[m, k], &[k2, n]) if !self.batched && k == k2 => (1, m, k, n),
             (&[ba, m, k], &[bb, k2, n]) if self.batched && ba == bb && k == k2 => (ba, m, k, n),

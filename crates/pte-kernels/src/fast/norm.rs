@@ -126,7 +126,7 @@ struct CatNorm(Layout);
 impl Kernel for CatNorm {
     fn prepare(&self, args: &Args<'_>) -> KernelResult<Box<dyn PreparedKernel>> {
         let l = self.0;
-        let channels = args.tensor(l.out)?.sizes.get(1).copied().unwrap_or(0);
+        let channels = args.info(l.out)?.sizes.get(1).copied().unwrap_or(0);
         let (scale, shift) = batch_norm_coefficients(args, l.parts, channels, None)?;
         let coefficients = scale
             .iter()
@@ -169,11 +169,11 @@ impl PreparedKernel for Prepared {
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
         let l = self.l;
         let activation: Activation = l.act.resolve(args)?;
-        let first = args.tensor(0)?;
+        let first = args.info(0)?;
         let mut channels = 0usize;
         for k in 0..l.parts {
             let c = self
-                .part(args, k, &first)?
+                .part(args, k, first)?
                 .sizes
                 .get(1)
                 .copied()

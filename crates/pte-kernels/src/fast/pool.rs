@@ -20,7 +20,7 @@ pub(super) struct MaxPool {
 
 /// Prepares `max_pool2d_with_indices` when its input and output are float32.
 pub(super) fn prepare_max(args: &Args<'_>, _: &dyn pte_runtime::Kernel) -> super::Prepared {
-    let indices = args.tensor(7)?.dtype == pte_runtime::DType::I64;
+    let indices = args.info(7)?.dtype == pte_runtime::DType::I64;
     Ok((indices && qualifies(args, 6)?).then(|| {
         Box::new(MaxPool {
             out: 6,
@@ -105,7 +105,7 @@ fn params(
     dilation: Option<usize>,
     ceil: usize,
 ) -> KernelResult<(Pool2dParams, SmallVec<[usize; 4]>)> {
-    let x = args.tensor(0)?;
+    let x = args.info(0)?;
     let bad = || {
         KernelError::invalid(format!(
             "{}: window lists must hold one or two non-negative values",

@@ -951,7 +951,7 @@ struct Region {
 
 /// Sizes of argument `i` as a 4-d NCHW shape.
 fn nchw(args: &Args<'_>, i: usize) -> KernelResult<[usize; 4]> {
-    match args.tensor(i)?.sizes.as_slice() {
+    match args.info(i)?.sizes.as_slice() {
         &[n, c, h, w] => Ok([n, c, h, w]),
         &[n, c] => Ok([n, c, 1, 1]),
         s => Err(KernelError::invalid(format!(
@@ -1148,7 +1148,7 @@ impl Region {
             return Ok(false);
         };
         for s in steps.iter().take(len.saturating_sub(1)) {
-            if !spatial(&args.tensor(dst_of(s).pos())?.sizes) {
+            if !spatial(&args.info(dst_of(s).pos())?.sizes) {
                 return Ok(false);
             }
         }
@@ -1281,7 +1281,7 @@ impl Region {
                     SmallVec::from_slice(&[x[0], x[1], oh, ow])
                 }
                 Step::Mean { out, .. } => {
-                    let rank = args.tensor(*out)?.rank();
+                    let rank = args.info(*out)?.rank();
                     let mut s: SmallVec<[usize; 4]> = SmallVec::from_slice(&[x[0], x[1]]);
                     s.extend(std::iter::repeat_n(1, rank.saturating_sub(2)));
                     s
@@ -1322,7 +1322,7 @@ impl Region {
         let mut entries = SmallVec::new();
         let mut at = 0usize;
         for &e in &self.plan.entries {
-            let n = args.tensor(e)?.numel();
+            let n = args.info(e)?.numel();
             entries.push((at, n));
             at += n;
         }
@@ -1330,7 +1330,7 @@ impl Region {
         for held in &self.slots {
             let mut len = 0;
             for &p in held {
-                len = len.max(args.tensor(p)?.numel());
+                len = len.max(args.info(p)?.numel());
             }
             slots.push(len);
         }
@@ -1378,7 +1378,7 @@ impl Region {
             let &[Dst::Arg(o)] = dsts_of(&step).as_slice() else {
                 continue;
             };
-            if !spatial(&args.tensor(o)?.sizes) {
+            if !spatial(&args.info(o)?.sizes) {
                 continue;
             }
             let Ok(out) = span(args, o) else {

@@ -50,7 +50,7 @@ pub(super) fn prepare_bilinear(args: &Args<'_>, _: &dyn pte_runtime::Kernel) -> 
 
 impl PreparedKernel for Upsample {
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
-        let x = args.tensor(0)?;
+        let x = args.info(0)?;
         let &[n, c, h, w] = x.sizes.as_slice() else {
             return Err(pte_runtime::KernelError::invalid(format!(
                 "{}: expects a 4-D input, got {:?}",

@@ -189,11 +189,11 @@ impl Binary {
                 return Ok(None);
             }
         }
-        let x = args.tensor(0)?;
+        let x = args.info(0)?;
         if args.kind(1)? != "Tensor" {
             return Ok(Some(Shape::Scalar));
         }
-        let y = args.tensor(1)?;
+        let y = args.info(1)?;
         if y.sizes == x.sizes {
             return Ok(Some(Shape::Same));
         }
@@ -316,7 +316,7 @@ pub(super) fn softmax(args: &Args<'_>, generic: &dyn Kernel) -> super::Prepared 
 
 impl PreparedKernel for Softmax {
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
-        let x = args.tensor(0)?;
+        let x = args.info(0)?;
         if x.dim(args.int(1)?)? + 1 < x.rank() {
             return self.fallback.run(args);
         }
@@ -360,7 +360,7 @@ impl Kernel for SafeSoftmax {
 
 impl PreparedKernel for SafeSoftmax {
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
-        let x = args.tensor(0)?;
+        let x = args.info(0)?;
         if x.dim(args.int(1)?)? + 1 != x.rank() {
             return Err(KernelError::invalid(
                 "safe softmax: only over the last dimension",
@@ -407,7 +407,7 @@ impl PreparedKernel for LayerNorm {
         let mut stat: SmallVec<[usize; 6]> = x.sizes.get(..axis).unwrap_or_default().into();
         stat.extend(std::iter::repeat_n(1, shape.len()));
         for i in [2, 3] {
-            if !args.is_none(i)? && args.tensor(i)?.numel() != row {
+            if !args.is_none(i)? && args.info(i)?.numel() != row {
                 return Err(KernelError::invalid(format!(
                     "layer norm: argument {i} must hold {row} values"
                 )));
@@ -481,7 +481,7 @@ pub(super) fn mean(args: &Args<'_>, generic: &dyn Kernel) -> super::Prepared {
 
 impl PreparedKernel for Mean {
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
-        let x = args.tensor(0)?;
+        let x = args.info(0)?;
         let dims: SmallVec<[usize; 8]> = if args.is_none(1)? {
             (0..x.rank()).collect()
         } else {

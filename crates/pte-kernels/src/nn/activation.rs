@@ -77,7 +77,7 @@ fn softmax(args: &mut Args<'_>, log: bool) -> KernelResult {
     let x = args.tensor(0)?;
     let dim = x.dim(args.int(1)?)?;
     let half_to_float = args.bool(2)?;
-    let out_dtype = args.tensor(3)?.dtype;
+    let out_dtype = args.info(3)?.dtype;
     args.resize(3, &x.sizes)?;
     let (_, len, inner) = split_at_dim(&x.sizes, dim);
     let pool = args.pool();
@@ -112,7 +112,7 @@ fn glu(args: &mut Args<'_>) -> KernelResult {
             "glu halves dim {dim}, which has odd size {len}"
         )));
     }
-    let out_dtype = args.tensor(2)?.dtype;
+    let out_dtype = args.info(2)?.dtype;
     if out_dtype != x.dtype {
         return Err(KernelError::dtypes(&[x.dtype, out_dtype]));
     }

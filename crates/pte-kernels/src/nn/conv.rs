@@ -121,7 +121,7 @@ const BACKWARD: Positions = Positions {
 
 /// Reads and checks the arguments; returns the geometry and the output sizes.
 fn geometry(args: &Args<'_>, at: Positions) -> KernelResult<(Geom, Dims)> {
-    let (x, w) = (args.tensor(at.input)?, args.tensor(at.weight)?);
+    let (x, w) = (args.info(at.input)?, args.info(at.weight)?);
     let spatial = match w.rank() {
         3 => 1,
         4 => 2,
@@ -230,11 +230,11 @@ fn geometry(args: &Args<'_>, at: Positions) -> KernelResult<(Geom, Dims)> {
 fn convolution(args: &mut Args<'_>, cache: &mut Option<Prepared>) -> KernelResult {
     let (g, out_sizes) = geometry(args, FORWARD)?;
     let bias = args.opt_tensor(2)?;
-    let dtype = args.tensor(0)?.dtype;
+    let dtype = args.info(0)?.dtype;
     let dtypes = [
         Some(dtype),
-        Some(args.tensor(1)?.dtype),
-        Some(args.tensor(9)?.dtype),
+        Some(args.info(1)?.dtype),
+        Some(args.info(9)?.dtype),
         bias.as_ref().map(|b| b.dtype),
     ];
     if dtypes.iter().flatten().any(|&d| d != dtype) {
@@ -533,7 +533,7 @@ fn direct<T: Float>(g: &Geom, x: &[T], w: &[T], bias: Option<&[T]>, out: &mut [T
 /// grad_bias)`: the gradients `output_mask` asks for, accumulated in `f64`.
 fn convolution_backward(args: &mut Args<'_>) -> KernelResult {
     let (g, out_sizes) = geometry(args, BACKWARD)?;
-    let go = args.tensor(0)?;
+    let go = args.info(0)?;
     if go.sizes != out_sizes {
         return Err(invalid(format!(
             "grad_output of shape {:?}, the convolution gives {:?}",
@@ -547,8 +547,8 @@ fn convolution_backward(args: &mut Args<'_>) -> KernelResult {
     };
     let dtype = go.dtype;
     for i in [1, 2] {
-        if args.tensor(i)?.dtype != dtype {
-            return Err(KernelError::dtypes(&[dtype, args.tensor(i)?.dtype]));
+        if args.info(i)?.dtype != dtype {
+            return Err(KernelError::dtypes(&[dtype, args.info(i)?.dtype]));
         }
     }
     let mut writes = SmallVec::<[Arg; 3]>::new();
@@ -564,11 +564,11 @@ fn convolution_backward(args: &mut Args<'_>) -> KernelResult {
         writes.push(Arg::At(13));
     }
     for &w in &writes {
-        if args.tensor(w)?.dtype != dtype {
-            return Err(KernelError::dtypes(&[dtype, args.tensor(w)?.dtype]));
+        if args.info(w)?.dtype != dtype {
+            return Err(KernelError::dtypes(&[dtype, args.info(w)?.dtype]));
         }
     }
-    let (nx, nw) = (args.tensor(1)?.numel(), args.tensor(2)?.numel());
+    let (nx, nw) = (args.info(1)?.numel(), args.info(2)?.numel());
     let pieces = [Scratch::piece::<f64>(nx), Scratch::piece::<f64>(nw)];
     let reads = [Arg::At(0), Arg::At(1), Arg::At(2)];
     let mut io = Dense::io(args, &reads, &writes, &pieces)?;

@@ -168,9 +168,9 @@ fn max_pool2d_with_indices(args: &mut Args<'_>) -> KernelResult {
     let ceil = args.bool(5)?;
     let ay = Axis::new(p.h, kernel[0], stride[0], pad[0], dilation[0], ceil)?;
     let ax = Axis::new(p.w, kernel[1], stride[1], pad[1], dilation[1], ceil)?;
-    check_dtypes(&[x.dtype, args.tensor(6)?.dtype])?;
-    if args.tensor(7)?.dtype != DType::I64 {
-        return Err(KernelError::dtypes(&[x.dtype, args.tensor(7)?.dtype]));
+    check_dtypes(&[x.dtype, args.info(6)?.dtype])?;
+    if args.info(7)?.dtype != DType::I64 {
+        return Err(KernelError::dtypes(&[x.dtype, args.info(7)?.dtype]));
     }
     let sizes = p.out_sizes(ay.output, ax.output);
     args.resize(6, &sizes)?;
@@ -235,7 +235,7 @@ fn max_pool2d_backward(args: &mut Args<'_>) -> KernelResult {
             idx.sizes.as_slice()
         )));
     }
-    check_dtypes(&[go.dtype, x.dtype, args.tensor(8)?.dtype])?;
+    check_dtypes(&[go.dtype, x.dtype, args.info(8)?.dtype])?;
     args.resize(8, &x.sizes)?;
     let mut io = Dense::io(args, &[0.into(), 7.into()], &[8.into()], &[])?;
     let indices = io.input::<i64>(1)?;
@@ -262,8 +262,8 @@ fn max_pool2d_backward(args: &mut Args<'_>) -> KernelResult {
 /// divisor_override, out)`. A window is clipped to the input; its divisor is the override
 /// if given, else its size including padding (`count_include_pad`) or not.
 fn avg_pool2d(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
-    let p = Planes::of(&x)?;
+    let x = args.info(0)?;
+    let p = Planes::of(x)?;
     let [kernel, stride, pad] = window_args(args, 1)?;
     let (ceil, include_pad) = (args.bool(4)?, args.bool(5)?);
     let divisor = match args.opt_int(6)? {
@@ -272,7 +272,7 @@ fn avg_pool2d(args: &mut Args<'_>) -> KernelResult {
     };
     let ay = Axis::new(p.h, kernel[0], stride[0], pad[0], 1, ceil)?;
     let ax = Axis::new(p.w, kernel[1], stride[1], pad[1], 1, ceil)?;
-    check_dtypes(&[x.dtype, args.tensor(7)?.dtype])?;
+    check_dtypes(&[x.dtype, args.info(7)?.dtype])?;
     args.resize(7, &p.out_sizes(ay.output, ax.output))?;
     let divisor = |[y0, y1, ph, _]: [usize; 4], [x0, x1, pw, _]: [usize; 4]| {
         let size = (y1 - y0) * (x1 - x0);
@@ -289,10 +289,10 @@ fn avg_pool2d(args: &mut Args<'_>) -> KernelResult {
 /// `_adaptive_avg_pool2d.out(self, output_size, out)`: output `i` of `n` averages inputs
 /// `floor(i·in/n)..ceil((i+1)·in/n)`.
 fn adaptive_avg_pool2d(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
-    let p = Planes::of(&x)?;
+    let x = args.info(0)?;
+    let p = Planes::of(x)?;
     let [oh, ow] = spatial_pair(&args.int_list(1)?, 2, "output_size", 1)?;
-    check_dtypes(&[x.dtype, args.tensor(2)?.dtype])?;
+    check_dtypes(&[x.dtype, args.info(2)?.dtype])?;
     if !x.dtype.is_float() {
         return Err(KernelError::dtypes(&[x.dtype]));
     }
@@ -352,7 +352,7 @@ fn average<W: Windows>(
     out: usize,
     divisor: impl Fn([usize; 4], [usize; 4]) -> Option<i64> + Sync,
 ) -> KernelResult {
-    let dtype = args.tensor(0)?.dtype;
+    let dtype = args.info(0)?.dtype;
     let pool = args.pool();
     let (oh, ow) = (ay.outputs(), ax.outputs());
     let pieces = [

@@ -96,7 +96,7 @@ fn nearest(o: usize, input: usize, output: usize, scale: Option<f64>) -> usize {
 
 /// Checks the input and output of a resampling and resizes the output: `[n, c, oh, ow]`.
 fn prepare(args: &mut Args<'_>, out: usize, sizes: [usize; 4], op: &str) -> KernelResult {
-    let [_, _, h, w] = nchw(&args.tensor(0)?.sizes, op)?;
+    let [_, _, h, w] = nchw(&args.info(0)?.sizes, op)?;
     let [_, _, oh, ow] = sizes;
     if h == 0 || w == 0 || oh == 0 || ow == 0 {
         return Err(KernelError::invalid(format!(
@@ -105,7 +105,7 @@ fn prepare(args: &mut Args<'_>, out: usize, sizes: [usize; 4], op: &str) -> Kern
     }
     numel_of(&sizes)?;
     args.resize(out, &sizes)?;
-    same_dtype(args.tensor(0)?.dtype, args.tensor(out)?.dtype)
+    same_dtype(args.info(0)?.dtype, args.info(out)?.dtype)
 }
 
 /// `upsample_nearest2d.vec_out(input, output_size?, scale_factors?, out)`.
@@ -299,7 +299,7 @@ fn bilinear(
 
 /// `upsample_bilinear2d.vec_out(input, output_size?, align_corners, scale_factors?, out)`.
 fn upsample_bilinear2d(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
+    let x = args.info(0)?;
     let [n, c, h, w] = nchw(&x.sizes, "upsample_bilinear2d")?;
     let align_corners = args.bool(2)?;
     let ([oh, ow], [sh, sw]) = out_size(args, 1, 3, [h, w], "upsample_bilinear2d")?;
@@ -317,7 +317,7 @@ fn upsample_bilinear2d(args: &mut Args<'_>) -> KernelResult {
 /// `_upsample_bilinear2d_aa.out(self, output_size, align_corners, scales_h?, scales_w?,
 /// out)`.
 fn upsample_bilinear2d_aa(args: &mut Args<'_>) -> KernelResult {
-    let x = args.tensor(0)?;
+    let x = args.info(0)?;
     let [n, c, h, w] = nchw(&x.sizes, "_upsample_bilinear2d_aa")?;
     let size = args.int_list(1)?;
     let &[oh, ow] = size.as_slice() else {
@@ -395,7 +395,7 @@ fn cubic_weights(t: f64) -> [f64; 4] {
 /// out)`: `out[n, c, i, j]` samples plane `(n, c)` at `grid[n, i, j]` (x then y, -1..1).
 fn grid_sampler_2d(args: &mut Args<'_>) -> KernelResult {
     let x = args.tensor(0)?;
-    let g = args.tensor(1)?;
+    let g = args.info(1)?;
     let [n, c, h, w] = nchw(&x.sizes, "grid_sampler_2d")?;
     let (oh, ow) = match g.sizes.as_slice() {
         &[gn, oh, ow, 2] if gn == n => (oh, ow),

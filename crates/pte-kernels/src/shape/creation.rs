@@ -21,7 +21,7 @@ fn sizes_arg(args: &Args<'_>, i: usize) -> KernelResult<Dims> {
 /// Output `out` with `sizes`, every element `value` (`None`: left as it is, for `empty`).
 fn filled(args: &mut Args<'_>, sizes: &[usize], value: Option<Scalar>, out: usize) -> KernelResult {
     args.resize(out, sizes)?;
-    let dtype = args.tensor(out)?.dtype;
+    let dtype = args.info(out)?.dtype;
     // Filling ignores the dim order, so any is fine.
     let mut io = args.io_strided(&[], &[out.into()])?;
     match (value, io.outputs.first_mut()) {
@@ -56,7 +56,7 @@ fn fill_like(args: &mut Args<'_>) -> KernelResult {
                 t.info.sizes.as_slice()
             )));
         }
-        crate::layout::first_scalar(&t.info, t.bytes())?
+        crate::layout::first_scalar(t.info, t.bytes())?
     } else {
         args.scalar(1)?
     };
@@ -73,7 +73,7 @@ fn arange(
     step: Scalar,
     out: usize,
 ) -> KernelResult {
-    let dtype = args.tensor(out)?.dtype;
+    let dtype = args.info(out)?.dtype;
     if dtype == DType::Bool {
         return Err(KernelError::dtypes(&[dtype]));
     }
