@@ -95,6 +95,8 @@ struct Opts {
     rounds: usize,
     min: Duration,
     isa: Isa,
+    /// `--only TEXT`: the NHWC layers whose names contain it.
+    only: Option<String>,
 }
 
 fn bench_gemm(o: &Opts) {
@@ -837,6 +839,8 @@ fn bench_nhwc(o: &Opts) {
         ("rx50 g32 256 56 s2", 256, 256, 32, 56, 3, 2, 1),
         ("rx50 pw s2 256->512 56", 256, 512, 1, 56, 1, 2, 0),
         ("rx50 pw 256->128 56", 256, 128, 1, 56, 1, 1, 0),
+        ("rx50 pw 1024->512 14", 1024, 512, 1, 14, 1, 1, 0),
+        ("rx50 pw 2048->1024 7", 2048, 1024, 1, 7, 1, 1, 0),
         ("regx pw 160->160 14", 160, 160, 1, 14, 1, 1, 0),
         ("regx pw 400->400 7", 400, 400, 1, 7, 1, 1, 0),
         ("regx g2 32 56", 32, 32, 2, 56, 3, 1, 1),
@@ -856,7 +860,10 @@ fn bench_nhwc(o: &Opts) {
     println!("|---|---|---:|---:|---:|");
     let g = Gemm::with_isa(o.isa).unwrap();
     let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
-    for &(name, ci, co, groups, size, k, s, pad) in shapes {
+    let chosen = shapes
+        .iter()
+        .filter(|s| o.only.as_deref().is_none_or(|only| s.0.contains(only)));
+    for &(name, ci, co, groups, size, k, s, pad) in chosen {
         let p = layer(ci, co, groups, size, k, s, pad);
         let w = values(co * ci / groups * k * k);
         let bias = values(co);
@@ -1095,17 +1102,24 @@ fn main() {
         Some("avx512") => Isa::Avx512,
         _ => Isa::best(),
     };
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
     let o = if quick {
         Opts {
             rounds: 3,
             min: Duration::from_millis(20),
             isa,
+            only: only.clone(),
         }
     } else {
         Opts {
             rounds: 7,
             min: Duration::from_millis(50),
             isa,
+            only: only.clone(),
         }
     };
     println!(

@@ -119,7 +119,7 @@ pub(super) mod x86 {
                     let rows: [*const f32; R] = std::array::from_fn(|i| unsafe { a.row(t, i, R) });
                     // SAFETY: t * kc + p < taps * kc: inside the panel.
                     let bt = unsafe { b.add(t * kc * $nr) };
-                    for p in 0..kc {
+                    let step = |p: usize, acc: &mut [[$v; W]; R]| {
                         // SAFETY: p < kc: inside each row and the panel.
                         unsafe {
                             let bp = bt.add(p * $nr);
@@ -132,6 +132,18 @@ pub(super) mod x86 {
                                 }
                             }
                         }
+                    };
+                    let mut p = 0;
+                    while p + 4 <= kc {
+                        step(p, &mut acc);
+                        step(p + 1, &mut acc);
+                        step(p + 2, &mut acc);
+                        step(p + 3, &mut acc);
+                        p += 4;
+                    }
+                    while p < kc {
+                        step(p, &mut acc);
+                        p += 1;
                     }
                 }
                 let (lo, hi) = ($set1(post.min), $set1(post.max));
