@@ -499,11 +499,7 @@ impl<'a> Args<'a> {
     }
 
     fn access(&self, a: Arg) -> KernelResult<Access> {
-        let t = self.tensor_slot(a)?;
-        Ok(Access {
-            storage: t.storage,
-            nbytes: t.nbytes(),
-        })
+        Ok(self.tensor_slot(a)?.access())
     }
 
     /// Bytes of a constant tensor (in the program or its data files, or computed from
@@ -547,10 +543,12 @@ impl<'a> Args<'a> {
     /// A shared view of one tensor, for kernels that read some data (an index, a
     /// condition) before deciding on output sizes.
     pub fn read(&self, a: impl Into<Arg>) -> KernelResult<TensorData<'_>> {
-        let a = a.into();
-        let info = &self.tensor_slot(a)?.info;
-        let bytes = self.memory.read(self.access(a)?)?;
-        Ok(TensorData { info, bytes })
+        let t = self.tensor_slot(a.into())?;
+        let bytes = self.memory.read(t.access())?;
+        Ok(TensorData {
+            info: &t.info,
+            bytes,
+        })
     }
 
     /// Views of the tensors a kernel reads and writes; all must have the default (row
@@ -614,10 +612,7 @@ impl<'a> Args<'a> {
                     self.op, t.info.dim_order
                 )));
             }
-            let access = Access {
-                storage: t.storage,
-                nbytes: t.nbytes(),
-            };
+            let access = t.access();
             if k < reads.len() {
                 read_ids.push(id);
                 read_accesses.push(access);

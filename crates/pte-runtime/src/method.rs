@@ -725,11 +725,10 @@ impl Method {
                 if t.storage == Storage::Null {
                     t.storage = Storage::Heap { owner: id };
                 }
-                let access = Access {
-                    storage: t.storage,
-                    nbytes: t.nbytes(),
-                };
-                let dst = self.memory.write(access).map_err(|e| err(e.to_string()))?;
+                let dst = self
+                    .memory
+                    .write(t.access())
+                    .map_err(|e| err(e.to_string()))?;
                 if dst.len() != x.as_bytes().len() {
                     return Err(err(format!(
                         "{} bytes of data for {} bytes of tensor",

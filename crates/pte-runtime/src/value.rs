@@ -1,7 +1,7 @@
 //! Values: the public owned [`EValue`], and the method's internal value slots.
 
 use crate::args::TensorInfo;
-use crate::memory::Storage;
+use crate::memory::{Access, Storage};
 use crate::tensor::Tensor;
 
 /// A value of any kind the program schema has, owned. Method inputs and outputs are
@@ -81,6 +81,14 @@ impl TensorSlot {
 
     pub(crate) fn nbytes(&self) -> usize {
         self.info.nbytes()
+    }
+
+    /// Where all of the tensor's bytes are.
+    pub(crate) fn access(&self) -> Access {
+        Access {
+            storage: self.storage,
+            nbytes: self.nbytes(),
+        }
     }
 }
 
