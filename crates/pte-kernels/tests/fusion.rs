@@ -662,6 +662,25 @@ enum Gates {
     /// `[1, rows, 4 × h] + [rows, 4 × h]`, the second read through `relu` then
     /// `squeeze_copy` of `[1, rows, 4 × h]` (a copy the runtime elides) when `squeezed`.
     Summed { squeezed: bool },
+    /// An exported step: `addmm(bias, x, permute_copy(W))` of a method input `x` of
+    /// [`PRODUCT_DEPTH`] columns and a constant `W`, read as `[1, rows, 4 × h]` through
+    /// a view the exporter elided, plus
+    /// a method input `[rows, 4 × h]`; with `exposed` the product is a method output.
+    Product { exposed: bool },
+}
+
+/// Columns of [`Gates::Product`]'s input.
+const PRODUCT_DEPTH: usize = 24;
+/// Where [`Gates::Product`] plans its product, past the other tensors.
+const PRODUCT_AT: u64 = 1 << 20;
+
+/// The weight `[4h, PRODUCT_DEPTH]` and bias `[4h]` of [`Gates::Product`].
+fn product_constants(h: usize) -> (Vec<f32>, Vec<f32>) {
+    let weights: Vec<f32> = pte_testkit::values(4 * h * PRODUCT_DEPTH, 44)
+        .iter()
+        .map(|w| w / 4.0)
+        .collect();
+    (weights, pte_testkit::values(4 * h, 45))
 }
 
 impl Gates {
@@ -669,7 +688,7 @@ impl Gates {
     fn sizes(self, rows: i32, last: i32) -> Vec<i32> {
         match self {
             Gates::Given => vec![rows, last],
-            Gates::Summed { .. } => vec![1, rows, last],
+            Gates::Summed { .. } | Gates::Product { .. } => vec![1, rows, last],
         }
     }
 }
@@ -704,6 +723,32 @@ fn lstm_cell_program(rows: usize, h: usize, expose: bool, alpha: i64, from: Gate
         inputs[0] = x;
         let one = b.int(1);
         b.call("aten::add", "out", &[x, y, one, gates, gates]);
+    }
+    if let Gates::Product { exposed } = from {
+        // h0 · Wᵀ + bias, viewed as [1, r, 4h], plus the batched slice xs.
+        let k = PRODUCT_DEPTH as i32;
+        let (weights, bias) = product_constants(h as usize);
+        let x = b.tensor(Float, &[r, k], Memory::Planned);
+        let xs = b.tensor(Float, &[r, 4 * h], Memory::Planned);
+        let w = b.constant(Float, &[4 * h, k], bytemuck::cast_slice(&weights));
+        let bias = b.constant(Float, &[4 * h], bytemuck::cast_slice(&bias));
+        let (perm, one) = (b.int_list(&[1, 0]), b.int(1));
+        let wt = b.tensor(Float, &[k, 4 * h], Memory::Planned);
+        // The view the exporter elided: a tensor at the product's place that no
+        // instruction writes.
+        let product = b.tensor(Float, &[r, 4 * h], Memory::At(PRODUCT_AT));
+        let viewed = b.tensor(Float, &[1, r, 4 * h], Memory::At(PRODUCT_AT));
+        b.call("aten::permute_copy", "out", &[w, perm, wt, wt]);
+        b.call(
+            "aten::addmm",
+            "out",
+            &[bias, x, wt, one, one, product, product],
+        );
+        b.call("aten::add", "out", &[viewed, xs, one, gates, gates]);
+        inputs = vec![x, xs];
+        if exposed {
+            b.output(product);
+        }
     }
     let c = b.tensor(Float, &[r, h], Memory::Planned);
     let piece = from.sizes(r, h);
@@ -774,6 +819,12 @@ fn run_lstm_cell(
         Gates::Summed { squeezed: false } => {
             vec![tensor(&[1, rows, 4 * h], 41), tensor(&[rows, 4 * h], 43)]
         }
+        Gates::Product { .. } => {
+            vec![
+                tensor(&[rows, PRODUCT_DEPTH], 41),
+                tensor(&[rows, 4 * h], 43),
+            ]
+        }
     };
     inputs.push(tensor(&[rows, h], 42));
     run_on(bytes, kernels, Some(inputs))
@@ -811,6 +862,78 @@ fn an_lstm_cell_runs_as_one_elementwise_chain_with_the_same_bits() {
             let want = sig(o) * (sig(f) * f64::from(c[j]) + sig(i) * f64::from(g).tanh()).tanh();
             assert!((f64::from(out[j]) - want).abs() < 1e-5, "h {h}, value {j}");
         }
+    }
+}
+
+#[test]
+fn a_product_and_the_gates_after_it_run_as_one_call() {
+    for h in [128, 300] {
+        let from = Gates::Product { exposed: false };
+        let bytes = lstm_cell_program(1, h, false, 1, from);
+        let fused = run_lstm_cell(&bytes, 1, h, from, &pte_kernels::registry());
+        assert_eq!(
+            fused.ops,
+            ["fused permute+addmm+elementwise chain"],
+            "h {h}"
+        );
+        let plain = run_lstm_cell(&bytes, 1, h, from, &with_fuser(NoFusion));
+        assert!(plain.ops.len() >= 5, "{:?}", plain.ops);
+        // The same product kernel, then the same vector functions.
+        assert_eq!(fused.outputs, plain.outputs, "h {h}");
+        // h' = o · tanh(f · c + i · g), the gates x · Wᵀ + bias + xs, in f64.
+        let (w, bias) = product_constants(h);
+        let (x, xs) = (
+            pte_testkit::values(PRODUCT_DEPTH, 41),
+            pte_testkit::values(4 * h, 43),
+        );
+        let gate = |j: usize| {
+            let row = &w[j * PRODUCT_DEPTH..(j + 1) * PRODUCT_DEPTH];
+            let dot: f64 = row
+                .iter()
+                .zip(&x)
+                .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                .sum();
+            dot + f64::from(bias[j]) + f64::from(xs[j])
+        };
+        let c: Vec<f32> = pte_testkit::values(h, 42);
+        let out: Vec<f32> = bytemuck::pod_collect_to_vec(&fused.outputs[0]);
+        let sig = |x: f64| 1.0 / (1.0 + (-x).exp());
+        for j in 0..h {
+            let [i, f, g, o] = [0, 1, 2, 3].map(|k| gate(k * h + j));
+            let want = sig(o) * (sig(f) * f64::from(c[j]) + sig(i) * g.tanh()).tanh();
+            assert!((f64::from(out[j]) - want).abs() < 1e-5, "h {h}, value {j}");
+        }
+    }
+}
+
+#[test]
+fn a_product_joins_only_the_calls_a_chain_can_take() {
+    // The product is a method output: it is stored, and the gates form a chain of
+    // their own. Two rows: the gates' pieces are not runs, so the product takes only
+    // the addition, and the split runs on its own.
+    for (rows, exposed, want) in [
+        (1, true, ["fused elementwise chain", "fused permute+addmm"]),
+        (
+            2,
+            false,
+            [
+                "aten::split_with_sizes_copy.out",
+                "fused permute+addmm+elementwise chain",
+            ],
+        ),
+    ] {
+        let from = Gates::Product { exposed };
+        let bytes = lstm_cell_program(rows, 64, false, 1, from);
+        let fused = run_lstm_cell(&bytes, rows, 64, from, &pte_kernels::registry());
+        for op in want {
+            assert!(
+                fused.ops.contains(&op.to_owned()),
+                "rows {rows}: {:?}",
+                fused.ops
+            );
+        }
+        let plain = run_lstm_cell(&bytes, rows, 64, from, &with_fuser(NoFusion));
+        assert_eq!(fused.outputs, plain.outputs, "rows {rows}");
     }
 }
 

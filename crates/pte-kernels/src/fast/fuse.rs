@@ -18,7 +18,10 @@
 //!   of -inf only become zeros), as attention exports it: one safe softmax;
 //! - consecutive `split_with_sizes_copy`, `sigmoid`, `tanh`, `relu`, `add`, `sub`,
 //!   `mul` calls on tensors of one size of at most 4096 values (an LSTM's gates): one
-//!   elementwise chain (`pointwise.rs`).
+//!   elementwise chain (`pointwise.rs`);
+//! - a product with a constant weight [after the weight's transpose] → such a chain
+//!   that reads it and nothing else does (an LSTM step): the product goes to scratch
+//!   memory and the chain runs in the same call.
 //!
 //! Activations: `relu`, `hardtanh`, `clamp` with both bounds, `sigmoid`, `gelu`, and
 //! `x · sigmoid(x)` written as `sigmoid` then `mul` (SiLU as exported).
@@ -455,8 +458,9 @@ fn transposed_product(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
 }
 
 /// The fused call of product `c` with `weight` as its right operand [read transposed,
-/// after the `transpose` call], followed by the activation that `rest` starts with;
-/// without a transpose the activation is required (a product alone needs no fusion).
+/// after the `transpose` call], followed by the activation that `rest` starts with,
+/// or else by the elementwise chain there that reads it (`pointwise::after_product`);
+/// without a transpose one of them is required (a product alone needs no fusion).
 fn product_fusion(
     g: &Graph<'_>,
     transpose: Option<&Call<'_>>,
@@ -472,25 +476,39 @@ fn product_fusion(
     }
     let mut args: Vec<u32> = c.args.get(..n_args)?.to_vec();
     *args.get_mut(op.weight())? = weight;
+    let mut ids: Vec<_> = transpose.iter().map(|t| t.id).collect();
+    ids.push(c.id);
+    let product_name = format!(
+        "fused {}{}",
+        if transpose.is_some() { "permute+" } else { "" },
+        c.op.trim_start_matches("aten::").trim_end_matches(".out"),
+    );
     let (act, scalars, out, n) = match product_activation(g, rest, v, n_args) {
         Some(found) => found,
-        None if transpose.is_some() => (Act::None, Vec::new(), v, 0),
-        None => return None,
+        None => {
+            let product = super::pointwise::ProductCalls {
+                ids: ids.clone(),
+                args: args.clone(),
+                op,
+                transposed: transpose.is_some(),
+                out: v,
+                name: product_name.clone(),
+            };
+            if let Some(f) = super::pointwise::after_product(g, rest, product) {
+                return Some(f);
+            }
+            // A product alone needs no fusion unless it reads a transpose.
+            transpose?;
+            (Act::None, Vec::new(), v, 0)
+        }
     };
     args.extend(scalars);
     let out_at = args.len();
     args.extend([out, out]);
-    let mut ids: Vec<_> = transpose.iter().map(|t| t.id).collect();
-    ids.push(c.id);
     ids.extend(rest.iter().take(n).map(|c| c.id));
     Some(Fusion {
         calls: ids,
-        name: format!(
-            "fused {}{}{}",
-            if transpose.is_some() { "permute+" } else { "" },
-            c.op.trim_start_matches("aten::").trim_end_matches(".out"),
-            if n > 0 { "+activation" } else { "" }
-        ),
+        name: format!("{product_name}{}", if n > 0 { "+activation" } else { "" }),
         kernel: Arc::new(FusedProduct {
             op,
             act,

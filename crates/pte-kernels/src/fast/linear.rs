@@ -28,6 +28,11 @@ pub(super) enum Op {
 }
 
 impl Op {
+    /// Position of the left operand.
+    pub(super) fn input(self) -> usize {
+        self.positions().0
+    }
+
     /// Position of the weight.
     pub(super) fn weight(self) -> usize {
         self.positions().1
@@ -88,20 +93,25 @@ struct HeldWeight {
     _charge: Charge,
 }
 
-/// A product with a constant right operand.
-pub(super) struct Packed {
+/// A product with a constant right operand, prepared for a call site.
+struct Product {
     op: Op,
     gemm: Gemm,
     b: Arc<HeldWeight>,
     /// One value per output column.
     bias: Option<Vec<f32>>,
+    consumed: SmallVec<[usize; 2]>,
+    _charge: Charge,
+}
+
+/// A product with a constant right operand written to its output tensor.
+struct Packed {
+    product: Product,
     act: Act,
     out: usize,
     /// The output has a shape of its own (an activation fused through a reshaping view):
     /// it keeps it, and must hold the product's elements.
     own_shape: bool,
-    consumed: SmallVec<[usize; 2]>,
-    _charge: Charge,
 }
 
 pub(super) fn prepare_addmm(args: &Args<'_>, _: &dyn Kernel) -> super::Prepared {
@@ -150,6 +160,7 @@ fn matrix(sizes: &[usize]) -> Option<(usize, usize)> {
     }
 }
 
+/// The product of a call site written to argument `out` with activation `act`.
 fn build(
     args: &Args<'_>,
     op: Op,
@@ -157,12 +168,39 @@ fn build(
     out: usize,
     transposed: bool,
 ) -> KernelResult<Option<Packed>> {
+    let (Some(x), Some(y)) = (f32_tensor(args, op.input())?, f32_tensor(args, out)?) else {
+        return Ok(None);
+    };
+    let Some(product) = product(args, op, transposed)? else {
+        return Ok(None);
+    };
+    let (k, n) = product.b.weight.dims();
+    let natural = y.sizes.split_last().is_some_and(|(&last, lead)| {
+        last == n
+            && lead
+                == x.sizes
+                    .get(..x.rank().saturating_sub(1))
+                    .unwrap_or_default()
+    });
+    let own_shape = !natural;
+    if own_shape && y.numel() != x.numel() / k.max(1) * n {
+        return Ok(None);
+    }
+    // Validate the activation's scalars now, so that a bad one fails at load.
+    act.resolve(args)?;
+    Ok(Some(Packed {
+        product,
+        act,
+        out,
+        own_shape,
+    }))
+}
+
+/// The product of a call site, its weight packed (or shared with another call site
+/// that packed it the same way), if the arguments qualify.
+fn product(args: &Args<'_>, op: Op, transposed: bool) -> KernelResult<Option<Product>> {
     let (xi, wi, _) = op.positions();
-    let (Some(x), Some(w), Some(y)) = (
-        f32_tensor(args, xi)?,
-        f32_tensor(args, wi)?,
-        f32_tensor(args, out)?,
-    ) else {
+    let (Some(x), Some(w)) = (f32_tensor(args, xi)?, f32_tensor(args, wi)?) else {
         return Ok(None);
     };
     let (Some(weights), Some((wr, wc))) = (constant_f32(args, wi)?, matrix(&w.sizes)) else {
@@ -182,17 +220,6 @@ fn build(
         Op::Addmm | Op::Mm => matrix(&x.sizes).is_some_and(|(_, c)| c == k),
     };
     if !x_ok {
-        return Ok(None);
-    }
-    let natural = y.sizes.split_last().is_some_and(|(&last, lead)| {
-        last == n
-            && lead
-                == x.sizes
-                    .get(..x.rank().saturating_sub(1))
-                    .unwrap_or_default()
-    });
-    let own_shape = !natural;
-    if own_shape && y.numel() != x.numel() / k.max(1) * n {
         return Ok(None);
     }
     let mut consumed: SmallVec<[usize; 2]> = SmallVec::from_slice(&[wi]);
@@ -265,25 +292,21 @@ fn build(
         bias.as_ref().map_or(0, |v| v.len() * 4),
         "product bias",
     )?;
-    // Validate the activation's scalars now, so that a bad one fails at load.
-    act.resolve(args)?;
-    Ok(Some(Packed {
+    Ok(Some(Product {
         op,
         gemm,
         b,
         bias,
-        act,
-        out,
-        own_shape,
         consumed,
         _charge: held,
     }))
 }
 
-impl PreparedKernel for Packed {
-    fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
-        let (xi, _, _) = self.op.positions();
-        let x = args.info(xi)?;
+impl Product {
+    /// Rows of the product for the call's left operand: its shape checked against the
+    /// weight.
+    fn rows(&self, args: &Args<'_>) -> KernelResult<usize> {
+        let x = args.info(self.op.input())?;
         let (k, n) = self.b.weight.dims();
         let m = match self.op {
             Op::Linear if x.sizes.last() == Some(&k) => x.numel() / k.max(1),
@@ -300,6 +323,60 @@ impl PreparedKernel for Packed {
                 x.sizes.as_slice()
             )));
         }
+        Ok(m)
+    }
+
+    /// Columns of the product.
+    fn cols(&self) -> usize {
+        self.b.weight.dims().1
+    }
+
+    /// Scratch floats [`Packed::multiply`] needs for `m` rows.
+    fn scratch_len(&self, m: usize, threads: usize) -> KernelResult<usize> {
+        let (k, n) = self.b.weight.dims();
+        let packed = matches!(self.b.weight, Weight::Packed(_));
+        self.gemm
+            .scratch_len(m, n, k, false, packed, threads)
+            .map_err(compute)
+    }
+
+    /// `y = x · w` (`m` rows) with the bias and `activation` in the epilogue.
+    fn multiply(
+        &self,
+        pool: &pte_compute::ThreadPool,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+        activation: Activation,
+        scratch: &mut [f32],
+    ) -> KernelResult {
+        let (k, n) = self.b.weight.dims();
+        let epilogue = Epilogue {
+            accumulate: false,
+            bias: self.bias.as_deref().map_or(Bias::None, Bias::Col),
+            activation,
+        };
+        let c = MatMut::row_major(y, m, n).map_err(compute)?;
+        let a = MatRef::row_major(x, m, k).map_err(compute)?;
+        self.gemm
+            .run(
+                pool,
+                c,
+                Lhs::Mat(a),
+                self.b.weight.rhs()?,
+                &epilogue,
+                scratch,
+            )
+            .map_err(compute)
+    }
+}
+
+impl PreparedKernel for Packed {
+    fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
+        let p = &self.product;
+        let xi = p.op.input();
+        let m = p.rows(args)?;
+        let n = p.cols();
         if self.own_shape {
             let held = args.info(self.out)?.numel();
             if held != m * n {
@@ -309,7 +386,7 @@ impl PreparedKernel for Packed {
                 )));
             }
         } else {
-            let mut sizes = x.sizes.clone();
+            let mut sizes = args.info(xi)?.sizes.clone();
             if let Some(last) = sizes.last_mut() {
                 *last = n;
             }
@@ -317,28 +394,65 @@ impl PreparedKernel for Packed {
         }
         let activation = self.act.resolve(args)?;
         let pool = args.pool();
+        let len = p.scratch_len(m, pool.threads())?;
         let mut io = args.io(&[at(xi)], &[at(self.out)])?;
         let (x, y) = views(&io.inputs, &mut io.outputs)?;
-        let packed = matches!(self.b.weight, Weight::Packed(_));
-        let len = self
-            .gemm
-            .scratch_len(m, n, k, false, packed, pool.threads())
-            .map_err(compute)?;
         let s = scratch(io.scratch, len)?;
-        let epilogue = Epilogue {
-            accumulate: false,
-            bias: self.bias.as_deref().map_or(Bias::None, Bias::Col),
-            activation,
-        };
-        let c = MatMut::row_major(y, m, n).map_err(compute)?;
-        let a = MatRef::row_major(x, m, k).map_err(compute)?;
-        self.gemm
-            .run(pool, c, Lhs::Mat(a), self.b.weight.rhs()?, &epilogue, s)
-            .map_err(compute)
+        p.multiply(pool, x, m, y, activation, s)
     }
 
     fn consumed(&self) -> &[usize] {
-        &self.consumed
+        &self.product.consumed
+    }
+}
+
+/// A product whose output only the elementwise chain fused after it reads
+/// (`pointwise.rs`): it is written to scratch memory, never to the method's.
+pub(super) struct Unstored(Product);
+
+/// The product of a fused call whose arguments start with the product's own (its
+/// output left out), without an activation.
+pub(super) fn prepare_unstored(
+    args: &Args<'_>,
+    op: Op,
+    transposed: bool,
+) -> KernelResult<Unstored> {
+    match product(args, op, transposed)? {
+        Some(p) => Ok(Unstored(p)),
+        None => Err(KernelError::invalid(format!(
+            "{}: arguments do not qualify for the fused product",
+            args.op()
+        ))),
+    }
+}
+
+impl Unstored {
+    /// Values of the product for the call's left operand.
+    pub(super) fn len(&self, args: &Args<'_>) -> KernelResult<usize> {
+        Ok(self.0.rows(args)? * self.0.cols())
+    }
+
+    /// Scratch floats [`Unstored::multiply`] needs besides the product's values.
+    pub(super) fn scratch_len(&self, len: usize, threads: usize) -> KernelResult<usize> {
+        self.0.scratch_len(len / self.0.cols().max(1), threads)
+    }
+
+    /// The product of `x` into `y` (its [`Unstored::len`] values).
+    pub(super) fn multiply(
+        &self,
+        pool: &pte_compute::ThreadPool,
+        x: &[f32],
+        y: &mut [f32],
+        scratch: &mut [f32],
+    ) -> KernelResult {
+        let m = y.len() / self.0.cols().max(1);
+        self.0
+            .multiply(pool, x, m, y, Activation::Identity, scratch)
+    }
+
+    /// See [`PreparedKernel::consumed`].
+    pub(super) fn consumed(&self) -> &[usize] {
+        &self.0.consumed
     }
 }
 

@@ -17,7 +17,8 @@
 //! a softmax with the calls of PyTorch's `_safe_softmax` decomposition after it, a
 //! concatenation with the batch normalization and activation after it (pre-activation
 //! networks such as DenseNet), a chain of copies that only rearrange elements, and a
-//! chain of elementwise calls on small tensors of one size (an LSTM's gates).
+//! chain of elementwise calls on small tensors of one size (an LSTM's gates), with the
+//! product before it that only the chain reads (an LSTM step).
 //!
 //! A prepared fast kernel re-reads its arguments' shapes and scalars at every call and
 //! prepares itself again if they changed (dynamic shapes), so it never runs on stale
