@@ -914,6 +914,8 @@ impl Method {
             ..
         } = self;
         let compute_pool: &ThreadPool = compute_pool;
+        // The workers stay awake between the execution's parallel calls.
+        let _held = compute_pool.hold();
         let mut executed = 0u64;
         let mut jumps_back = 0u64;
         for (c, chain) in chains.iter().enumerate() {
