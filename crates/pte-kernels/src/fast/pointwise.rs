@@ -22,7 +22,7 @@ use std::sync::Arc;
 use pte_compute::elementwise::{self, Activation, BinaryOp};
 use pte_compute::Isa;
 use pte_runtime::{
-    Arg, Args, Call, CallId, Fusion, Graph, Kernel, KernelError, KernelResult, PreparedKernel,
+    Arg, Args, Call, CallId, Fusion, Graph, Io, Kernel, KernelError, KernelResult, PreparedKernel,
 };
 use smallvec::SmallVec;
 
@@ -418,19 +418,32 @@ impl PreparedKernel for PreparedChain {
         let reads: SmallVec<[Arg; MAX_INPUTS]> = (0..ni).map(at).collect();
         let writes: SmallVec<[Arg; MAX_OUTPUTS]> = (ni..ni + no).map(at).collect();
         let mut io = args.io(&reads, &writes)?;
-        let ins: SmallVec<[&[f32]; MAX_INPUTS]> = io
-            .inputs
-            .iter()
-            .map(|t| t.as_slice::<f32>())
-            .collect::<KernelResult<_>>()?;
-        let mut outs: SmallVec<[&mut [f32]; MAX_OUTPUTS]> = io
-            .outputs
-            .iter_mut()
-            .map(|t| t.as_mut_slice::<f32>())
-            .collect::<KernelResult<_>>()?;
-        let temps = scratch(io.scratch, chain.temps_len())?;
+        let (ins, mut outs, buf) = slices(&mut io)?;
+        let temps = scratch(buf, chain.temps_len())?;
         chain.eval(&ins, &mut outs, temps)
     }
+}
+
+/// The float32 values of an `io` call's inputs and outputs, and its scratch memory.
+#[allow(clippy::type_complexity)] // three plain borrows
+fn slices<'a>(
+    io: &'a mut Io<'_>,
+) -> KernelResult<(
+    SmallVec<[&'a [f32]; MAX_INPUTS]>,
+    SmallVec<[&'a mut [f32]; MAX_OUTPUTS]>,
+    &'a mut pte_runtime::Buffer,
+)> {
+    let ins = io
+        .inputs
+        .iter()
+        .map(|t| t.as_slice::<f32>())
+        .collect::<KernelResult<_>>()?;
+    let outs = io
+        .outputs
+        .iter_mut()
+        .map(|t| t.as_mut_slice::<f32>())
+        .collect::<KernelResult<_>>()?;
+    Ok((ins, outs, &mut *io.scratch))
 }
 
 impl Chain {
@@ -562,17 +575,8 @@ impl PreparedKernel for PreparedProductChain {
         let pool = args.pool();
         let product_scratch = self.product.scratch_len(len, pool.threads())?;
         let mut io = args.io(&self.reads, &self.writes)?;
-        let ins: SmallVec<[&[f32]; MAX_INPUTS]> = io
-            .inputs
-            .iter()
-            .map(|t| t.as_slice::<f32>())
-            .collect::<KernelResult<_>>()?;
-        let mut outs: SmallVec<[&mut [f32]; MAX_OUTPUTS]> = io
-            .outputs
-            .iter_mut()
-            .map(|t| t.as_mut_slice::<f32>())
-            .collect::<KernelResult<_>>()?;
-        let s = scratch(io.scratch, len + product_scratch + self.chain.temps_len())?;
+        let (ins, mut outs, buf) = slices(&mut io)?;
+        let s = scratch(buf, len + product_scratch + self.chain.temps_len())?;
         let (y, rest) = s.split_at_mut(len);
         let (product_scratch, temps) = rest.split_at_mut(product_scratch);
         let (x, others) = ins
