@@ -46,7 +46,8 @@
 //!
 //! - [`ThreadPool`]: fork-join `parallel_for` over task indices; the caller runs tasks
 //!   too; one thread, one task, a nested call or a busy pool run inline with no
-//!   hand-off; workers spin 50 µs then park; each thread starts on its own contiguous
+//!   hand-off; workers spin 50 µs then park (not while the pool is held: a method holds
+//!   its pool while it executes); each thread starts on its own contiguous
 //!   share of the tasks and steals from the back of others' shares once done (the same
 //!   data stays with the same thread from one call to the next); per-thread scratch parts ([`ThreadPool::parallel_for_scratch`]). About 0.1 µs per
 //!   call on one thread and 0.1-0.4 µs on two, against 5-7 µs for rayon's

@@ -633,7 +633,6 @@ mod tests {
     #[test]
     fn held_workers_do_not_park() {
         let pool = ThreadPool::new(3).unwrap();
-        pool.parallel_for(8, |_, _| {});
         let asleep = || {
             pool.shared
                 .sleeping
@@ -642,6 +641,8 @@ mod tests {
         };
         {
             let _held = pool.hold();
+            // Wakes any worker that parked before the hold.
+            pool.parallel_for(8, |_, _| {});
             thread::sleep(SPIN * 20);
             assert!(!asleep());
         }

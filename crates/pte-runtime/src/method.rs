@@ -41,7 +41,9 @@ pub struct LoadOptions {
     pub memory_limit: u64,
     /// Run kernels and delegates on a thread pool of their own with this many threads
     /// (the calling thread included; 1 runs everything inline); `None` shares one
-    /// process-wide pool with a thread per available CPU.
+    /// process-wide pool with a thread per available CPU. While a method executes, the
+    /// pool's other threads wait for work spinning, not asleep (they would wake too
+    /// late for the next parallel call): each keeps a CPU busy until the execution ends.
     pub threads: Option<usize>,
     /// Stop an execution with an error after this many instructions (upstream's cap by
     /// default).
