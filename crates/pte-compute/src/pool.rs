@@ -12,7 +12,7 @@
 //! its pool, so that a stretch of small one-thread calls between two parallel ones (an
 //! LSTM's 32 steps between its input products, about 170 µs) does not put the workers
 //! to sleep. On the 2-vCPU KVM machine of the benchmarks, waking a parked worker cost
-//! the caller 8-130 µs per job; the LSTM at 2 threads ran in 0.87x the time held.
+//! the caller 8-130 µs per job; the LSTM at 2 threads ran in 0.91x the time held.
 //!
 //! Each thread starts with its own contiguous share of the tasks (thread `t` of `T` owns
 //! tasks `t·n/T..(t+1)·n/T`) and takes them from the front, one at a time; a thread
