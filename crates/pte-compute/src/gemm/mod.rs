@@ -662,7 +662,7 @@ impl Gemm {
         if threads < 2 || k.saturating_mul(n) < VECTOR_SPLIT_VALUES || n < 2 * VECTOR_COLUMNS {
             return self.vector_columns(c, a, b, 0, epi);
         }
-        let tasks = (threads * 4).min(MAX_PARTS).min(n / VECTOR_COLUMNS);
+        let tasks = threads.min(MAX_PARTS).min(n / VECTOR_COLUMNS);
         // Parts start at a panel's first column.
         let unit = match b {
             VectorRhs::Panels(p) => VECTOR_COLUMNS.max(p.w),
@@ -1145,11 +1145,13 @@ impl Gemm {
     }
 }
 
-/// Values of B from which a vector-matrix product splits its columns over threads
-/// (below, the hand-off costs more than a thread saves: on a 2-core Zen 4 VM a
-/// 128 × 512 product took 3.4 µs on one thread and 4 on two, a 256 × 1024 one 18 µs
-/// on one and 13 on two), and the columns a thread takes at least.
-const VECTOR_SPLIT_VALUES: usize = 1 << 18;
+/// Values of B from which a vector-matrix product splits its columns over threads,
+/// one range per thread (below, the hand-off costs more than a thread saves). On the
+/// 2-vCPU Zen 4 VM, with the workers held: 64 × 256 took 1.3 µs on one thread and
+/// 1.4 on two, 128 × 256 2.2 and 1.9, 128 × 512 3.8 and 2.8. Four ranges per thread
+/// were 1.3-3x slower up to 256 × 512: a thread that joins late has its ranges taken
+/// by the other, whose L2 does not hold their columns.
+const VECTOR_SPLIT_VALUES: usize = 1 << 15;
 const VECTOR_COLUMNS: usize = 16;
 const DOT_ROWS: usize = 8;
 
