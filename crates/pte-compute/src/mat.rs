@@ -390,8 +390,11 @@ impl<'a> MatParts<'a> {
             }
         }
         Some(MatMut {
-            // As in `split_at_row`: in bounds unless the part is empty.
-            ptr: w.ptr.wrapping_add(i0 * w.rs + j0 * w.cs),
+            // In bounds unless the part is empty (then never dereferenced, and the
+            // offset may wrap).
+            ptr: w
+                .ptr
+                .wrapping_add(i0.wrapping_mul(w.rs).wrapping_add(j0.wrapping_mul(w.cs))),
             rows: i1 - i0,
             cols: j1 - j0,
             rs: w.rs,
