@@ -1,6 +1,6 @@
 //! Benchmarks of pte-compute against the `gemm` crate and rayon, printed as tables.
 //!
-//! `cargo run --release -p pte-compute --example bench [peak|gemm|conv|nhwc|cold|chain|pool|attention|ops|all] [--quick] [--isa avx2|avx512|generic] [--cpu-time]`
+//! `cargo run --release -p pte-compute --example bench [peak|gemm|conv|qconv|nhwc|cold|chain|pool|attention|ops|all] [--quick] [--isa avx2|avx512|generic] [--cpu-time]`
 //!
 //! Each figure is the median of several rounds; the rounds of the compared
 //! implementations are interleaved so that machine noise hits them alike.
@@ -798,6 +798,75 @@ fn bench_conv(o: &Opts, name: &str, layers: &[Layer]) {
     );
 }
 
+/// mobilenet_v2's convolutions as 8-bit NHWC ones (signed activations, per-channel
+/// weights): milliseconds per layer and multiply-adds per second.
+fn bench_qconv(o: &Opts) {
+    use pte_compute::qconv::{QConvNhwc, QuantParams};
+    println!("## mobilenet_v2 8-bit convolutions, milliseconds per layer\n");
+    println!("| layer | count | algorithm | MMAC | 1T | GMAC/s | 2T |");
+    println!("|---|---:|---|---:|---:|---:|---:|");
+    let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
+    let (mut total, mut macs) = ([0.0f64; 2], 0.0);
+    for l in mobilenet_v2() {
+        let p = l.p;
+        let depthwise = p.groups == p.in_channels && p.groups > 1;
+        let cig = p.in_channels / p.groups;
+        let w: Vec<i8> = (0..p.out_channels * cig * p.kernel[0] * p.kernel[1])
+            .map(|i| ((i * 7919) % 255) as i8)
+            .collect();
+        let bias: Vec<i32> = (0..p.out_channels as i32).map(|i| i * 37 - 500).collect();
+        let scale = vec![1.0 / 4096.0; p.out_channels];
+        let q = QuantParams {
+            signed: true,
+            input_zero: -3,
+            weight_zero: 0,
+            bias: &bias,
+            scale: &scale,
+            output_zero: 2,
+            output_min: -128,
+            output_max: 127,
+        };
+        let conv = QConvNhwc::new(p, depthwise, &w, &q).unwrap();
+        let (x_len, y_len) = conv.io_len(1).unwrap();
+        let x: Vec<u8> = (0..x_len).map(|i| ((i * 131) % 251) as u8).collect();
+        let mut ys = [vec![0u8; y_len], vec![0u8; y_len]];
+        let mut scratch = vec![0u8; conv.scratch_len(1).unwrap()];
+        let mut scratch2 = scratch.clone();
+        let [y0, y1] = &mut ys;
+        let mut f0 = || conv.run(&pools[0], &x, 1, y0, &mut scratch).unwrap();
+        let mut f1 = || conv.run(&pools[1], &x, 1, y1, &mut scratch2).unwrap();
+        let t = race(&mut [&mut f0, &mut f1], o.rounds, o.min);
+        let [oh, ow] = conv.output_size();
+        let mmac = (p.out_channels * oh * ow * cig * p.kernel[0] * p.kernel[1]) as f64 / 1e6;
+        let c = l.count as f64;
+        total[0] += t[0] * c;
+        total[1] += t[1] * c;
+        macs += mmac * c;
+        println!(
+            "| {}→{}, g{}, {}x{}, {}/{} | {} | {} | {:.1} | {:.3} | {:.1} | {:.3} |",
+            p.in_channels,
+            p.out_channels,
+            p.groups,
+            p.input[0],
+            p.input[1],
+            p.kernel[0],
+            p.stride[0],
+            l.count,
+            conv.algorithm(),
+            mmac,
+            t[0] * 1e3,
+            mmac / t[0] / 1e3,
+            t[1] * 1e3
+        );
+    }
+    println!(
+        "| **all** | | | {macs:.0} | {:.2} | {:.1} | {:.2} |\n",
+        total[0] * 1e3,
+        macs / total[0] / 1e3,
+        total[1] * 1e3
+    );
+}
+
 /// NHWC convolutions on the benchmark shapes: (name, c_in, c_out, groups, size, k,
 /// stride, pad), ReLU fused.
 fn bench_nhwc(o: &Opts) {
@@ -1143,6 +1212,9 @@ fn main() {
         bench_conv(&o, "resnet18", &resnet18());
         bench_conv(&o, "mobilenet_v2", &mobilenet_v2());
         println!("\\* without the depthwise layers, which the baseline column skips.\n");
+    }
+    if what == "qconv" || what == "all" {
+        bench_qconv(&o);
     }
     if what == "nhwc" || what == "all" {
         bench_nhwc(&o);

@@ -41,8 +41,8 @@ pub(crate) use indirect::{
 };
 pub use q8::Q8Kernel;
 pub(crate) use q8::{
-    input_column, q8_depthwise_row, q8_microkernel, Q8DwRow, Q8Panels, Q8Post, Q8_INTERLEAVES,
-    Q8_LANES, Q8_MR, Q8_NR,
+    input_column, q8_depthwise_row, q8_microkernel, to_pairs, widen_bytes, widen_upper_half,
+    Q8DwRow, Q8Panels, Q8Post, Q8_INTERLEAVES, Q8_LANES, Q8_MR, Q8_NR,
 };
 pub use q8::{requantize, round_small};
 
