@@ -1697,6 +1697,84 @@ fn channel_shuffles_and_splits_run_channels_last_with_the_same_results() {
 
 /// One convolution (with batch normalization and ReLU) and what follows it: the mean
 /// over height and width (a network's head), or nothing (its output leaves NCHW).
+/// A 1-d convolution of `x` (`[n, c, length]`) with `[groups, k, stride, pad,
+/// dilation]`, then batch normalization if asked.
+fn conv1d(
+    n: &mut Net,
+    x: i32,
+    xs: &[usize],
+    c_out: usize,
+    [groups, k, stride, pad, dilation]: [usize; 5],
+    bn: bool,
+) -> (i32, Vec<usize>) {
+    let scale = 1.0 / ((xs[1] / groups * k) as f32).sqrt();
+    let weight = n.constant(&[c_out, xs[1] / groups, k], scale);
+    let bias = n.constant(&[c_out], 0.1);
+    let s = n.b.int_list(&[stride as i64]);
+    let p = n.b.int_list(&[pad as i64]);
+    let d = n.b.int_list(&[dilation as i64]);
+    let t = n.b.bool(false);
+    let op = n.b.int_list(&[0]);
+    let g = n.b.int(groups as i64);
+    let ys = vec![
+        xs[0],
+        c_out,
+        (xs[2] + 2 * pad - dilation * (k - 1) - 1) / stride + 1,
+    ];
+    let y = n.tensor(&ys);
+    n.b.call(
+        "aten::convolution",
+        "out",
+        &[x, weight, bias, s, p, d, t, op, g, y, y],
+    );
+    let y = if bn {
+        batch_norm(&mut n.b, y, &dims(&ys), true)
+    } else {
+        y
+    };
+    (y, ys)
+}
+
+/// Wav2letter-like: 1-d convolutions (strided, dilated, depthwise, pointwise) with a
+/// residual addition, ending in one whose window covers the whole length.
+fn conv1d_network(batch: usize, length: usize) -> (Vec<u8>, Vec<Vec<usize>>) {
+    let mut n = Net::new();
+    let xs = vec![batch, 3, length];
+    let x = n.tensor(&xs);
+    n.b.input(x);
+    let (a, as_) = conv1d(&mut n, x, &xs, 16, [1, 5, 2, 2, 1], false);
+    let a = n.act(a, &as_, After::Relu);
+    let (y, ys) = conv1d(&mut n, a, &as_, 16, [1, 3, 1, 1, 1], true);
+    let y = n.act(y, &ys, After::Relu);
+    let y = n.binary("add", y, a, &ys);
+    let (y, ys) = conv1d(&mut n, y, &ys, 16, [16, 3, 1, 2, 2], false);
+    let y = n.act(y, &ys, After::Hardtanh);
+    let (y, ys) = conv1d(&mut n, y, &ys, 24, [1, 1, 1, 0, 1], false);
+    let y = n.act(y, &ys, After::Relu);
+    let (y, _) = conv1d(&mut n, y, &ys, 5, [1, ys[2], 1, 0, 1], false);
+    n.b.output(y);
+    (n.b.build(), vec![xs])
+}
+
+#[test]
+fn one_dimensional_convolution_chains_run_channels_last() {
+    for (batch, length) in [(1, 40), (2, 23), (1, 200)] {
+        let (bytes, shapes) = conv1d_network(batch, length);
+        let inputs: Vec<(Vec<usize>, Vec<f32>)> = shapes
+            .iter()
+            .map(|s| (s.clone(), values(s.iter().product(), 11)))
+            .collect();
+        let what = format!("batch {batch} length {length}");
+        let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+        for threads in [1, 2] {
+            let (got, ran) = run(&bytes, &pte_kernels::registry(), &inputs, threads);
+            assert_close(&got, &want, 400, &format!("{what}, {threads} threads"));
+            assert_eq!(ran.len(), 1, "{what}: not one region: {ran:?}");
+            assert!(ran[0].contains("NHWC region"), "{what}: {ran:?}");
+        }
+    }
+}
+
 fn one_convolution(batch: usize, size: usize, k: usize, head: bool) -> (Vec<u8>, Vec<Vec<usize>>) {
     let mut n = Net::new();
     let xs = vec![batch, 24, size, size];
