@@ -1372,13 +1372,17 @@ impl Net {
         (y, ys)
     }
 
+    /// The mean over the dimensions after the channels.
     fn mean(&mut self, x: i32, xs: &[usize], keep: bool) -> (i32, Vec<usize>) {
         let ys = if keep {
-            vec![xs[0], xs[1], 1, 1]
+            let mut s = vec![1; xs.len()];
+            s[..2].copy_from_slice(&xs[..2]);
+            s
         } else {
             vec![xs[0], xs[1]]
         };
-        let dl = self.b.int_list(&[-1, -2]);
+        let dims: Vec<i64> = (2..xs.len() as i64).map(|d| d - xs.len() as i64).collect();
+        let dl = self.b.int_list(&dims);
         let k = self.b.bool(keep);
         let none = self.b.none();
         let y = self.tensor(&ys);
@@ -1736,8 +1740,9 @@ fn conv1d(
 }
 
 /// Wav2letter-like: 1-d convolutions (strided, dilated, depthwise, pointwise) with a
-/// residual addition, ending in one whose window covers the whole length.
-fn conv1d_network(batch: usize, length: usize) -> (Vec<u8>, Vec<Vec<usize>>) {
+/// residual addition, ending in one whose window covers the whole length, or (`head`)
+/// in the mean over the length.
+fn conv1d_network(batch: usize, length: usize, head: bool) -> (Vec<u8>, Vec<Vec<usize>>) {
     let mut n = Net::new();
     let xs = vec![batch, 3, length];
     let x = n.tensor(&xs);
@@ -1751,20 +1756,24 @@ fn conv1d_network(batch: usize, length: usize) -> (Vec<u8>, Vec<Vec<usize>>) {
     let y = n.act(y, &ys, After::Hardtanh);
     let (y, ys) = conv1d(&mut n, y, &ys, 24, [1, 1, 1, 0, 1], false);
     let y = n.act(y, &ys, After::Relu);
-    let (y, _) = conv1d(&mut n, y, &ys, 5, [1, ys[2], 1, 0, 1], false);
+    let (y, _) = if head {
+        n.mean(y, &ys, false)
+    } else {
+        conv1d(&mut n, y, &ys, 5, [1, ys[2], 1, 0, 1], false)
+    };
     n.b.output(y);
     (n.b.build(), vec![xs])
 }
 
 #[test]
 fn one_dimensional_convolution_chains_run_channels_last() {
-    for (batch, length) in [(1, 40), (2, 23), (1, 200)] {
-        let (bytes, shapes) = conv1d_network(batch, length);
+    for (batch, length, head) in [(1, 40, false), (2, 23, true), (1, 200, false), (1, 9, true)] {
+        let (bytes, shapes) = conv1d_network(batch, length, head);
         let inputs: Vec<(Vec<usize>, Vec<f32>)> = shapes
             .iter()
             .map(|s| (s.clone(), values(s.iter().product(), 11)))
             .collect();
-        let what = format!("batch {batch} length {length}");
+        let what = format!("batch {batch} length {length} head {head}");
         let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
         for threads in [1, 2] {
             let (got, ran) = run(&bytes, &pte_kernels::registry(), &inputs, threads);

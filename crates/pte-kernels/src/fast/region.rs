@@ -546,10 +546,14 @@ impl Builder<'_, '_> {
             }
             "aten::mean.out" => {
                 let (x, dims, keep, dtype) = (arg(c, 0)?, arg(c, 1)?, arg(c, 2)?, arg(c, 3)?);
+                // Over height and width, or a 3-d value's length.
+                let rank = g.tensor(x)?.rank();
                 let mut d: SmallVec<[i64; 8]> = g.int_list(dims)?;
-                d.iter_mut().for_each(|v| *v = v.rem_euclid(4));
+                d.iter_mut()
+                    .for_each(|v| *v = v.rem_euclid(rank.max(1) as i64));
                 d.sort_unstable();
-                if g.tensor(x)?.rank() != 4 || d.as_slice() != [2, 3] || !g.is_none(dtype) {
+                let spatial_dims: &[i64] = if rank == 3 { &[2] } else { &[2, 3] };
+                if !image_rank(rank) || d.as_slice() != spatial_dims || !g.is_none(dtype) {
                     return None;
                 }
                 g.bool(keep)?;
