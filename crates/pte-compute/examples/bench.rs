@@ -774,15 +774,8 @@ fn bench_conv(o: &Opts, name: &str, layers: &[Layer]) {
             }
         };
         println!(
-            "| {}→{}, g{}, {}x{}, {}/{}/{} | {} | {} | {:.3} | {:.3} | {:.3} | {} | {} |",
-            p.in_channels,
-            p.out_channels,
-            p.groups,
-            p.input[0],
-            p.input[1],
-            p.kernel[0],
-            p.stride[0],
-            p.padding[0],
+            "| {} | {} | {} | {:.3} | {:.3} | {:.3} | {} | {} |",
+            layer_label(p),
             l.count,
             conv.algorithm(),
             gflop,
@@ -796,6 +789,21 @@ fn bench_conv(o: &Opts, name: &str, layers: &[Layer]) {
         "| **all convolutions** | | | {:.2} | {:.2} ({:.0} GFLOP/s) | {:.2} ({:.0} GFLOP/s) | {:.2}* | {:.2}* |\n",
         flops, totals[0] * 1e3, flops / totals[0], totals[1] * 1e3, flops / totals[1], totals[2] * 1e3, totals[3] * 1e3
     );
+}
+
+/// A layer as the tables name it: channels, groups, input size, kernel/stride/padding.
+fn layer_label(p: &Conv2dParams) -> String {
+    format!(
+        "{}→{}, g{}, {}x{}, {}/{}/{}",
+        p.in_channels,
+        p.out_channels,
+        p.groups,
+        p.input[0],
+        p.input[1],
+        p.kernel[0],
+        p.stride[0],
+        p.padding[0]
+    )
 }
 
 /// mobilenet_v2's convolutions as 8-bit NHWC ones (signed activations, per-channel
@@ -843,14 +851,8 @@ fn bench_qconv(o: &Opts) {
         total[1] += t[1] * c;
         macs += mmac * c;
         println!(
-            "| {}→{}, g{}, {}x{}, {}/{} | {} | {} | {:.1} | {:.3} | {:.1} | {:.3} |",
-            p.in_channels,
-            p.out_channels,
-            p.groups,
-            p.input[0],
-            p.input[1],
-            p.kernel[0],
-            p.stride[0],
+            "| {} | {} | {} | {:.1} | {:.3} | {:.1} | {:.3} |",
+            layer_label(&p),
             l.count,
             conv.algorithm(),
             mmac,
