@@ -1374,8 +1374,21 @@ mod tests {
             ),
             ([8, 9], [7, 7], [1, 1], [1, 1], [3, 3, 3, 3], 20, 1, 1, true),
             // Whole blocks of 16 on the AVX2 row kernel (taps in pairs): 3×3 with
-            // padding, with stride and dilation.
+            // padding, with stride and dilation; then a last block of fewer at
+            // stride 2 and at 5×5.
             ([7, 9], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 48, 1, 1, true),
+            (
+                [9, 10],
+                [3, 3],
+                [2, 2],
+                [1, 1],
+                [1, 1, 1, 1],
+                40,
+                1,
+                1,
+                true,
+            ),
+            ([8, 9], [5, 5], [1, 1], [1, 1], [2, 2, 2, 2], 24, 1, 1, true),
             (
                 [10, 7],
                 [3, 3],
