@@ -1193,6 +1193,15 @@ fn softmax_layer_norm_and_mean_match_the_generic_kernels() {
     }
 }
 
+/// Values for inputs of `shapes`, input `i` from seed `seed + i`.
+fn inputs_of(shapes: &[Vec<usize>], seed: u64) -> Vec<(Vec<usize>, Vec<f32>)> {
+    shapes
+        .iter()
+        .zip(seed..)
+        .map(|(s, seed)| (s.clone(), values(s.iter().product(), seed)))
+        .collect()
+}
+
 /// Builds small convolutional networks value by value.
 struct Net {
     b: ProgramBuilder,
@@ -1485,11 +1494,7 @@ fn convolution_chains_run_channels_last_with_the_same_results() {
         (1, 20, false, true),
     ] {
         let (bytes, shapes) = network(batch, size, leak, external);
-        let inputs: Vec<(Vec<usize>, Vec<f32>)> = shapes
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.clone(), values(s.iter().product(), 40 + i as u64)))
-            .collect();
+        let inputs = inputs_of(&shapes, 40);
         let what = format!("batch {batch} size {size} leak {leak} external {external}");
         let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
         for threads in [1, 2] {
@@ -1769,10 +1774,7 @@ fn conv1d_network(batch: usize, length: usize, head: bool) -> (Vec<u8>, Vec<Vec<
 fn one_dimensional_convolution_chains_run_channels_last() {
     for (batch, length, head) in [(1, 40, false), (2, 23, true), (1, 200, false), (1, 9, true)] {
         let (bytes, shapes) = conv1d_network(batch, length, head);
-        let inputs: Vec<(Vec<usize>, Vec<f32>)> = shapes
-            .iter()
-            .map(|s| (s.clone(), values(s.iter().product(), 11)))
-            .collect();
+        let inputs = inputs_of(&shapes, 11);
         let what = format!("batch {batch} length {length} head {head}");
         let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
         for threads in [1, 2] {
@@ -1805,10 +1807,7 @@ fn a_last_convolution_and_its_mean_run_channels_last() {
         (1, 7, 1, false),
     ] {
         let (bytes, shapes) = one_convolution(batch, size, k, head);
-        let inputs: Vec<(Vec<usize>, Vec<f32>)> = shapes
-            .iter()
-            .map(|s| (s.clone(), values(s.iter().product(), 7)))
-            .collect();
+        let inputs = inputs_of(&shapes, 7);
         let what = format!("batch {batch} size {size} kernel {k} head {head}");
         let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
         for threads in [1, 2] {

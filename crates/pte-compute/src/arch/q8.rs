@@ -424,42 +424,35 @@ pub(crate) fn q8_depthwise_row<const K: usize>(
         // `w_in`.
         unsafe {
             let y = (y, ow);
-            if avx2 {
-                match (signed, x.stride, x.dilation) {
-                    (true, 1, 1) => {
-                        x86::depthwise_row_avx2::<K, true, 1>(rows, w, c, raw, za, geometry, y)
+            // Stride 1 and 2 without dilation as constants, so that the taps are read
+            // at fixed offsets (and on VNNI the taps pixels of a group share loaded
+            // and widened once); 0: the row's own.
+            macro_rules! by_stride {
+                ($kernel:ident) => {
+                    match (signed, x.stride, x.dilation) {
+                        (true, 1, 1) => {
+                            x86::$kernel::<K, true, 1>(rows, w, c, raw, za, geometry, y)
+                        }
+                        (true, 2, 1) => {
+                            x86::$kernel::<K, true, 2>(rows, w, c, raw, za, geometry, y)
+                        }
+                        (true, ..) => x86::$kernel::<K, true, 0>(rows, w, c, raw, za, geometry, y),
+                        (false, 1, 1) => {
+                            x86::$kernel::<K, false, 1>(rows, w, c, raw, za, geometry, y)
+                        }
+                        (false, 2, 1) => {
+                            x86::$kernel::<K, false, 2>(rows, w, c, raw, za, geometry, y)
+                        }
+                        (false, ..) => {
+                            x86::$kernel::<K, false, 0>(rows, w, c, raw, za, geometry, y)
+                        }
                     }
-                    (true, 2, 1) => {
-                        x86::depthwise_row_avx2::<K, true, 2>(rows, w, c, raw, za, geometry, y)
-                    }
-                    (true, ..) => {
-                        x86::depthwise_row_avx2::<K, true, 0>(rows, w, c, raw, za, geometry, y)
-                    }
-                    (false, 1, 1) => {
-                        x86::depthwise_row_avx2::<K, false, 1>(rows, w, c, raw, za, geometry, y)
-                    }
-                    (false, 2, 1) => {
-                        x86::depthwise_row_avx2::<K, false, 2>(rows, w, c, raw, za, geometry, y)
-                    }
-                    (false, ..) => {
-                        x86::depthwise_row_avx2::<K, false, 0>(rows, w, c, raw, za, geometry, y)
-                    }
-                }
-                return true;
+                };
             }
-            // Stride 1 and 2 without dilation as constants, so that the taps pixels of
-            // a group share are loaded and widened once; 0: the row's own.
-            match (signed, x.stride, x.dilation) {
-                (true, 1, 1) => x86::depthwise_row::<K, true, 1>(rows, w, c, raw, za, geometry, y),
-                (true, 2, 1) => x86::depthwise_row::<K, true, 2>(rows, w, c, raw, za, geometry, y),
-                (true, ..) => x86::depthwise_row::<K, true, 0>(rows, w, c, raw, za, geometry, y),
-                (false, 1, 1) => {
-                    x86::depthwise_row::<K, false, 1>(rows, w, c, raw, za, geometry, y)
-                }
-                (false, 2, 1) => {
-                    x86::depthwise_row::<K, false, 2>(rows, w, c, raw, za, geometry, y)
-                }
-                (false, ..) => x86::depthwise_row::<K, false, 0>(rows, w, c, raw, za, geometry, y),
+            if avx2 {
+                by_stride!(depthwise_row_avx2);
+            } else {
+                by_stride!(depthwise_row);
             }
         }
         true
