@@ -1786,6 +1786,122 @@ fn one_dimensional_convolution_chains_run_channels_last() {
     }
 }
 
+/// A transposed convolution of `x` (`[n, c, h, w]` or `[n, c, length]`) with
+/// `[groups, k, stride, pad, output_padding]`, then batch normalization if asked.
+fn deconv(
+    n: &mut Net,
+    x: i32,
+    xs: &[usize],
+    c_out: usize,
+    [groups, k, stride, pad, adj]: [usize; 5],
+    bn: bool,
+) -> (i32, Vec<usize>) {
+    let axes = xs.len() - 2;
+    let mut ws = vec![xs[1], c_out / groups];
+    ws.extend(std::iter::repeat_n(k, axes));
+    let scale = 1.0 / ((xs[1] / groups * k * k) as f32).sqrt();
+    let weight = n.constant(&ws, scale);
+    let bias = n.constant(&[c_out], 0.1);
+    let list = |n: &mut Net, v: usize| n.b.int_list(&vec![v as i64; axes]);
+    let (s, p, d, op) = (list(n, stride), list(n, pad), list(n, 1), list(n, adj));
+    let t = n.b.bool(true);
+    let g = n.b.int(groups as i64);
+    let mut ys = vec![xs[0], c_out];
+    ys.extend(
+        xs[2..]
+            .iter()
+            .map(|&i| (i - 1) * stride + k + adj - 2 * pad),
+    );
+    let y = n.tensor(&ys);
+    n.b.call(
+        "aten::convolution",
+        "out",
+        &[x, weight, bias, s, p, d, t, op, g, y, y],
+    );
+    let y = if bn {
+        batch_norm(&mut n.b, y, &dims(&ys), true)
+    } else {
+        y
+    };
+    (y, ys)
+}
+
+/// UNet-like: two encoder levels, transposed convolutions back up (2×2 stride 2 on
+/// even sizes, 3×3 stride 2 with padding on odd ones), the encoder's values
+/// concatenated in after them, two transposed convolutions of DCGAN's kind (4×4,
+/// stride 2, padding 1; grouped, and with batch normalization) added up, a 1×1
+/// convolution last.
+fn unet_network(batch: usize, size: usize) -> (Vec<u8>, Vec<Vec<usize>>) {
+    let mut n = Net::new();
+    let xs = vec![batch, 3, size, size];
+    let x = n.tensor(&xs);
+    n.b.input(x);
+    let (a, as_) = n.conv(x, &xs, 16, 1, 3, 1, false);
+    let a = n.act(a, &as_, After::Relu);
+    let (b, bs) = n.conv(a, &as_, 24, 1, 3, 2, true);
+    let b = n.act(b, &bs, After::Relu);
+    let up = if size.is_multiple_of(2) {
+        [1, 2, 2, 0, 0]
+    } else {
+        [1, 3, 2, 1, 0]
+    };
+    let (u, us) = deconv(&mut n, b, &bs, 16, up, true);
+    assert_eq!(us, as_, "the upsampled value meets the encoder's");
+    let u = n.act(u, &us, After::Relu);
+    let cs = vec![batch, 32, size, size];
+    let c = n.cat(&[u, a], &cs);
+    let (p, ps) = deconv(&mut n, c, &cs, 8, [2, 4, 2, 1, 0], false);
+    let (q, _) = deconv(&mut n, c, &cs, 8, [1, 4, 2, 1, 0], true);
+    let y = n.binary("add", p, q, &ps);
+    let y = n.act(y, &ps, After::Hardtanh);
+    let (y, _) = n.conv(y, &ps, 4, 1, 1, 1, false);
+    n.b.output(y);
+    (n.b.build(), vec![xs])
+}
+
+/// 1-d convolutions down, transposed ones back up (stride 2 with and without
+/// output padding, 2 groups), each output read by the next step alone.
+fn conv1d_upsampling(batch: usize, length: usize) -> (Vec<u8>, Vec<Vec<usize>>) {
+    let mut n = Net::new();
+    let xs = vec![batch, 4, length];
+    let x = n.tensor(&xs);
+    n.b.input(x);
+    let (a, as_) = conv1d(&mut n, x, &xs, 12, [1, 3, 2, 1, 1], false);
+    let a = n.act(a, &as_, After::Relu);
+    let (b, bs) = deconv(&mut n, a, &as_, 10, [2, 2, 2, 0, 1], false);
+    let b = n.act(b, &bs, After::Relu);
+    let (y, _) = deconv(&mut n, b, &bs, 6, [1, 3, 2, 1, 1], false);
+    n.b.output(y);
+    (n.b.build(), vec![xs])
+}
+
+#[test]
+fn transposed_convolutions_run_channels_last() {
+    let cases: [(&str, usize, usize); 5] = [
+        ("unet", 1, 12),
+        ("unet", 2, 9),
+        ("unet", 1, 33),
+        ("1-d", 1, 17),
+        ("1-d", 2, 40),
+    ];
+    for (kind, batch, size) in cases {
+        let (bytes, shapes) = if kind == "unet" {
+            unet_network(batch, size)
+        } else {
+            conv1d_upsampling(batch, size)
+        };
+        let inputs = inputs_of(&shapes, 5);
+        let what = format!("{kind} batch {batch} size {size}");
+        let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+        for threads in [1, 2] {
+            let (got, ran) = run(&bytes, &pte_kernels::registry(), &inputs, threads);
+            assert_close(&got, &want, 600, &format!("{what}, {threads} threads"));
+            assert_eq!(ran.len(), 1, "{what}: not one region: {ran:?}");
+            assert!(ran[0].contains("NHWC region"), "{what}: {ran:?}");
+        }
+    }
+}
+
 fn one_convolution(batch: usize, size: usize, k: usize, head: bool) -> (Vec<u8>, Vec<Vec<usize>>) {
     let mut n = Net::new();
     let xs = vec![batch, 24, size, size];

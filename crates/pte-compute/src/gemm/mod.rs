@@ -515,19 +515,19 @@ impl Gemm {
         self.scratch_len(m, n, k, false, true, 1)
     }
 
-    /// `C = A·B` on the calling thread alone, B packed at load time: for callers that
-    /// already split their work over the pool (one product per task).
+    /// `C = act(A·B + bias)` on the calling thread alone, B packed at load time: for
+    /// callers that already split their work over the pool (one product per task).
     pub(crate) fn run_on_caller(
         &self,
         mut c: MatMut<'_>,
         a: MatRef<'_>,
         b: &PackedB,
+        epilogue: &Epilogue<'_>,
         scratch: &mut [f32],
     ) -> Result {
         b.0.check(self.isa)?;
         let (a, b) = (Side::Lines(&a), Side::<MatRef<'_>>::Packed(&b.0));
-        let epilogue = Epilogue::default();
-        if !self.prologue(&mut c, &a, &b, &epilogue)? {
+        if !self.prologue(&mut c, &a, &b, epilogue)? {
             return Ok(());
         }
         let (m, n, k) = (a.lines(), b.lines(), a.depth());
@@ -536,7 +536,7 @@ impl Gemm {
         let scratch = scratch
             .get_mut(..needed)
             .ok_or(Error::ScratchTooSmall { len, needed })?;
-        self.block_loop(c, 0, 0, &a, &b, &epilogue, scratch)
+        self.block_loop(c, 0, 0, &a, &b, epilogue, scratch)
     }
 
     /// The product with the right operand given as lines (columns of B) of any kind:

@@ -1,15 +1,17 @@
-//! NHWC transposed 2-D convolution: for a block of input pixels, one product gives
-//! every (tap, output channel) contribution of each pixel; the contributions are then
-//! added into the output pixels they reach (col2im), which start at the bias.
+//! NHWC transposed 2-D convolution, one output row per task: each input row that
+//! reaches the output row through a kernel row `ky` is multiplied by that kernel
+//! row's weights (every kernel column and output channel of each input pixel at
+//! once), and the products are added into the output pixels they reach, which start
+//! at the bias. When the width axis tiles (stride equal to the kernel width, no
+//! dilation or left padding, one group) and one input row reaches the output row —
+//! a UNet's 2×2 stride-2 upsampling — the product is written straight into the row
+//! with bias and activation, no buffer in between.
 
-use crate::elementwise::clamp;
+use crate::elementwise::{self, Activation};
 use crate::error::{self, Error, Result};
-use crate::gemm::{Bias, Epilogue, Gemm, Lhs, PackedB, Rhs};
+use crate::gemm::{Bias, Epilogue, Gemm, PackedB};
 use crate::mat::{MatMut, MatRef};
-use crate::pool::ThreadPool;
-
-/// Input pixels per product (bounds the column buffer).
-const BLOCK: usize = 256;
+use crate::pool::{FirstError, ThreadPool};
 
 /// A transposed convolution prepared for repeated runs.
 #[derive(Debug)]
@@ -25,11 +27,13 @@ pub struct DeconvNhwc {
     cig: usize,
     cog: usize,
     gemm: Gemm,
-    /// Per group: `[cig, taps·cog]`.
+    /// Per group, per kernel row `ky`: `[cig, kw·cog]`, column `kx·cog + oc`.
     weights: Vec<PackedB>,
     bias: Vec<f32>,
-    min: f32,
-    max: f32,
+    /// The bias once per kernel column (a directly written row's columns), when the
+    /// width axis tiles.
+    tiled_bias: Option<Vec<f32>>,
+    activation: Activation,
 }
 
 impl DeconvNhwc {
@@ -49,8 +53,7 @@ impl DeconvNhwc {
         cog: usize,
         weights: &[f32],
         bias: Option<&[f32]>,
-        min: f32,
-        max: f32,
+        activation: Activation,
     ) -> Result<Self> {
         let bad = |what: String| Error::InvalidParameter { what };
         if kernel.contains(&0) || stride.contains(&0) || dilation.contains(&0) || groups == 0 {
@@ -90,7 +93,8 @@ impl DeconvNhwc {
                 pl + pr,
             )?,
         ];
-        let taps = error::mul(kernel[0], kernel[1], "kernel")?;
+        let [kh, kw] = kernel;
+        let taps = error::mul(kh, kw, "kernel")?;
         let cout = error::mul(groups, cog, "output channels")?;
         let per_group = error::mul(error::mul(cog, taps, "weights")?, cig, "weights")?;
         error::need(
@@ -99,25 +103,28 @@ impl DeconvNhwc {
             error::mul(per_group, groups, "weights")?,
         )?;
         let bias = crate::conv::bias_or_zeros(bias, cout)?;
-        let n = taps * cog;
-        let mut packed = Vec::with_capacity(groups);
-        let mut t = vec![0f32; cig * n];
+        let n = error::mul(kw, cog, "deconvolution columns")?;
+        let mut packed = Vec::with_capacity(groups * kh);
+        let mut t = vec![0f32; error::mul(cig, n, "deconvolution weights")?];
         for gi in 0..groups {
-            // B[ci, tap·cog + oc] = W[g·cog + oc, tap, ci].
-            for oc in 0..cog {
-                for tap in 0..taps {
-                    for ci in 0..cig {
-                        let src = ((gi * cog + oc) * taps + tap) * cig + ci;
-                        if let (Some(d), Some(&v)) =
-                            (t.get_mut(ci * n + tap * cog + oc), weights.get(src))
-                        {
-                            *d = v;
+            for ky in 0..kh {
+                // B[ci, kx·cog + oc] = W[g·cog + oc, ky, kx, ci].
+                for oc in 0..cog {
+                    for kx in 0..kw {
+                        let src = (((gi * cog + oc) * kh + ky) * kw + kx) * cig;
+                        let taps = weights.get(src..src + cig).unwrap_or_default();
+                        for (ci, &v) in taps.iter().enumerate() {
+                            if let Some(d) = t.get_mut(ci * n + kx * cog + oc) {
+                                *d = v;
+                            }
                         }
                     }
                 }
+                packed.push(gemm.pack_b(MatRef::row_major(&t, cig, n)?)?);
             }
-            packed.push(gemm.pack_b(MatRef::row_major(&t, cig, n)?)?);
         }
+        let tiles = stride[1] == kw && dilation[1] == 1 && pl == 0 && groups == 1;
+        let tiled_bias = (tiles && out[1] >= input[1] * kw).then(|| bias.repeat(kw));
         Ok(Self {
             input,
             kernel,
@@ -131,8 +138,8 @@ impl DeconvNhwc {
             gemm,
             weights: packed,
             bias,
-            min,
-            max,
+            tiled_bias,
+            activation,
         })
     }
 
@@ -141,22 +148,48 @@ impl DeconvNhwc {
         self.out
     }
 
+    /// Output channels.
+    pub fn out_channels(&self) -> usize {
+        self.groups * self.cog
+    }
+
     /// Heap bytes held.
     pub fn bytes(&self) -> usize {
-        self.weights.iter().map(PackedB::bytes).sum::<usize>() + self.bias.len() * 4
+        let tiled = self.tiled_bias.as_ref().map_or(0, Vec::len);
+        self.weights.iter().map(PackedB::bytes).sum::<usize>() + (self.bias.len() + tiled) * 4
     }
 
+    /// Columns of one kernel row's product: every kernel column's output channels.
     fn cols(&self) -> usize {
-        self.kernel[0] * self.kernel[1] * self.cog
+        self.kernel[1] * self.cog
     }
 
-    /// Scratch (f32) for a run on `threads` threads: the column buffer and the product's.
+    /// Per thread: one kernel row's products for an input row, and the product's
+    /// scratch.
+    fn per_thread(&self) -> Result<usize> {
+        let iw = self.input[1];
+        let products = error::mul(iw, self.cols(), "deconvolution products")?;
+        let g = self.gemm.caller_scratch_len(iw, self.cols(), self.cig)?;
+        error::add(products, g, "deconvolution scratch")
+    }
+
+    /// Scratch (f32) for a run on `threads` threads.
     pub fn scratch_len(&self, threads: usize) -> Result<usize> {
-        let cols = error::mul(BLOCK, self.cols(), "deconvolution columns")?;
-        let g = self
-            .gemm
-            .scratch_len(BLOCK, self.cols(), self.cig, false, true, threads)?;
-        error::add(cols, g, "deconvolution scratch")
+        error::mul(self.per_thread()?, threads, "deconvolution scratch")
+    }
+
+    /// The input rows reaching output row `oy`, each with its kernel row.
+    fn sources(&self, oy: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        let (ih, sh, dh, pt) = (
+            self.input[0],
+            self.stride[0],
+            self.dilation[0],
+            self.padding[0],
+        );
+        (0..self.kernel[0]).filter_map(move |ky| {
+            let at = (oy + pt).checked_sub(ky * dh)?;
+            (at % sh == 0 && at / sh < ih).then_some((at / sh, ky))
+        })
     }
 
     /// Runs on `batch` NHWC images.
@@ -172,85 +205,101 @@ impl DeconvNhwc {
         let cout = self.groups * self.cog;
         let [ih, iw] = self.input;
         let [oh, ow] = self.out;
-        let pixels = error::mul(ih * iw, batch, "input")?;
-        error::need(
-            "deconvolution input",
-            x.len(),
-            error::mul(pixels, cin, "input")?,
-        )?;
-        let y_len = error::mul(error::mul(oh * ow, cout, "output")?, batch, "output")?;
+        let x_row = error::mul(iw, cin, "input")?;
+        let x_len = error::mul(error::mul(ih, batch, "input")?, x_row, "input")?;
+        error::need("deconvolution input", x.len(), x_len)?;
+        let y_row = error::mul(ow, cout, "output")?;
+        let y_len = error::mul(error::mul(oh, batch, "output")?, y_row, "output")?;
         error::need("deconvolution output", y.len(), y_len)?;
+        let per_thread = self.per_thread()?;
+        error::need(
+            "deconvolution scratch",
+            scratch.len(),
+            self.scratch_len(pool.threads())?,
+        )?;
         let y = y.get_mut(..y_len).unwrap_or_default();
-        for px in y.chunks_exact_mut(cout.max(1)) {
+        let failed = FirstError::default();
+        pool.parallel_chunks(y, y_row, scratch, per_thread, |r, row, part| {
+            let (n, oy) = (r / oh.max(1), r % oh.max(1));
+            let image = x.get(n * ih * x_row..).unwrap_or_default();
+            failed.keep(self.output_row(image, oy, row, part));
+        })?;
+        failed.into_result()
+    }
+
+    /// Output row `oy` of the image whose input is `image`.
+    fn output_row(&self, image: &[f32], oy: usize, row: &mut [f32], part: &mut [f32]) -> Result {
+        let (cin, cout, cols) = (self.groups * self.cig, self.groups * self.cog, self.cols());
+        let [_, iw] = self.input;
+        let [kh, kw] = self.kernel;
+        let x_row = iw * cin;
+        let isa = self.gemm.isa();
+        let mut sources = self.sources(oy);
+        let first = sources.next();
+        if let (Some((iy, ky)), None, Some(bias)) = (first, sources.next(), &self.tiled_bias) {
+            // The product's rows are the row's runs of kw pixels.
+            let (head, tail) = row.split_at_mut((iw * cols).min(row.len()));
+            let c = MatMut::new(head, iw, cols, cols, 1)?;
+            let a = MatRef::new(image.get(iy * x_row..).unwrap_or_default(), iw, cin, cin, 1)?;
+            let b = self
+                .weights
+                .get(ky)
+                .ok_or_else(|| Error::InvalidParameter {
+                    what: format!("deconvolution: no weights for kernel row {ky}"),
+                })?;
+            let epilogue = Epilogue {
+                accumulate: false,
+                bias: Bias::Col(bias),
+                activation: self.activation,
+            };
+            self.gemm.run_on_caller(c, a, b, &epilogue, part)?;
+            for px in tail.chunks_exact_mut(cout.max(1)) {
+                elementwise::add_vector_activate(isa, px, &self.bias, self.activation)?;
+            }
+            return Ok(());
+        }
+        for px in row.chunks_exact_mut(cout.max(1)) {
             px.copy_from_slice(self.bias.get(..cout).unwrap_or_default());
         }
-        let ncols = self.cols();
-        let need = self.scratch_len(pool.threads())?;
-        error::need("deconvolution scratch", scratch.len(), need)?;
-        let (colbuf, gscratch) = scratch.split_at_mut(BLOCK * ncols);
-        let [kh, kw] = self.kernel;
-        for (gi, packed) in self.weights.iter().enumerate() {
-            let mut p0 = 0;
-            while p0 < pixels {
-                let m = BLOCK.min(pixels - p0);
+        let (products, gemm_scratch) = part.split_at_mut((iw * cols).min(part.len()));
+        let (sw, dw, pl) = (self.stride[1], self.dilation[1], self.padding[3]);
+        for (iy, ky) in self.sources(oy) {
+            for gi in 0..self.groups {
                 let a = MatRef::new(
-                    x.get(p0 * cin + gi * self.cig..).unwrap_or_default(),
-                    m,
+                    image.get(iy * x_row + gi * self.cig..).unwrap_or_default(),
+                    iw,
                     self.cig,
                     cin,
                     1,
                 )?;
-                let c =
-                    MatMut::row_major(colbuf.get_mut(..m * ncols).unwrap_or_default(), m, ncols)?;
-                self.gemm.run(
-                    pool,
-                    c,
-                    Lhs::Mat(a),
-                    Rhs::Packed(packed),
-                    &Epilogue {
-                        accumulate: false,
-                        bias: Bias::None,
-                        activation: Default::default(),
-                    },
-                    gscratch,
-                )?;
-                for r in 0..m {
-                    let p = p0 + r;
-                    let (n, iy, ix) = (p / (ih * iw), p % (ih * iw) / iw, p % iw);
-                    for ky in 0..kh {
-                        let Some(oy) = (iy * self.stride[0] + ky * self.dilation[0])
-                            .checked_sub(self.padding[0])
-                            .filter(|&v| v < oh)
-                        else {
+                let b = self
+                    .weights
+                    .get(gi * kh + ky)
+                    .ok_or_else(|| Error::InvalidParameter {
+                        what: format!("deconvolution: no weights for group {gi}, kernel row {ky}"),
+                    })?;
+                let c = MatMut::row_major(&mut *products, iw, cols)?;
+                self.gemm
+                    .run_on_caller(c, a, b, &Epilogue::default(), gemm_scratch)?;
+                for ix in 0..iw {
+                    for kx in 0..kw {
+                        let Some(ox) = (ix * sw + kx * dw).checked_sub(pl) else {
                             continue;
                         };
-                        for kx in 0..kw {
-                            let Some(ox) = (ix * self.stride[1] + kx * self.dilation[1])
-                                .checked_sub(self.padding[3])
-                                .filter(|&v| v < ow)
-                            else {
-                                continue;
-                            };
-                            let src = colbuf
-                                .get(r * ncols + (ky * kw + kx) * self.cog..)
-                                .unwrap_or_default();
-                            let d = ((n * oh + oy) * ow + ox) * cout + gi * self.cog;
-                            if let Some(dst) = y.get_mut(d..d + self.cog) {
-                                for (o, &v) in dst.iter_mut().zip(src) {
-                                    *o += v;
-                                }
+                        let src = products
+                            .get(ix * cols + kx * self.cog..)
+                            .unwrap_or_default();
+                        let d = ox * cout + gi * self.cog;
+                        if let Some(dst) = row.get_mut(d..d + self.cog) {
+                            for (o, &v) in dst.iter_mut().zip(src) {
+                                *o += v;
                             }
                         }
                     }
                 }
-                p0 += m;
             }
         }
-        if self.min != f32::NEG_INFINITY || self.max != f32::INFINITY {
-            for v in y.iter_mut() {
-                *v = clamp(*v, self.min, self.max);
-            }
-        }
+        elementwise::activate(isa, row, self.activation);
         Ok(())
     }
 }

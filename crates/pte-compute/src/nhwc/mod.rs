@@ -30,8 +30,9 @@
 //! 28×28 layers, within noise elsewhere (crate BENCHMARKS.md).
 //! - [`DepthwiseChain`]: a depthwise convolution with the pointwise convolutions
 //!   before and after it run band by band of rows, the expanded tensors kept in cache.
-//! - [`DeconvNhwc`]: transposed convolution as a product per input pixel into a
-//!   column buffer, then added into the output (col2im).
+//! - [`DeconvNhwc`]: transposed convolution, output row by output row: each input
+//!   row reaching it multiplied by a kernel row's weights and added in, or written
+//!   in place when the width axis tiles (stride equal to the kernel).
 //! - [`pool2d`]: max and average pooling (average over the taps inside the image,
 //!   as XNNPACK does), vectorized across channels the same way.
 

@@ -682,9 +682,32 @@ fn pooling_matches_a_direct_loop() {
 
 #[test]
 fn deconvolution_matches_a_scatter() {
-    let pool = ThreadPool::new(2).unwrap();
+    let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
     let gemm = Gemm::new();
-    for (input, kernel, stride, dilation, padding, adj, groups, cig, cog) in [
+    for (case, (input, kernel, stride, dilation, padding, adj, groups, cig, cog)) in [
+        // Width tiled (stride = kernel): rows written directly, with and without
+        // the adjustment's extra rows and columns.
+        ([5, 7], [2, 2], [2, 2], [1, 1], [0; 4], [0, 0], 1, 9, 20),
+        ([3, 5], [2, 2], [2, 2], [1, 1], [0; 4], [1, 1], 1, 4, 17),
+        ([2, 3], [3, 3], [3, 3], [1, 1], [0; 4], [2, 1], 1, 6, 3),
+        // Tiled, but the right padding crops the row: added up instead.
+        (
+            [4, 3],
+            [3, 3],
+            [3, 3],
+            [1, 1],
+            [0, 2, 1, 0],
+            [0, 0],
+            1,
+            5,
+            6,
+        ),
+        // Width tiled, rows reached by several input rows.
+        ([3, 4], [3, 2], [1, 2], [1, 1], [0; 4], [0, 0], 1, 3, 5),
+        // Rows no input row reaches (stride above the kernel).
+        ([3, 3], [1, 1], [3, 3], [1, 1], [0; 4], [0, 0], 1, 4, 9),
+        // DCGAN's upsampling: kernel 4, stride 2, padding 1.
+        ([6, 5], [4, 4], [2, 2], [1, 1], [1; 4], [0, 0], 1, 8, 7),
         (
             [3, 4],
             [3, 3],
@@ -708,7 +731,11 @@ fn deconvolution_matches_a_scatter() {
             4,
             2,
         ),
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let pool = &pools[case % 2];
         let batch = 2;
         let (cin, cout) = (groups * cig, groups * cog);
         let x = data(batch * input[0] * input[1] * cin, 6);
@@ -727,14 +754,16 @@ fn deconvolution_matches_a_scatter() {
             cog,
             &w,
             Some(&b),
-            -1.5,
-            1.5,
+            crate::Activation::Clamp {
+                min: -1.5,
+                max: 1.5,
+            },
         )
         .unwrap();
         let [oh, ow] = d.output_size();
         let mut y = vec![0.0; batch * oh * ow * cout];
-        let mut scratch = vec![0.0; d.scratch_len(2).unwrap()];
-        d.run(&pool, &x, batch, &mut y, &mut scratch).unwrap();
+        let mut scratch = vec![0.0; d.scratch_len(pool.threads()).unwrap()];
+        d.run(pool, &x, batch, &mut y, &mut scratch).unwrap();
         let mut want = vec![0.0f64; y.len()];
         for n in 0..batch {
             for oy in 0..oh {
@@ -772,7 +801,10 @@ fn deconvolution_matches_a_scatter() {
             }
         }
         for (a, e) in y.iter().zip(&want) {
-            assert!((a - (*e as f32).clamp(-1.5, 1.5)).abs() < 1e-4);
+            assert!(
+                (a - (*e as f32).clamp(-1.5, 1.5)).abs() < 1e-4,
+                "case {case}: {a} against {e}"
+            );
         }
     }
 }

@@ -1,8 +1,11 @@
 //! `aten::convolution.out` on `pte_compute::Conv2d`: float32, NCHW (1-d as height 1),
 //! constant weights, any groups, stride, padding and dilation; not transposed. Alone, or
 //! as the fused call of a convolution with the batch normalization (folded into the
-//! weights and bias at load), residual addition and activation after it.
+//! weights and bias at load), residual addition and activation after it. Also the
+//! geometry and weights of the convolutions an NHWC region runs, transposed ones
+//! included ([`deconv_spec`]).
 
+use pte_compute::nhwc::DeconvNhwc;
 use pte_compute::{Activation, Conv2d, Conv2dParams, ConvWeights, Gemm};
 use pte_runtime::{Args, Charge, KernelError, KernelResult, PreparedKernel};
 use smallvec::SmallVec;
@@ -121,7 +124,7 @@ pub(super) fn key(args: &Args<'_>, l: &Layout) -> KernelResult<Key> {
     let c = l.conv;
     let mut k = Key::new();
     k.extend(args.info(c)?.sizes.iter().map(|&s| s as i64));
-    for list in 3..6 {
+    for list in [3, 4, 5, 7] {
         k.push(-1);
         k.extend(args.int_list(c + list)?);
     }
@@ -302,6 +305,136 @@ pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Sp
         batch,
         out_sizes,
     }))
+}
+
+/// The NHWC transposed convolution of the call's current arguments (weights
+/// rearranged, batch normalization folded in, activation fused) and its output sizes,
+/// or `None` when the call does not qualify (the generic kernel then says why).
+pub(super) fn deconv_spec(
+    args: &Args<'_>,
+    l: &Layout,
+) -> KernelResult<Option<(DeconvNhwc, SmallVec<[usize; 4]>)>> {
+    let c = l.conv;
+    let (Some(x), Some(w)) = (f32_tensor(args, c)?, f32_tensor(args, c + 1)?) else {
+        return Ok(None);
+    };
+    if !args.bool(c + 6)? || l.residual.is_some() || f32_tensor(args, l.out)?.is_none() {
+        return Ok(None);
+    }
+    let spatial = match (x.rank(), w.rank()) {
+        (4, 4) => 2,
+        (3, 3) => 1,
+        _ => return Ok(None),
+    };
+    let (Some(weights), Ok(groups)) = (
+        constant_f32(args, c + 1)?,
+        usize::try_from(args.int(c + 8)?),
+    ) else {
+        return Ok(None);
+    };
+    let bias = if args.is_none(c + 2)? {
+        None
+    } else {
+        match (f32_tensor(args, c + 2)?, constant_f32(args, c + 2)?) {
+            (Some(_), Some(b)) => Some(b),
+            _ => return Ok(None),
+        }
+    };
+    let dims = |t: &pte_runtime::TensorInfo| -> SmallVec<[usize; 4]> {
+        let mut d: SmallVec<[usize; 4]> = t.sizes.iter().copied().collect();
+        if spatial == 1 {
+            d.insert(2, 1);
+        }
+        d
+    };
+    let (xs, ws) = (dims(&x), dims(&w));
+    let (&[batch, c_in, h, wd], &[w_in, cog, kh, kw]) = (xs.as_slice(), ws.as_slice()) else {
+        return Ok(None);
+    };
+    let adjustment = args.int_list(c + 7)?;
+    let (Some(stride), Some(pad), Some(dilation), Some(adjustment)) = (
+        pair(&args.int_list(c + 3)?, spatial, 1),
+        pair(&args.int_list(c + 4)?, spatial, 0),
+        pair(&args.int_list(c + 5)?, spatial, 1),
+        if adjustment.is_empty() {
+            Some([0, 0])
+        } else {
+            pair(&adjustment, spatial, 0)
+        },
+    ) else {
+        return Ok(None);
+    };
+    let cig = c_in.checked_div(groups).unwrap_or(0);
+    let c_out = cog.checked_mul(groups).unwrap_or(0);
+    let adjustment_fits = adjustment
+        .iter()
+        .zip(stride.iter().zip(&dilation))
+        .all(|(&a, (&s, &d))| a < s.max(d));
+    if w_in != c_in
+        || cig * groups != c_in
+        || !adjustment_fits
+        || bias.is_some_and(|b| b.len() != c_out)
+        || [batch, cig, h, wd, cog, kh, kw].contains(&0)
+    {
+        return Ok(None);
+    }
+    let activation = l.act.resolve(args)?;
+    let (scale, bias) = match l.bn {
+        None => (None, bias.map(<[f32]>::to_vec)),
+        Some(bn) => {
+            let (scale, b) = batch_norm_coefficients(args, bn, c_out, bias)?;
+            (Some(scale), Some(b))
+        }
+    };
+    // [c_in, cog, kh, kw] (c_in = groups·cig) as [groups·cog, kh, kw, cig], each
+    // output channel scaled by the batch normalization's factor.
+    let taps = kh * kw;
+    let mut arranged = Vec::new();
+    arranged
+        .try_reserve_exact(weights.len())
+        .map_err(|_| KernelError::invalid("transposed convolution weights: out of memory"))?;
+    for o in 0..c_out {
+        let (gi, oc) = (o / cog, o % cog);
+        let factor = scale.as_ref().and_then(|s| s.get(o)).copied();
+        for tap in 0..taps {
+            for ci in 0..cig {
+                let v = weights
+                    .get(((gi * cig + ci) * cog + oc) * taps + tap)
+                    .copied()
+                    .unwrap_or(0.0);
+                arranged.push(factor.map_or(v, |f| (f64::from(v) * f) as f32));
+            }
+        }
+    }
+    let layer = DeconvNhwc::new(
+        Gemm::new(),
+        [h, wd],
+        [kh, kw],
+        stride,
+        dilation,
+        [pad[0], pad[1], pad[0], pad[1]],
+        adjustment,
+        groups,
+        cig,
+        cog,
+        &arranged,
+        bias.as_deref(),
+        activation,
+    );
+    // A geometry with no output: the generic kernel says why.
+    let Ok(layer) = layer else {
+        return Ok(None);
+    };
+    let [oh, ow] = layer.output_size();
+    if oh == 0 || ow == 0 {
+        return Ok(None);
+    }
+    let mut out_sizes: SmallVec<[usize; 4]> = SmallVec::from_slice(&[batch, c_out]);
+    if spatial == 2 {
+        out_sizes.push(oh);
+    }
+    out_sizes.push(ow);
+    Ok(Some((layer, out_sizes)))
 }
 
 /// The per-channel factor and the shift of an inference batch normalization whose

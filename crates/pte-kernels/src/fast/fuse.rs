@@ -295,11 +295,13 @@ pub(super) struct ConvChain {
 
 /// Matches a convolution chain at the start of `calls`, appending its arguments (the
 /// convolution's nine, batch normalization's five, the residual, the activation's
-/// scalars, the output) to `args`.
+/// scalars, the output) to `args`. With `transposed`, a transposed convolution, which
+/// takes no residual (an addition after it is left to the caller).
 pub(super) fn match_conv(
     g: &Graph<'_>,
     calls: &[Call<'_>],
     args: &mut Vec<u32>,
+    transposed: bool,
 ) -> Option<ConvChain> {
     let c = calls.first()?;
     if c.op != "aten::convolution.out" {
@@ -312,8 +314,8 @@ pub(super) fn match_conv(
         && is_const_f32(g, w, false)
         && g.tensor(w)?.rank() == rank
         && is_const_f32(g, b, true)
-        && g.bool(arg(c, 6)?) == Some(false)
-        && (3..6).all(|i| arg(c, i).and_then(|l| g.int_list(l)).is_some())
+        && g.bool(arg(c, 6)?) == Some(transposed)
+        && (3..8).all(|i| i == 6 || arg(c, i).and_then(|l| g.int_list(l)).is_some())
         && arg(c, 8).and_then(|v| g.int(v)).is_some();
     let mut v = arg(c, 9).filter(|&o| qualifies && is_f32(g, o))?;
     let start = args.len();
@@ -363,7 +365,10 @@ pub(super) fn match_conv(
         v = out;
         m.ids.extend(rest.iter().take(n).map(|c| c.id));
         m.names.push("activation");
-    } else if let Some(add) = rest.first().filter(|a| a.op == "aten::add.out") {
+    } else if let Some(add) = rest
+        .first()
+        .filter(|a| a.op == "aten::add.out" && !transposed)
+    {
         let alpha_one = arg(add, 2).and_then(|a| g.double(a)) == Some(1.0);
         let other = match (arg(add, 0), arg(add, 1)) {
             (Some(a), Some(r)) if a == v => Some(r),
@@ -399,7 +404,7 @@ pub(super) fn match_conv(
 /// A convolution chain of at least two calls as one fused call (NCHW).
 fn conv_chain(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
     let mut args = Vec::new();
-    let m = match_conv(g, calls, &mut args)?;
+    let m = match_conv(g, calls, &mut args, false)?;
     if m.ids.len() == 1 {
         return None;
     }

@@ -690,8 +690,7 @@ impl Kernel for FloatDeconv {
                 u(g.group_output_channels),
                 &weights,
                 bias.as_deref(),
-                self.min,
-                self.max,
+                activation(self.min, self.max, None),
             )
             .map_err(|e| e.to_string())?;
             self.layer = Some((layer, [h, w]));

@@ -27,7 +27,7 @@ use crate::arch::{Isa, Lanes, Scalar};
 use crate::conv::Conv2dParams;
 use crate::elementwise::{self, Activation};
 use crate::error::{self, Error, Result};
-use crate::gemm::{Gemm, PackedB};
+use crate::gemm::{Epilogue, Gemm, PackedB};
 use crate::mat::{MatMut, MatRef};
 use crate::pool::{FirstError, ThreadPool};
 
@@ -367,7 +367,7 @@ impl ConvNhwc {
             let a = vbuf.get(q * cin..).unwrap_or_default();
             failed.keep(
                 MatRef::new(a, tiles, cin, v_tile, 1)
-                    .and_then(|a| self.gemm.run_on_caller(c, a, u, part)),
+                    .and_then(|a| self.gemm.run_on_caller(c, a, u, &Epilogue::default(), part)),
             );
         })?;
         failed.into_result()?;
@@ -419,7 +419,8 @@ impl ConvNhwc {
                 let a = MatRef::new(a, tb, cin, v_tile, 1)?;
                 let c = mbuf.get_mut(q * cout..).unwrap_or_default();
                 let c = MatMut::new(c, tb, cout, m_tile, 1)?;
-                self.gemm.run_on_caller(c, a, u, gemm_scratch)?;
+                self.gemm
+                    .run_on_caller(c, a, u, &Epilogue::default(), gemm_scratch)?;
             }
             self.winograd_outputs(w, mbuf, (t0, tb), residual, band);
         }
