@@ -23,8 +23,12 @@
 //! gives each value room for its lifetime, and the steps run in program order), so
 //! the run costs no memory beyond the conversions at its ends: inputs from before the
 //! run are converted into scratch memory, and a 4-d value that leaves the run (its
-//! last) is converted back. A value with height and width 1 is the same in both
-//! layouts and may leave it freely. A step's output that the plan put over the step's
+//! last) is converted back. A value also read after the run (a method output, a
+//! later call's input: a UNet's or a detector's feature maps) and through no view
+//! leaves it late: once the run no longer reads it, it is converted back in its own
+//! memory (`Plan::late`), which nothing else takes until its last reader, after the
+//! run. A value with height and width 1 is the same in both layouts and may leave it
+//! freely. A step's output that the plan put over the step's
 //! own input (an activation placed over the convolution input it follows) moves to
 //! the planned bytes of a value the fused calls no longer compute, when they are free
 //! (`Region::relocate`): else each execution would copy the input away first.
@@ -34,9 +38,10 @@
 //! [`nhwc::DepthwiseChain`], band by band of rows: the expanded values in between are
 //! never written to their planned memory.
 //!
-//! The fuser checks that no value kept NHWC is read outside the run, is a method
-//! output, or is aliased by an elided view; the runtime checks the values the run
-//! drops (batch normalization statistics, pooling indices, the sigmoid of a SiLU).
+//! The fuser checks that every value kept NHWC and read outside the run (or a method
+//! output) leaves it late, and that none is aliased by an elided view; the runtime
+//! checks the values the run drops (batch normalization statistics, pooling indices,
+//! the sigmoid of a SiLU).
 
 use std::sync::Arc;
 
@@ -162,6 +167,10 @@ struct Plan {
     /// The value at each argument position (a value read by several steps has a
     /// position for each).
     values: Vec<u32>,
+    /// Values that also leave the run before its last step: (step, argument
+    /// position) of each, converted back to NCHW in its own planned memory after that
+    /// step (its producer, or the last step of the run that reads it).
+    late: Vec<(usize, usize)>,
 }
 
 /// True for a 4-d shape with more than one pixel, or a 3-d one (a 1-d convolution's
@@ -198,8 +207,8 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
         b.step_calls.push(b.ids.len() - before);
         i += b.ids.len() - before;
     }
-    // Cut after the first step whose NHWC output is read outside the run (that output
-    // then leaves it in NCHW), until no earlier one is.
+    // Cut after the first step whose NHWC output is read outside the run and cannot
+    // leave it late (that output then leaves it in NCHW), until no earlier one is.
     let calls_of = |k: usize| b.step_calls.iter().take(k).sum::<usize>();
     // Read outside the first `n` calls, or through a view other than a shuffle's.
     let escapes = |v: u32, n: usize| {
@@ -212,19 +221,25 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
             .any(|w| !b.shuffled.contains(&w) || outside(w));
         g.tensor(v).is_some_and(|t| spatial(&t.sizes)) && (outside(v) || views)
     };
+    // A value read outside the run but through no view may also leave it late:
+    // converted back in its own memory once the run no longer reads it.
+    let late_ok = |v: u32| g.views_of(v).next().is_none() && !g.is_aliased(v);
     let mut cut = b.steps.len();
     loop {
         let n = calls_of(cut);
         let first = (0..cut).find(|&k| {
-            b.steps
-                .get(k)
-                .is_some_and(|s| b.output_values(s).into_iter().any(|v| escapes(v, n)))
+            b.steps.get(k).is_some_and(|s| {
+                let own = b.output_values(s);
+                let last = k + 1 == cut && own.len() == 1;
+                own.into_iter()
+                    .any(|v| escapes(v, n) && !(last || late_ok(v)))
+            })
         });
         match first {
             Some(k) if k + 1 < cut => cut = k + 1,
-            // One value leaves the run: a step writing several cannot end it. Nor does
-            // a resampling: the NCHW kernel writes its (larger) output directly, where
-            // the run would convert it.
+            // One value leaves the run last: a step writing several cannot end it.
+            // Nor does a resampling: the NCHW kernel writes its (larger) output
+            // directly, where the run would convert it.
             _ if cut > 0
                 && b.steps.get(cut - 1).is_some_and(|s| {
                     dsts_of(s).len() > 1 || matches!(s, Step::Resample { .. })
@@ -254,6 +269,27 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
     }
     if exits_spatial {
         set_exit(last);
+    }
+    // The values leaving before the last step, each converted after its last read
+    // in the run.
+    let n = calls_of(cut);
+    let mut late = Vec::new();
+    for (k, step) in steps.iter().enumerate().take(cut.saturating_sub(1)) {
+        for d in dsts_of(step) {
+            let Some(&v) = b.args.get(d.pos()) else {
+                continue;
+            };
+            if !escapes(v, n) {
+                continue;
+            }
+            let reads = |s: &Step| {
+                srcs_of(s)
+                    .into_iter()
+                    .any(|r| matches!(r, Src::Arg(p) if b.args.get(p) == Some(&v)))
+            };
+            let after = steps.iter().rposition(reads).unwrap_or(k).max(k);
+            late.push((after, d.pos()));
+        }
     }
     // The values each step's calls computed on the way (a convolution's output before
     // its batch normalization, ...): dropped, and read by nothing but those calls.
@@ -289,6 +325,7 @@ pub(super) fn propose(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
             entries: b.entries,
             spares,
             values: b.args.clone(),
+            late,
         })),
         args: b.args,
     })
@@ -941,10 +978,11 @@ fn chains(plan: &Plan, layers: &[Layer], layer_of: &[Option<usize>]) -> Vec<(usi
         }
         _ => None,
     };
-    // Step i's output is step i + 1's input and nothing else's.
+    // Step i's output is step i + 1's input and nothing else's (nor leaves the run).
+    let leaves = |o: usize| plan.late.iter().any(|&(_, p)| value(p) == value(o));
     let feeds = |i: usize| match (conv(i), conv(i + 1)) {
         (Some((_, _, None, Dst::Arg(o))), Some((_, Src::Arg(x), _, _))) => {
-            value(o) == value(x) && reads(value(o)) == 1
+            value(o) == value(x) && reads(value(o)) == 1 && !leaves(o)
         }
         _ => false,
     };
@@ -1296,6 +1334,34 @@ impl Region {
         Ok(true)
     }
 
+    /// Converts back to NCHW, in place, the values that leave the run once steps
+    /// `done` have run (see [`Plan::late`]), through the exit buffer.
+    fn leave_late(
+        &self,
+        args: &mut Args<'_>,
+        sp: &ScratchPlan,
+        done: std::ops::Range<usize>,
+    ) -> KernelResult {
+        for &(_, p) in self.plan.late.iter().filter(|(k, _)| done.contains(k)) {
+            let [n, c, h, w] = nchw(args, p)?;
+            let pool = args.pool();
+            let mut io = args.io(&[], &[at(p)])?;
+            let s = scratch(io.scratch, sp.total())?;
+            let (at_exit, len) = (sp.exit.0, n * c * h * w);
+            let exit = s
+                .get_mut(at_exit..at_exit + len)
+                .ok_or_else(missing_state)?;
+            let y = io
+                .outputs
+                .first_mut()
+                .ok_or_else(missing_state)?
+                .as_mut_slice::<f32>()?;
+            exit.copy_from_slice(y.get(..len).ok_or_else(missing_state)?);
+            layout::transpose(pool, exit, n, h * w, c, y).map_err(compute)?;
+        }
+        Ok(())
+    }
+
     /// Gives every step's output its sizes for the current inputs (rebuilding a
     /// convolution whose arguments changed) and plans the scratch memory.
     fn shape(&mut self, args: &mut Args<'_>) -> KernelResult<ScratchPlan> {
@@ -1400,6 +1466,9 @@ impl Region {
             let sizes = args.tensor(o)?.sizes;
             args.resize(d, &sizes)?;
         }
+        for &(_, p) in &self.plan.late {
+            exit = exit.max(args.info(p)?.numel());
+        }
         let mut entries = SmallVec::new();
         let mut at = 0usize;
         for &e in &self.plan.entries {
@@ -1459,7 +1528,9 @@ impl Region {
             let &[Dst::Arg(o)] = dsts_of(&step).as_slice() else {
                 continue;
             };
-            if !spatial(&args.info(o)?.sizes) {
+            // A value leaving the run late is read from its own memory afterwards.
+            let leaves = self.plan.late.iter().any(|&(_, p)| value(p) == value(o));
+            if leaves || !spatial(&args.info(o)?.sizes) {
                 continue;
             }
             let Ok(out) = span(args, o) else {
@@ -1651,6 +1722,7 @@ impl PreparedKernel for Region {
             let started = self.profile.start();
             if let Some(&(_, len)) = self.chains.iter().find(|c| c.0 == i) {
                 if self.run_chain(args, &sp, i, len)? {
+                    self.leave_late(args, &sp, i..i + len)?;
                     self.profile.record(steps + i, started);
                     i += len;
                     continue;
@@ -1701,64 +1773,69 @@ impl PreparedKernel for Region {
                 .filter(|d| !matches!(d, Dst::Slot { .. }))
                 .map(|d| at(d.pos()))
                 .collect();
-            let mut io = args.io(&reads, &writes)?;
-            let missing = || KernelError::Failed("missing view".into());
-            let s = scratch(io.scratch, total)?;
-            let ScratchViews {
-                entries,
-                exit,
-                work,
-                slot_out,
-                slot_in,
-            } = sp.cut(s, out);
-            let arg_views: SmallVec<[&[f32]; MAX_PARTS]> = io
-                .inputs
-                .iter()
-                .map(|t| t.as_slice::<f32>())
-                .collect::<KernelResult<_>>()?;
-            let mut next_arg = arg_views.iter();
-            let mut inputs: SmallVec<[&[f32]; MAX_PARTS]> = SmallVec::new();
-            for (s, shape) in srcs.iter().zip(&shapes) {
-                inputs.push(match s {
-                    Src::Arg(_) | Src::Nchw(_) => next_arg.next().copied().ok_or_else(missing)?,
-                    Src::Entry(k) => {
-                        let (off, len) = sp.entries.get(*k).copied().unwrap_or_default();
-                        entries.get(off..off + len).unwrap_or_default()
-                    }
-                    Src::Slot { slot, .. } => {
-                        let v = slot_in.get(*slot).copied().unwrap_or_default();
-                        v.get(..shape.iter().product()).unwrap_or_default()
-                    }
-                });
-            }
-            let mut outputs = io.outputs.iter_mut();
-            let (target, exit_to): (&mut [f32], Option<&mut [f32]>) = match out {
-                Dst::Arg(_) => (outputs.next().ok_or_else(missing)?.as_mut_slice()?, None),
-                Dst::Exit(_) => {
-                    let y = outputs.next().ok_or_else(missing)?.as_mut_slice()?;
-                    (exit, Some(y))
+            {
+                let mut io = args.io(&reads, &writes)?;
+                let missing = || KernelError::Failed("missing view".into());
+                let s = scratch(io.scratch, total)?;
+                let ScratchViews {
+                    entries,
+                    exit,
+                    work,
+                    slot_out,
+                    slot_in,
+                } = sp.cut(s, out);
+                let arg_views: SmallVec<[&[f32]; MAX_PARTS]> = io
+                    .inputs
+                    .iter()
+                    .map(|t| t.as_slice::<f32>())
+                    .collect::<KernelResult<_>>()?;
+                let mut next_arg = arg_views.iter();
+                let mut inputs: SmallVec<[&[f32]; MAX_PARTS]> = SmallVec::new();
+                for (s, shape) in srcs.iter().zip(&shapes) {
+                    inputs.push(match s {
+                        Src::Arg(_) | Src::Nchw(_) => {
+                            next_arg.next().copied().ok_or_else(missing)?
+                        }
+                        Src::Entry(k) => {
+                            let (off, len) = sp.entries.get(*k).copied().unwrap_or_default();
+                            entries.get(off..off + len).unwrap_or_default()
+                        }
+                        Src::Slot { slot, .. } => {
+                            let v = slot_in.get(*slot).copied().unwrap_or_default();
+                            v.get(..shape.iter().product()).unwrap_or_default()
+                        }
+                    });
                 }
-                Dst::Slot { .. } => {
-                    let len = y_shape.iter().product::<usize>();
-                    let v = slot_out.ok_or_else(missing)?;
-                    (v.get_mut(..len).ok_or_else(missing)?, None)
+                let mut outputs = io.outputs.iter_mut();
+                let (target, exit_to): (&mut [f32], Option<&mut [f32]>) = match out {
+                    Dst::Arg(_) => (outputs.next().ok_or_else(missing)?.as_mut_slice()?, None),
+                    Dst::Exit(_) => {
+                        let y = outputs.next().ok_or_else(missing)?.as_mut_slice()?;
+                        (exit, Some(y))
+                    }
+                    Dst::Slot { .. } => {
+                        let len = y_shape.iter().product::<usize>();
+                        let v = slot_out.ok_or_else(missing)?;
+                        (v.get_mut(..len).ok_or_else(missing)?, None)
+                    }
+                };
+                let more = outputs
+                    .map(|t| t.as_mut_slice::<f32>())
+                    .collect::<KernelResult<_>>()?;
+                let v = Views {
+                    inputs,
+                    out: target,
+                    more,
+                    work,
+                };
+                run_step(step, prepared, pool, isa, &shapes, activation, v)?;
+                if let Some(y) = exit_to {
+                    let [n, c, h, w] = y_shape;
+                    let exit = exit.get(..y.len()).unwrap_or_default();
+                    layout::transpose(pool, exit, n, h * w, c, y).map_err(compute)?;
                 }
-            };
-            let more = outputs
-                .map(|t| t.as_mut_slice::<f32>())
-                .collect::<KernelResult<_>>()?;
-            let v = Views {
-                inputs,
-                out: target,
-                more,
-                work,
-            };
-            run_step(step, prepared, pool, isa, &shapes, activation, v)?;
-            if let Some(y) = exit_to {
-                let [n, c, h, w] = y_shape;
-                let exit = exit.get(..y.len()).unwrap_or_default();
-                layout::transpose(pool, exit, n, h * w, c, y).map_err(compute)?;
             }
+            self.leave_late(args, &sp, i - 1..i)?;
             self.profile.record(i - 1, started);
         }
         Ok(())

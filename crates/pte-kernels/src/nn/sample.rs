@@ -121,10 +121,26 @@ fn upsample_nearest2d(args: &mut Args<'_>) -> KernelResult {
         let (src, dst) = (typed::<E>(src)?, typed_mut::<E>(dst)?);
         for (p, plane) in dst.chunks_exact_mut(oh * ow).enumerate() {
             let s = src.span(p * h * w, h * w)?;
-            for (oy, row) in plane.chunks_exact_mut(ow).enumerate() {
-                let sr = s.span(nearest(oy, h, oh, sh) * w, w)?;
-                for (ox, o) in row.iter_mut().enumerate() {
-                    *o = *sr.at(nearest(ox, w, ow, sw))?;
+            for oy in 0..oh {
+                let iy = nearest(oy, h, oh, sh);
+                // A row reading the same input row as the one before is a copy of it.
+                if oy > 0 && nearest(oy - 1, h, oh, sh) == iy {
+                    let from = (oy - 1) * ow;
+                    plane.span(from, 2 * ow)?;
+                    plane.copy_within(from..from + ow, from + ow);
+                    continue;
+                }
+                let sr = s.span(iy * w, w)?;
+                let row = plane.get_mut(oy * ow..(oy + 1) * ow).ok_or_else(oob)?;
+                if ow == 2 * w {
+                    // `nearest` is exactly `ox / 2` then.
+                    for (pair, &v) in row.chunks_exact_mut(2).zip(sr) {
+                        pair.fill(v);
+                    }
+                } else {
+                    for (ox, o) in row.iter_mut().enumerate() {
+                        *o = *sr.at(nearest(ox, w, ow, sw))?;
+                    }
                 }
             }
         }
