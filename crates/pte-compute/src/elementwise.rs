@@ -40,6 +40,8 @@ pub enum Activation {
     HardSwishFused,
     /// `relu6(x + 3) / 6`.
     HardSigmoid,
+    /// `x` if `x > 0`, else `slope · x` (NaN stays NaN).
+    LeakyRelu { slope: f32 },
 }
 
 impl Activation {
@@ -73,6 +75,17 @@ pub(crate) fn act<const FMA: bool>(a: Activation, x: f32) -> f32 {
             x * clamp(crate::arch::madd::<FMA>(x, 1.0 / 6.0, 0.5), 0.0, 1.0)
         }
         Activation::HardSigmoid => clamp(x + 3.0, 0.0, 6.0) / 6.0,
+        Activation::LeakyRelu { slope } => leaky(x, slope),
+    }
+}
+
+/// `x` if `x > 0`, else `slope · x`: a select that vectorizes to a blend.
+#[inline(always)]
+pub(crate) fn leaky(x: f32, slope: f32) -> f32 {
+    if x > 0.0 {
+        x
+    } else {
+        x * slope
     }
 }
 
@@ -151,6 +164,12 @@ macro_rules! per_activation {
                 for $pat in $items {
                     let $v = $body;
                     *$out = clamp($v + 3.0, 0.0, 6.0) / 6.0;
+                }
+            }
+            Activation::LeakyRelu { slope } => {
+                for $pat in $items {
+                    let $v = $body;
+                    *$out = leaky($v, slope);
                 }
             }
         }
@@ -800,6 +819,7 @@ mod tests {
             Activation::HardSwish,
             Activation::HardSwishFused,
             Activation::HardSigmoid,
+            Activation::LeakyRelu { slope: 0.1 },
         ];
         for isa in Isa::available() {
             for a in acts {
@@ -819,6 +839,11 @@ mod tests {
         assert!(nan[0].is_nan());
         assert_eq!(Activation::HardSwish.apply_scalar(1.0), 4.0 / 6.0);
         assert_eq!(Activation::HardSigmoid.apply_scalar(-1.0), 2.0 / 6.0);
+        let leaky = Activation::LeakyRelu { slope: 0.25 };
+        assert_eq!(leaky.apply_scalar(-2.0), -0.5);
+        assert_eq!(leaky.apply_scalar(3.0), 3.0);
+        assert!(leaky.apply_scalar(f32::NAN).is_nan());
+        assert!(leaky.apply_scalar(-0.0).is_sign_negative());
     }
 
     #[test]

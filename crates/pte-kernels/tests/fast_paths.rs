@@ -157,6 +157,8 @@ enum After {
     HardSwish,
     /// The same without the product by `x`.
     HardSigmoid,
+    /// `leaky_relu(x, 0.1)`.
+    LeakyRelu,
 }
 
 impl Conv {
@@ -288,6 +290,10 @@ fn activation(b: &mut ProgramBuilder, y: i32, ys: &[i32], after: After) -> i32 {
             b.call("aten::hardtanh", "out", &[y, lo, hi, out, out]);
         }
         After::Sigmoid => b.call("aten::sigmoid", "out", &[y, out, out]),
+        After::LeakyRelu => {
+            let slope = b.double(0.1);
+            b.call("aten::leaky_relu", "out", &[y, slope, out, out]);
+        }
         After::Silu => {
             let s = b.tensor(Float, ys, Memory::Planned);
             b.call("aten::sigmoid", "out", &[y, s, s]);
@@ -479,6 +485,7 @@ fn fused_convolution_chains_match_the_calls_one_by_one() {
         After::Relu6Pair,
         After::HardSwish,
         After::HardSigmoid,
+        After::LeakyRelu,
     ];
     for c in shapes {
         for after in afters {
@@ -583,6 +590,7 @@ fn fused_products_match_the_calls_one_by_one() {
         After::Hardtanh,
         After::Silu,
         After::HardSwish,
+        After::LeakyRelu,
     ];
     for after in afters {
         for (op, m, k, n) in [
@@ -1819,7 +1827,7 @@ fn deconv(
     (y, ys)
 }
 
-/// UNet-like: two encoder levels, transposed convolutions back up (2×2 stride 2 on
+/// UNet-like: two encoder levels (leaky ReLU), transposed convolutions back up (2×2 stride 2 on
 /// even sizes, 3×3 stride 2 with padding on odd ones), the encoder's values
 /// concatenated in after them, two transposed convolutions of DCGAN's kind (4×4,
 /// stride 2, padding 1; grouped, and with batch normalization) added up, a 1×1
@@ -1830,9 +1838,9 @@ fn unet_network(batch: usize, size: usize) -> (Vec<u8>, Vec<Vec<usize>>) {
     let x = n.tensor(&xs);
     n.b.input(x);
     let (a, as_) = n.conv(x, &xs, 16, 1, 3, 1, false);
-    let a = n.act(a, &as_, After::Relu);
+    let a = n.act(a, &as_, After::LeakyRelu);
     let (b, bs) = n.conv(a, &as_, 24, 1, 3, 2, true);
-    let b = n.act(b, &bs, After::Relu);
+    let b = n.act(b, &bs, After::LeakyRelu);
     let up = if size.is_multiple_of(2) {
         [1, 2, 2, 0, 0]
     } else {

@@ -64,6 +64,10 @@ pub(super) enum Act {
     Gelu {
         approximate: usize,
     },
+    /// `leaky_relu`: position of its negative slope.
+    LeakyRelu {
+        slope: usize,
+    },
 }
 
 impl Act {
@@ -94,6 +98,9 @@ impl Act {
             Act::Silu => Activation::Silu,
             Act::HardSwish => Activation::HardSwish,
             Act::HardSigmoid => Activation::HardSigmoid,
+            Act::LeakyRelu { slope } => Activation::LeakyRelu {
+                slope: args.scalar(slope)?.to_f64() as f32,
+            },
             Act::Gelu { approximate } => match args.string(approximate)? {
                 "none" => Activation::Gelu,
                 "tanh" => Activation::GeluTanh,
@@ -108,9 +115,13 @@ impl Act {
 
     /// The scalars the activation reads (for noticing a change).
     fn key(self, args: &Args<'_>, key: &mut Key) -> KernelResult {
-        if let Activation::Clamp { min, max } = self.resolve(args)? {
-            key.push(i64::from(min.to_bits()));
-            key.push(i64::from(max.to_bits()));
+        match self.resolve(args)? {
+            Activation::Clamp { min, max } => {
+                key.push(i64::from(min.to_bits()));
+                key.push(i64::from(max.to_bits()));
+            }
+            Activation::LeakyRelu { slope } => key.push(i64::from(slope.to_bits())),
+            _ => {}
         }
         Ok(())
     }

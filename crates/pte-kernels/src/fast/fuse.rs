@@ -152,6 +152,10 @@ pub(super) fn activation(
     }
     match c.op {
         "aten::relu.out" => Some((Act::Relu, vec![], out, 1)),
+        "aten::leaky_relu.out" => {
+            let slope = arg(c, 1).filter(|&s| g.double(s).is_some())?;
+            Some((Act::LeakyRelu { slope: next }, vec![slope], out, 1))
+        }
         "aten::hardtanh.out" | "aten::clamp.out" => {
             let (min, max, out, n) = clamp_chain(g, calls, v)?;
             let (min_pos, max_pos) = (next, next + 1);

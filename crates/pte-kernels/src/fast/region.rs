@@ -853,6 +853,7 @@ fn shift(act: Act, by: usize) -> Act {
         Act::Gelu { approximate } => Act::Gelu {
             approximate: approximate + by,
         },
+        Act::LeakyRelu { slope } => Act::LeakyRelu { slope: slope + by },
         other => other,
     }
 }
