@@ -225,14 +225,29 @@ impl Spec<'_> {
     }
 }
 
-/// The convolution of the call's current arguments, or `None` when the call does not
-/// qualify (then the generic kernel runs it).
-pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Spec<'a>>> {
+/// A convolution call's float32 operands as a 2-d convolution sees them.
+struct Operands<'a> {
+    /// Input and weight sizes, a 1-d convolution's with a height of 1.
+    xs: SmallVec<[usize; 4]>,
+    ws: SmallVec<[usize; 4]>,
+    weights: &'a [f32],
+    bias: Option<&'a [f32]>,
+    /// Spatial axes of the call: 1 or 2.
+    spatial: usize,
+}
+
+/// The operands of the convolution at `l` when it is `transposed` or not as asked,
+/// float32 with constant weights and bias; `None` otherwise.
+fn operands<'a>(
+    args: &'a Args<'_>,
+    l: &Layout,
+    transposed: bool,
+) -> KernelResult<Option<Operands<'a>>> {
     let c = l.conv;
     let (Some(x), Some(w)) = (f32_tensor(args, c)?, f32_tensor(args, c + 1)?) else {
         return Ok(None);
     };
-    if args.bool(c + 6)? || f32_tensor(args, l.out)?.is_none() {
+    if args.bool(c + 6)? != transposed || f32_tensor(args, l.out)?.is_none() {
         return Ok(None);
     }
     let spatial = match (x.rank(), w.rank()) {
@@ -240,7 +255,7 @@ pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Sp
         (3, 3) => 1,
         _ => return Ok(None),
     };
-    let (Some(weights), groups) = (constant_f32(args, c + 1)?, args.int(c + 8)?) else {
+    let Some(weights) = constant_f32(args, c + 1)? else {
         return Ok(None);
     };
     let bias = if args.is_none(c + 2)? {
@@ -258,7 +273,30 @@ pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Sp
         }
         d
     };
-    let (xs, ws) = (dims(&x), dims(&w));
+    Ok(Some(Operands {
+        xs: dims(&x),
+        ws: dims(&w),
+        weights,
+        bias,
+        spatial,
+    }))
+}
+
+/// The convolution of the call's current arguments, or `None` when the call does not
+/// qualify (then the generic kernel runs it).
+pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Spec<'a>>> {
+    let c = l.conv;
+    let Some(Operands {
+        xs,
+        ws,
+        weights,
+        bias,
+        spatial,
+    }) = operands(args, l, false)?
+    else {
+        return Ok(None);
+    };
+    let groups = args.int(c + 8)?;
     let (&[batch, c_in, h, wd], &[c_out, _, kh, kw]) = (xs.as_slice(), ws.as_slice()) else {
         return Ok(None);
     };
@@ -294,13 +332,7 @@ pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Sp
     }
     let activation = l.act.resolve(args)?;
     // Batch normalization folded into the weights and bias.
-    let (scale, bias) = match l.bn {
-        None => (None, bias.map(<[f32]>::to_vec)),
-        Some(bn) => {
-            let (scale, b) = batch_norm_coefficients(args, bn, c_out, bias)?;
-            (Some(scale), Some(b))
-        }
-    };
+    let (scale, bias) = fold_batch_norm(args, l, c_out, bias)?;
     let mut out_sizes: SmallVec<[usize; 4]> = SmallVec::new();
     out_sizes.extend_from_slice(&[batch, c_out]);
     if spatial == 2 {
@@ -319,46 +351,26 @@ pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Sp
 }
 
 /// The NHWC transposed convolution of the call's current arguments (weights
-/// rearranged, batch normalization folded in, activation fused) and its output sizes,
-/// or `None` when the call does not qualify (the generic kernel then says why).
-pub(super) fn deconv_spec(
-    args: &Args<'_>,
-    l: &Layout,
-) -> KernelResult<Option<(DeconvNhwc, SmallVec<[usize; 4]>)>> {
+/// rearranged, batch normalization folded in, activation fused), or `None` when the
+/// call does not qualify (the generic kernel then says why).
+pub(super) fn deconv_spec(args: &Args<'_>, l: &Layout) -> KernelResult<Option<DeconvNhwc>> {
     let c = l.conv;
-    let (Some(x), Some(w)) = (f32_tensor(args, c)?, f32_tensor(args, c + 1)?) else {
+    let Some(Operands {
+        xs,
+        ws,
+        weights,
+        bias,
+        spatial,
+    }) = operands(args, l, true)?
+    else {
         return Ok(None);
     };
-    if !args.bool(c + 6)? || l.residual.is_some() || f32_tensor(args, l.out)?.is_none() {
+    let Ok(groups) = usize::try_from(args.int(c + 8)?) else {
+        return Ok(None);
+    };
+    if l.residual.is_some() {
         return Ok(None);
     }
-    let spatial = match (x.rank(), w.rank()) {
-        (4, 4) => 2,
-        (3, 3) => 1,
-        _ => return Ok(None),
-    };
-    let (Some(weights), Ok(groups)) = (
-        constant_f32(args, c + 1)?,
-        usize::try_from(args.int(c + 8)?),
-    ) else {
-        return Ok(None);
-    };
-    let bias = if args.is_none(c + 2)? {
-        None
-    } else {
-        match (f32_tensor(args, c + 2)?, constant_f32(args, c + 2)?) {
-            (Some(_), Some(b)) => Some(b),
-            _ => return Ok(None),
-        }
-    };
-    let dims = |t: &pte_runtime::TensorInfo| -> SmallVec<[usize; 4]> {
-        let mut d: SmallVec<[usize; 4]> = t.sizes.iter().copied().collect();
-        if spatial == 1 {
-            d.insert(2, 1);
-        }
-        d
-    };
-    let (xs, ws) = (dims(&x), dims(&w));
     let (&[batch, c_in, h, wd], &[w_in, cog, kh, kw]) = (xs.as_slice(), ws.as_slice()) else {
         return Ok(None);
     };
@@ -390,13 +402,7 @@ pub(super) fn deconv_spec(
         return Ok(None);
     }
     let activation = l.act.resolve(args)?;
-    let (scale, bias) = match l.bn {
-        None => (None, bias.map(<[f32]>::to_vec)),
-        Some(bn) => {
-            let (scale, b) = batch_norm_coefficients(args, bn, c_out, bias)?;
-            (Some(scale), Some(b))
-        }
-    };
+    let (scale, bias) = fold_batch_norm(args, l, c_out, bias)?;
     // [c_in, cog, kh, kw] (c_in = groups·cig) as [groups·cog, kh, kw, cig], each
     // output channel scaled by the batch normalization's factor.
     let taps = kh * kw;
@@ -436,16 +442,25 @@ pub(super) fn deconv_spec(
     let Ok(layer) = layer else {
         return Ok(None);
     };
-    let [oh, ow] = layer.output_size();
-    if oh == 0 || ow == 0 {
-        return Ok(None);
-    }
-    let mut out_sizes: SmallVec<[usize; 4]> = SmallVec::from_slice(&[batch, c_out]);
-    if spatial == 2 {
-        out_sizes.push(oh);
-    }
-    out_sizes.push(ow);
-    Ok(Some((layer, out_sizes)))
+    Ok(Some(layer).filter(|l| !l.output_size().contains(&0)))
+}
+
+/// The factor per output channel (with a batch normalization at `l`) and the bias,
+/// the batch normalization folded in.
+#[allow(clippy::type_complexity)]
+fn fold_batch_norm(
+    args: &Args<'_>,
+    l: &Layout,
+    channels: usize,
+    bias: Option<&[f32]>,
+) -> KernelResult<(Option<Vec<f64>>, Option<Vec<f32>>)> {
+    Ok(match l.bn {
+        None => (None, bias.map(<[f32]>::to_vec)),
+        Some(bn) => {
+            let (scale, b) = batch_norm_coefficients(args, bn, channels, bias)?;
+            (Some(scale), Some(b))
+        }
+    })
 }
 
 /// The per-channel factor and the shift of an inference batch normalization whose

@@ -903,9 +903,10 @@ enum LayerOp {
     Transposed(DeconvNhwc),
 }
 
-impl Layer {
+impl LayerOp {
+    /// The convolution, unless it is transposed.
     fn conv(&self) -> Option<&ConvNhwc> {
-        match &self.op {
+        match self {
             LayerOp::Conv(c) => Some(c),
             LayerOp::Transposed(_) => None,
         }
@@ -924,7 +925,7 @@ fn build_layer(args: &Args<'_>, layout: &Layout, held: &mut Charge) -> KernelRes
         // The rearranged weights while they are packed, then the packed ones.
         let weights = args.info(layout.conv + 1)?.numel();
         settle(args, held, before + weights * 12)?;
-        let (deconv, _) = conv::deconv_spec(args, layout)?.ok_or_else(unfit)?;
+        let deconv = conv::deconv_spec(args, layout)?.ok_or_else(unfit)?;
         let bytes = deconv.bytes();
         settle(args, held, before + bytes)?;
         return Ok(Layer {
@@ -975,7 +976,7 @@ fn chains(plan: &Plan, layers: &[Layer], layer_of: &[Option<usize>]) -> Vec<(usi
             x, residual, out, ..
         }) => {
             let layer = layers.get(layer_of.get(i).copied().flatten()?)?;
-            Some((layer.conv()?, x, residual, out))
+            Some((layer.op.conv()?, x, residual, out))
         }
         _ => None,
     };
@@ -1220,10 +1221,7 @@ impl Region {
 
     /// The (not transposed) convolution of step `i`.
     fn layer(&self, i: usize) -> Option<&ConvNhwc> {
-        match self.layer_op(i)? {
-            LayerOp::Conv(c) => Some(c),
-            LayerOp::Transposed(_) => None,
-        }
+        self.layer_op(i)?.conv()
     }
 
     /// Steps `first..first + len` as a depthwise chain, if their layers still meet.
