@@ -1731,12 +1731,21 @@ fn conv1d(
         c_out,
         (xs[2] + 2 * pad - dilation * (k - 1) - 1) / stride + 1,
     ];
+    convolution_call(n, [x, weight, bias, s, p, d, t, op, g], ys, bn)
+}
+
+/// `aten::convolution` with these nine arguments into a new tensor of sizes `ys`,
+/// then batch normalization if asked.
+fn convolution_call(
+    n: &mut Net,
+    operands: [i32; 9],
+    ys: Vec<usize>,
+    bn: bool,
+) -> (i32, Vec<usize>) {
     let y = n.tensor(&ys);
-    n.b.call(
-        "aten::convolution",
-        "out",
-        &[x, weight, bias, s, p, d, t, op, g, y, y],
-    );
+    let mut args = operands.to_vec();
+    args.extend([y, y]);
+    n.b.call("aten::convolution", "out", &args);
     let y = if bn {
         batch_norm(&mut n.b, y, &dims(&ys), true)
     } else {
@@ -1813,18 +1822,7 @@ fn deconv(
             .iter()
             .map(|&i| (i - 1) * stride + k + adj - 2 * pad),
     );
-    let y = n.tensor(&ys);
-    n.b.call(
-        "aten::convolution",
-        "out",
-        &[x, weight, bias, s, p, d, t, op, g, y, y],
-    );
-    let y = if bn {
-        batch_norm(&mut n.b, y, &dims(&ys), true)
-    } else {
-        y
-    };
-    (y, ys)
+    convolution_call(n, [x, weight, bias, s, p, d, t, op, g], ys, bn)
 }
 
 /// UNet-like: two encoder levels (leaky ReLU), transposed convolutions back up (2×2 stride 2 on
