@@ -286,16 +286,10 @@ fn operands<'a>(
 /// qualify (then the generic kernel runs it).
 pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Spec<'a>>> {
     let c = l.conv;
-    let Some(Operands {
-        xs,
-        ws,
-        weights,
-        bias,
-        spatial,
-    }) = operands(args, l, false)?
-    else {
+    let Some(o) = operands(args, l, false)? else {
         return Ok(None);
     };
+    let (xs, ws, weights, bias, spatial) = (o.xs, o.ws, o.weights, o.bias, o.spatial);
     let groups = args.int(c + 8)?;
     let (&[batch, c_in, h, wd], &[c_out, _, kh, kw]) = (xs.as_slice(), ws.as_slice()) else {
         return Ok(None);
@@ -355,16 +349,10 @@ pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Sp
 /// call does not qualify (the generic kernel then says why).
 pub(super) fn deconv_spec(args: &Args<'_>, l: &Layout) -> KernelResult<Option<DeconvNhwc>> {
     let c = l.conv;
-    let Some(Operands {
-        xs,
-        ws,
-        weights,
-        bias,
-        spatial,
-    }) = operands(args, l, true)?
-    else {
+    let Some(o) = operands(args, l, true)? else {
         return Ok(None);
     };
+    let (xs, ws, weights, bias, spatial) = (o.xs, o.ws, o.weights, o.bias, o.spatial);
     let Ok(groups) = usize::try_from(args.int(c + 8)?) else {
         return Ok(None);
     };
