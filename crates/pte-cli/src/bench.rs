@@ -90,6 +90,9 @@ struct Report {
     planned_bytes: u64,
     memory_used_bytes: u64,
     peak_rss_bytes: Option<u64>,
+    /// Resident memory before the program was opened (this binary and its libraries):
+    /// what of the peak is not the program's.
+    start_rss_bytes: Option<u64>,
     /// Heap allocations per timed execution (inputs set, execute), all threads.
     allocations_per_execution: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -98,10 +101,20 @@ struct Report {
 
 /// Peak resident memory of this process (Linux: `VmHWM`), if the system says.
 fn peak_rss() -> Option<u64> {
+    status_bytes("VmHWM:")
+}
+
+/// Resident memory of this process now (Linux: `VmRSS`), if the system says.
+fn rss() -> Option<u64> {
+    status_bytes("VmRSS:")
+}
+
+/// A size in kB from `/proc/self/status`, in bytes.
+fn status_bytes(field: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let kb = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .find_map(|l| l.strip_prefix(field))?
         .trim()
         .strip_suffix("kB")?
         .trim()
@@ -145,6 +158,7 @@ fn execute(method: &mut Method, inputs: &[EValue]) -> Result<(Duration, u64)> {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    let start_rss_bytes = rss();
     let started = Instant::now();
     let (name, mut method) = load(&a.program, a.threads)?;
     let load_ms = started.elapsed().as_secs_f64() * 1e3;
@@ -227,6 +241,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             .sum(),
         memory_used_bytes: method.memory_used().0,
         peak_rss_bytes: peak_rss(),
+        start_rss_bytes,
         allocations_per_execution: allocations as f64 / iterations as f64,
         profile,
     };
@@ -260,9 +275,14 @@ fn print_text(r: &Report) {
         mb(r.planned_bytes),
         mb(r.memory_used_bytes)
     );
-    match r.peak_rss_bytes {
-        Some(p) => println!(", peak resident {:.1} MiB", mb(p)),
-        None => println!(),
+    match (r.peak_rss_bytes, r.start_rss_bytes) {
+        (Some(p), Some(s)) => println!(
+            ", peak resident {:.1} MiB ({:.1} MiB before the program was opened)",
+            mb(p),
+            mb(s)
+        ),
+        (Some(p), None) => println!(", peak resident {:.1} MiB", mb(p)),
+        _ => println!(),
     }
     println!(
         "heap allocations per execution: {}",

@@ -29,7 +29,9 @@ pub struct ProgramArgs {
     #[arg(long, value_name = "SECONDS")]
     pub timeout: Option<f64>,
     /// Memory-map the program and data files instead of reading them. Faster to open
-    /// large files; the files must not change while pte runs.
+    /// large files, and the file's copy of weights packed at load stops counting as
+    /// resident memory (its pages are given back); the files must not change while
+    /// pte runs.
     #[arg(long)]
     pub mmap: bool,
 }

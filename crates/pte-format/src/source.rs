@@ -66,6 +66,50 @@ impl FileBytes {
     }
 }
 
+impl FileBytes {
+    /// Gives the whole pages inside `range` back to the system when the file is
+    /// mapped, so that they no longer count as this process's resident memory. The
+    /// bytes do not change: a later read faults them in again from the file (or the
+    /// page cache). Bytes read into memory stay where they are (dropping those pages
+    /// would lose them). For bytes that were copied elsewhere (packed weights) and are
+    /// rarely or never read again.
+    #[cfg(unix)]
+    pub fn release_pages(&self, range: std::ops::Range<usize>) {
+        const PAGE: usize = 4096;
+        let FileBytes::Mapped(map) = self else {
+            return;
+        };
+        let base = map.as_ptr() as usize;
+        let (Some(start), Some(end)) = (
+            base.checked_add(range.start)
+                .and_then(|a| a.checked_next_multiple_of(PAGE)),
+            base.checked_add(range.end.min(map.len())),
+        ) else {
+            return;
+        };
+        let end = end / PAGE * PAGE;
+        if end > start {
+            // SAFETY: the mapping is private and read-only, so it holds no page of its
+            // own that dropping could lose: `MADV_DONTNEED` only unmaps file pages,
+            // which the next read maps again with the same bytes (the file must not
+            // change while mapped: the contract of `FileBytes::map`). The range lies
+            // inside the mapping. A refusal (another page size) leaves the pages
+            // resident, which changes nothing but memory.
+            let _ = unsafe {
+                map.unchecked_advise_range(
+                    memmap2::UncheckedAdvice::DontNeed,
+                    start - base,
+                    end - start,
+                )
+            };
+        }
+    }
+
+    /// See the Unix version: elsewhere the pages stay resident.
+    #[cfg(not(unix))]
+    pub fn release_pages(&self, _range: std::ops::Range<usize>) {}
+}
+
 impl std::ops::Deref for FileBytes {
     type Target = [u8];
 

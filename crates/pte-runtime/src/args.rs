@@ -522,6 +522,18 @@ impl<'a> Args<'a> {
         self.memory.shared(self.access(a.into())?)
     }
 
+    /// Gives the pages holding constant tensor `a` in a mapped program or data file back
+    /// to the system, for a kernel that has copied it into a layout of its own (packed
+    /// weights) and reads it again at most to prepare anew. Otherwise the file's copy
+    /// stays resident beside the packed one, about doubling a method's memory. The
+    /// bytes do not change: whatever reads them later maps them again from the file.
+    /// Does nothing for any other argument, nor for a file read into memory.
+    pub fn release_pages(&self, a: impl Into<Arg>) {
+        if let Ok(access) = self.access(a.into()) {
+            self.memory.release_pages(access);
+        }
+    }
+
     /// State derived from the constant tensor `a` alone (a packed weight), made by `make`
     /// once while the method loads and shared by every call that asks for the same
     /// `kind` and `variant` of the same constant bytes. `variant` holds whatever else the

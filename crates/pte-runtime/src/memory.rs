@@ -16,6 +16,15 @@ pub enum SourceBytes {
     Aligned(pte_format::AlignedBuf),
 }
 
+impl SourceBytes {
+    /// See [`pte_format::FileBytes::release_pages`]; copies of bytes stay resident.
+    fn release_pages(&self, range: std::ops::Range<usize>) {
+        if let SourceBytes::File(f) = self {
+            f.release_pages(range);
+        }
+    }
+}
+
 impl std::ops::Deref for SourceBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
@@ -234,6 +243,21 @@ impl Memory {
             _ => return Ok(None),
         };
         Ok(SharedBytes::within(source, self.read(a)?))
+    }
+
+    /// Gives the pages of a tensor stored in a mapped program or data file back to the
+    /// system (see [`pte_format::FileBytes::release_pages`]); a later read maps them
+    /// again. Any other storage is left as it is.
+    pub(crate) fn release_pages(&self, a: Access) {
+        let (source, offset) = match a.storage {
+            Storage::Program { offset } => (&self.program, offset),
+            Storage::External { file, offset } => match self.external.get(file as usize) {
+                Some(f) => (f, offset),
+                None => return,
+            },
+            _ => return,
+        };
+        source.release_pages(offset..offset.saturating_add(a.nbytes));
     }
 
     /// Read-only bytes of one storage place.

@@ -29,6 +29,16 @@ pub(super) struct Layout {
 }
 
 impl Layout {
+    /// Gives back the file pages of the constants a layer built from these arguments
+    /// holds copies of: the weight, the bias and the batch normalization's tensors
+    /// (see [`Args::release_pages`]).
+    pub(super) fn release_copied(&self, args: &Args<'_>) {
+        let bn = self.bn.map_or(0..0, |bn| bn..bn + 4);
+        for i in [self.conv + 1, self.conv + 2].into_iter().chain(bn) {
+            args.release_pages(i);
+        }
+    }
+
     /// A convolution alone.
     const PLAIN: Layout = Layout {
         conv: 0,
@@ -516,6 +526,7 @@ fn build(args: &Args<'_>, l: &Layout) -> KernelResult<Option<Layer>> {
     )
     .map_err(compute)?;
     settle(args, &mut held, conv.bytes())?;
+    l.release_copied(args);
     Ok(Some(Layer {
         key: key(args, l)?,
         conv,

@@ -287,6 +287,11 @@ fn product(args: &Args<'_>, op: Op, transposed: bool) -> KernelResult<Option<Pro
             _charge: held,
         })
     })?;
+    // The copied constants' file pages; a weight read in place keeps its own.
+    let in_place = matches!(b.weight, Weight::InPlace { .. });
+    for &i in consumed.iter().filter(|&&i| !(in_place && i == wi)) {
+        args.release_pages(i);
+    }
     let held = charge(
         args,
         bias.as_ref().map_or(0, |v| v.len() * 4),

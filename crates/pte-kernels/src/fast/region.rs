@@ -928,6 +928,7 @@ fn build_layer(args: &Args<'_>, layout: &Layout, held: &mut Charge) -> KernelRes
         let deconv = conv::deconv_spec(args, layout)?.ok_or_else(unfit)?;
         let bytes = deconv.bytes();
         settle(args, held, before + bytes)?;
+        layout.release_copied(args);
         return Ok(Layer {
             op: LayerOp::Transposed(deconv),
             key: conv::key(args, layout)?,
@@ -952,6 +953,7 @@ fn build_layer(args: &Args<'_>, layout: &Layout, held: &mut Charge) -> KernelRes
     .map_err(compute)?;
     let bytes = conv.bytes();
     settle(args, held, before + bytes)?;
+    layout.release_copied(args);
     Ok(Layer {
         op: LayerOp::Conv(conv),
         key: conv::key(args, layout)?,
