@@ -3,41 +3,11 @@
 //! method computes is unchanged (the same bits as from a program read into memory).
 #![cfg(target_os = "linux")]
 
-use std::path::{Path, PathBuf};
-
 use pte_format::schema::executorch_flatbuffer::ScalarType::Float;
 use pte_format::FileBytes;
 use pte_runtime::{EValue, KernelRegistry, LoadOptions, Program, Tensor};
 use pte_testkit::program::{Memory, ProgramBuilder};
-use pte_testkit::values;
-
-/// Resident bytes of this process's mappings of `path` (`/proc/self/smaps`).
-fn resident(path: &Path) -> usize {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-    let name = path.to_str().unwrap();
-    let mut inside = false;
-    let mut kb = 0;
-    for line in smaps.lines() {
-        if let Some(rss) = line.strip_prefix("Rss:") {
-            if inside {
-                kb += rss
-                    .trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<usize>()
-                    .unwrap();
-            }
-        } else if line
-            .split_whitespace()
-            .next()
-            .is_some_and(|f| f.contains('-'))
-        {
-            // A mapping's header: `start-end perms offset dev inode [path]`.
-            inside = line.ends_with(name);
-        }
-    }
-    kb * 1024
-}
+use pte_testkit::{resident_bytes_of, values, TempFile};
 
 fn dims(s: &[usize]) -> Vec<i32> {
     s.iter().map(|&d| d as i32).collect()
@@ -123,29 +93,20 @@ fn outputs(program: &Program, kernels: &KernelRegistry) -> Vec<Vec<u32>> {
         .collect()
 }
 
-struct Removed(PathBuf);
-
-impl Drop for Removed {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 #[test]
 fn packed_weights_leave_a_mapped_file_resident_no_more() {
     let (bytes, weights) = network();
-    let path = std::env::temp_dir().join(format!("pte-resident-{}.pte", std::process::id()));
-    std::fs::write(&path, &bytes).unwrap();
-    let _removed = Removed(path.clone());
+    let file = TempFile::new("pte-resident.pte", &bytes).unwrap();
+    let path = file.path();
     let mut kernels = pte_kernels::reference_registry();
     pte_kernels::install_fast_paths(&mut kernels);
 
     // SAFETY: the file is this test's own; nothing writes it while it is mapped.
-    let mapped = Program::from_file(unsafe { FileBytes::map(&path) }.unwrap()).unwrap();
+    let mapped = Program::from_file(unsafe { FileBytes::map(path) }.unwrap()).unwrap();
     let read = Program::from_bytes(&bytes).unwrap();
     let want = outputs(&read, &kernels);
     let got = outputs(&mapped, &kernels);
-    let left = resident(&path);
+    let left = resident_bytes_of(path);
     assert!(
         left < weights / 8,
         "{left} bytes of the mapped file resident after packing {weights} bytes of weights"

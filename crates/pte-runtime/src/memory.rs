@@ -57,6 +57,21 @@ impl SharedBytes {
     }
 }
 
+impl SharedBytes {
+    /// Gives the whole pages of `range` (of these bytes) back to the system when they
+    /// lie in a mapped file, for a delegate that has copied them into a layout of its
+    /// own (see [`pte_format::FileBytes::release_pages`]): a later read maps them
+    /// again, unchanged.
+    pub fn release_pages(&self, range: std::ops::Range<usize>) {
+        let end = range.end.min(self.len);
+        if range.start < end {
+            self.source.release_pages(
+                self.start.saturating_add(range.start)..self.start.saturating_add(end),
+            );
+        }
+    }
+}
+
 impl std::ops::Deref for SharedBytes {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

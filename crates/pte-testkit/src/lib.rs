@@ -193,3 +193,57 @@ pub fn files_under(root: &Path, ext: &str) -> Vec<PathBuf> {
     out.sort();
     out
 }
+
+/// Resident bytes of this process's mappings of the file at `path`, from
+/// `/proc/self/smaps` (0 where the system does not say).
+pub fn resident_bytes_of(path: &Path) -> usize {
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+        return 0;
+    };
+    let name = path.to_string_lossy();
+    let mut inside = false;
+    let mut kb = 0;
+    for line in smaps.lines() {
+        if let Some(rss) = line.strip_prefix("Rss:") {
+            if inside {
+                kb += rss
+                    .trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<usize>()
+                    .unwrap_or(0);
+            }
+        } else if line
+            .split_whitespace()
+            .next()
+            .is_some_and(|f| f.contains('-'))
+        {
+            // A mapping's header: `start-end perms offset dev inode [path]`.
+            inside = line.ends_with(name.as_ref());
+        }
+    }
+    kb * 1024
+}
+
+/// A file in the system's temporary directory, removed when dropped.
+pub struct TempFile(PathBuf);
+
+impl TempFile {
+    /// Writes `bytes` to a file named after `name` and this process.
+    pub fn new(name: &str, bytes: &[u8]) -> std::io::Result<Self> {
+        let path = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+        std::fs::write(&path, bytes)?;
+        Ok(TempFile(path))
+    }
+
+    /// Where the file is.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}

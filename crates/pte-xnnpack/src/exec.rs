@@ -242,6 +242,7 @@ impl Exec {
         // Nodes.
         let mut steps = Vec::with_capacity(graph.nodes.len());
         let mut captured_constant = vec![true; n];
+        let mut read_in_place = vec![false; n];
         for (index, node) in graph.nodes.iter().enumerate() {
             let fail = |message: String| XnnError::Node {
                 index,
@@ -265,6 +266,11 @@ impl Exec {
                     if !prepared.captures(pos) {
                         if let Some(c) = captured_constant.get_mut(i) {
                             *c = false;
+                        }
+                    }
+                    if prepared.reads_in_place(pos) {
+                        if let Some(r) = read_in_place.get_mut(i) {
+                            *r = true;
                         }
                     }
                 }
@@ -329,6 +335,15 @@ impl Exec {
             })
             .collect();
         exec.plan(&shapes)?;
+        // Every kernel now holds its copy of the constants it captured (those that pack
+        // for the shapes they see did so while the shapes were planned), as do the
+        // materialized ones: the file's copies leave the resident set, but for those
+        // read in place. A kernel preparing anew for other shapes maps them again.
+        for (v, in_place) in graph.values.iter().zip(read_in_place) {
+            if let (Some(data), false) = (&v.data, in_place) {
+                data.release_pages();
+            }
+        }
         Ok(exec)
     }
 

@@ -179,6 +179,14 @@ impl Constant {
         self.range.len()
     }
 
+    /// Gives the pages holding the bytes in a mapped file back to the system, once a
+    /// kernel holds its own copy (see [`SharedBytes::release_pages`]).
+    pub fn release_pages(&self) {
+        if let Some(b) = &self.bytes {
+            b.release_pages(self.range.clone());
+        }
+    }
+
     /// True when empty.
     pub fn is_empty(&self) -> bool {
         self.range.is_empty()

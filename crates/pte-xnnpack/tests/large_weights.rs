@@ -5,42 +5,9 @@
 
 mod common;
 
-use common::{product_program, run_product, tensor};
+use common::{fc_program, run_product};
 use pte_compute::gemm::IN_PLACE_WEIGHT_BYTES;
 use pte_testkit::values;
-use pte_xnnpack::schema::fb_xnnpack as x;
-
-/// A program of one delegate: `y = x · wᵀ + bias` for `x` of `m × k` and `w` given
-/// `[n, k]`, stored as given or (`transpose`) as `[k, n]` with XNNPACK's transposed
-/// flag.
-fn program(m: usize, (n, k): (usize, usize), w: &[f32], bias: &[f32], transpose: bool) -> Vec<u8> {
-    let stored: Vec<f32> = if transpose {
-        (0..k * n).map(|i| w[(i % n) * k + i / n]).collect()
-    } else {
-        w.to_vec()
-    };
-    let filter_dims = if transpose { [k, n] } else { [n, k] };
-    let node = x::XNode {
-        xnode_union: Some(x::XNodeUnion::XnnFullyConnected(Box::new(
-            x::XnnFullyConnected {
-                input1_id: 0,
-                filter_id: 1,
-                bias_id: 2,
-                output_id: 3,
-                flags: u32::from(transpose),
-            },
-        ))),
-        debug_handle: 0,
-        output_min_max: None,
-    };
-    let values = vec![
-        tensor(0, &[m, k], 0, Some((0, 1))),
-        tensor(1, &filter_dims, 1, None),
-        tensor(2, &[n], 2, None),
-        tensor(3, &[m, n], 0, Some((1, 2))),
-    ];
-    product_program(vec![node], values, 3, (&stored, bias), &[m, k], &[m, n])
-}
 
 #[test]
 fn a_filter_of_32_mib_is_read_in_place_with_the_same_results() {
@@ -65,7 +32,7 @@ fn a_filter_of_32_mib_is_read_in_place_with_the_same_results() {
             })
             .collect();
         for (transpose, threads) in [(false, 1), (false, 2), (true, 1)] {
-            let bytes = program(m, (n, k), &w, &bias, transpose);
+            let bytes = fc_program(m, (n, k), &w, &bias, transpose);
             let (out, held) = run_product(&bytes, &[m, k], &input, threads);
             assert_eq!(out.len(), m * n);
             for (i, (&got, &want)) in out.iter().zip(&expected).enumerate() {

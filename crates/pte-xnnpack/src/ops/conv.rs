@@ -203,6 +203,12 @@ impl Kernel for FloatConv {
         if self.layer.as_ref().map(|(_, s)| *s) != Some([h, w]) {
             let layer = self.build(h, w)?;
             self.layer = Some((layer, [h, w]));
+            // Packed: the file's copy leaves the resident set now, layer by layer.
+            for v in std::iter::once(&self.filter).chain(&self.bias) {
+                if let Some(data) = &v.data {
+                    data.release_pages();
+                }
+            }
         }
         let (layer, _) = self.layer.as_ref().ok_or("no layer")?;
         let [oh, ow] = layer.output_size();

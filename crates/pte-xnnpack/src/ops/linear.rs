@@ -219,6 +219,7 @@ fn float_fc(cx: &NodeCx<'_>, transpose: bool) -> PResult<Prepared> {
     let in_place = in_place_filter(w, (n, k), transpose);
     // The bias (the packed filter is charged with it, once for the nodes sharing it).
     let held = charge(cx, n.saturating_mul(4))?;
+    let reads_in_place = in_place.is_some();
     let weights = if let Some(c) = in_place {
         captured.push(1);
         FloatWeights::InPlace(c)
@@ -270,7 +271,7 @@ fn float_fc(cx: &NodeCx<'_>, transpose: bool) -> PResult<Prepared> {
         Some(b) if b.dtype.is_float() => FloatBias::Dynamic,
         Some(b) => return Err(format!("a {} bias is not supported here", describe(b)).into()),
     };
-    Prepared::capturing(
+    let prepared = Prepared::capturing(
         FloatFc {
             gemm,
             n,
@@ -284,7 +285,12 @@ fn float_fc(cx: &NodeCx<'_>, transpose: bool) -> PResult<Prepared> {
             _charge: held,
         },
         &captured,
-    )
+    )?;
+    Ok(if reads_in_place {
+        prepared.reading_in_place(1)
+    } else {
+        prepared
+    })
 }
 
 /// Static 8-bit fully connected.

@@ -78,10 +78,12 @@ pub(crate) trait Kernel: Send {
     }
 }
 
-/// A kernel and which of its inputs it captured at load (constant weights).
+/// A kernel and which of its inputs it captured at load (constant weights), and of
+/// those which it reads where the file holds them rather than from a copy.
 pub(crate) struct Prepared {
     pub kernel: Box<dyn Kernel>,
     captured: u8,
+    in_place: u8,
 }
 
 impl Prepared {
@@ -89,6 +91,7 @@ impl Prepared {
         Ok(Prepared {
             kernel: Box::new(kernel),
             captured: 0,
+            in_place: 0,
         })
     }
 
@@ -96,12 +99,26 @@ impl Prepared {
         Ok(Prepared {
             kernel: Box::new(kernel),
             captured: positions.iter().fold(0u8, |m, &p| m | (1 << p)),
+            in_place: 0,
         })
+    }
+
+    /// Marks captured input `pos` as read where the file holds it.
+    fn reading_in_place(mut self, pos: usize) -> Self {
+        if pos < 8 {
+            self.in_place |= 1 << pos;
+        }
+        self
     }
 
     /// Whether input `pos` was captured at load (and is not passed at run time).
     pub(crate) fn captures(&self, pos: usize) -> bool {
         pos < 8 && self.captured & (1 << pos) != 0
+    }
+
+    /// Whether captured input `pos` is read at run time where the file holds it.
+    pub(crate) fn reads_in_place(&self, pos: usize) -> bool {
+        pos < 8 && self.in_place & (1 << pos) != 0
     }
 }
 

@@ -108,3 +108,42 @@ pub fn run_product(bytes: &[u8], dims: &[usize], input: &[f32], threads: usize) 
         .to_vec();
     (out, method.memory_used().0)
 }
+
+#[allow(dead_code)] // not every test file builds a product
+/// A program of one delegate: `y = x · wᵀ + bias` for `x` of `m × k` and `w` given
+/// `[n, k]`, stored as given or (`transpose`) as `[k, n]` with XNNPACK's transposed
+/// flag.
+pub fn fc_program(
+    m: usize,
+    (n, k): (usize, usize),
+    w: &[f32],
+    bias: &[f32],
+    transpose: bool,
+) -> Vec<u8> {
+    let stored: Vec<f32> = if transpose {
+        (0..k * n).map(|i| w[(i % n) * k + i / n]).collect()
+    } else {
+        w.to_vec()
+    };
+    let filter_dims = if transpose { [k, n] } else { [n, k] };
+    let node = x::XNode {
+        xnode_union: Some(x::XNodeUnion::XnnFullyConnected(Box::new(
+            x::XnnFullyConnected {
+                input1_id: 0,
+                filter_id: 1,
+                bias_id: 2,
+                output_id: 3,
+                flags: u32::from(transpose),
+            },
+        ))),
+        debug_handle: 0,
+        output_min_max: None,
+    };
+    let values = vec![
+        tensor(0, &[m, k], 0, Some((0, 1))),
+        tensor(1, &filter_dims, 1, None),
+        tensor(2, &[n], 2, None),
+        tensor(3, &[m, n], 0, Some((1, 2))),
+    ];
+    product_program(vec![node], values, 3, (&stored, bias), &[m, k], &[m, n])
+}
