@@ -64,9 +64,7 @@ impl FileBytes {
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
         Ok(FileBytes::Mapped(map))
     }
-}
 
-impl FileBytes {
     /// Gives the whole pages inside `range` back to the system when the file is
     /// mapped, so that they no longer count as this process's resident memory. The
     /// bytes do not change: a later read faults them in again from the file (or the

@@ -55,9 +55,7 @@ impl SharedBytes {
             len: part.len(),
         })
     }
-}
 
-impl SharedBytes {
     /// Gives the whole pages of `range` (of these bytes) back to the system when they
     /// lie in a mapped file, for a delegate that has copied them into a layout of its
     /// own (see [`pte_format::FileBytes::release_pages`]): a later read maps them
