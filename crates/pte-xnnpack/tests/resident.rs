@@ -6,23 +6,14 @@
 
 mod common;
 
-use common::{fc_program, load};
+use common::{fc_program, run_program};
 use pte_format::FileBytes;
-use pte_runtime::{EValue, Program, Tensor};
+use pte_runtime::Program;
 use pte_testkit::{resident_bytes_of, values, TempFile};
 
+/// The output of `program` on `input`, as bits.
 fn outputs(program: &Program, input: &[f32], dims: &[usize]) -> Vec<u32> {
-    let mut method = load(program, 1);
-    method
-        .set_inputs(&[EValue::Tensor(Tensor::from_slice(dims, input).unwrap())])
-        .unwrap();
-    method.execute().unwrap();
-    let out = method.outputs().unwrap()[0]
-        .as_tensor()
-        .unwrap()
-        .as_slice::<f32>()
-        .unwrap()
-        .to_vec();
+    let (out, _) = run_program(program, dims, input, 1);
     out.iter().map(|x| x.to_bits()).collect()
 }
 

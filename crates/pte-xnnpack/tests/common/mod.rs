@@ -93,8 +93,18 @@ pub fn product_program(
 /// bytes the method holds.
 #[allow(dead_code)] // not every test file builds a product
 pub fn run_product(bytes: &[u8], dims: &[usize], input: &[f32], threads: usize) -> (Vec<f32>, u64) {
-    let program = Program::from_bytes(bytes).unwrap();
-    let mut method = load(&program, threads);
+    run_program(&Program::from_bytes(bytes).unwrap(), dims, input, threads)
+}
+
+/// [`run_product`] on a program already opened.
+#[allow(dead_code)] // not every test file builds a product
+pub fn run_program(
+    program: &Program,
+    dims: &[usize],
+    input: &[f32],
+    threads: usize,
+) -> (Vec<f32>, u64) {
+    let mut method = load(program, threads);
     let inputs = [EValue::Tensor(Tensor::from_slice(dims, input).unwrap())];
     for _ in 0..2 {
         method.set_inputs(&inputs).unwrap();
@@ -109,10 +119,10 @@ pub fn run_product(bytes: &[u8], dims: &[usize], input: &[f32], threads: usize) 
     (out, method.memory_used().0)
 }
 
-#[allow(dead_code)] // not every test file builds a product
 /// A program of one delegate: `y = x · wᵀ + bias` for `x` of `m × k` and `w` given
 /// `[n, k]`, stored as given or (`transpose`) as `[k, n]` with XNNPACK's transposed
 /// flag.
+#[allow(dead_code)] // not every test file builds a product
 pub fn fc_program(
     m: usize,
     (n, k): (usize, usize),
