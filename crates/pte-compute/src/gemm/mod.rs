@@ -689,29 +689,31 @@ impl Gemm {
         j0: usize,
         epi: &Epilogue<'_>,
     ) -> Result {
+        const BLOCK: usize = 512;
         let (k, n) = (b.dims().0, c.cols());
+        let row = || {
+            a.row_run(0, 0, k).ok_or_else(|| Error::ShapeMismatch {
+                what: "a vector-matrix product's row is not contiguous".into(),
+            })
+        };
         let mut j = 0;
-        // Blocks of columns accumulated on the stack, then stored with the epilogue.
-        let mut acc = [0f32; 512];
         while j < n {
-            let w = acc.len().min(n - j);
-            let acc = acc.get_mut(..w).unwrap_or_default();
-            acc.fill(0.0);
-            match b {
-                VectorRhs::Panels(p) => {
-                    // Whole panels (`j0 + j` starts one: the blocks and the parts'
-                    // steps are multiples of the panel width), the last one's padding
-                    // dropped.
-                    let x = a.row_run(0, 0, k).ok_or_else(|| Error::ShapeMismatch {
-                        what: "a vector-matrix product's row is not contiguous".into(),
-                    })?;
-                    let first = (j0 + j) / p.w.max(1);
-                    for (q, out) in acc.chunks_mut(p.w.max(1)).enumerate() {
-                        let at = (first + q) * k * p.w;
-                        let panel = p.buf.get(at..at + k * p.w).unwrap_or_default();
-                        panel_vector(self.isa, x, panel, p.w, out);
-                    }
+            let w = BLOCK.min(n - j);
+            // Packed panels store their sums straight into a contiguous row of C (the
+            // usual case), then the epilogue runs over it.
+            if let (VectorRhs::Panels(p), false) = (b, epi.accumulate) {
+                if let Some(run) = c.row_run(0, j, w) {
+                    panel_columns(self.isa, row()?, p, j0 + j, run);
+                    self.epilogue_rows(&mut c, 0, j, 1, w, epi.bias, epi.activation, false);
+                    j += w;
+                    continue;
                 }
+            }
+            // Otherwise blocks of columns are summed on the stack, then stored.
+            let mut acc = [0f32; BLOCK];
+            let acc = acc.get_mut(..w).unwrap_or_default();
+            match b {
+                VectorRhs::Panels(p) => panel_columns(self.isa, row()?, p, j0 + j, acc),
                 VectorRhs::Mat(b) if b.col_stride() == 1 => {
                     for p in 0..k {
                         if let Some(run) = b.row_run(p, j0 + j, w) {
@@ -1170,6 +1172,88 @@ impl VectorRhs<'_> {
             VectorRhs::Mat(b) => (b.rows(), b.cols()),
             VectorRhs::Panels(p) => (p.depth, p.lines),
         }
+    }
+}
+
+/// `out = x · B[.., j..j + out.len()]` for B in `panels`, `j` the first column of a
+/// panel (the blocks and the threads' parts are multiples of the panel width), the
+/// last panel's padding columns dropped.
+fn panel_columns(isa: Isa, x: &[f32], panels: &Panels, j: usize, out: &mut [f32]) {
+    let (k, w) = (x.len(), panels.w.max(1));
+    let first = j / w;
+    for (g, out) in out.chunks_mut(VECTOR_PANELS * w).enumerate() {
+        let at = (first + g * VECTOR_PANELS) * k * w;
+        let len = out.len().div_ceil(w) * k * w;
+        let group = panels.buf.get(at..at + len).unwrap_or_default();
+        panels_vector(isa, x, group, w, out);
+    }
+}
+
+/// Panels of B that [`panels_vector`] runs through together.
+const VECTOR_PANELS: usize = 4;
+
+/// [`panel_vector`] for up to [`VECTOR_PANELS`] consecutive panels, `out` their
+/// columns. A whole group runs its panels side by side: each value of `x` is loaded
+/// once for four streams of B, and at 16 columns a panel (AVX2) the four hold eight
+/// independent sums without a reduction at the end. On the Zen 4 machine, one row by
+/// 128 × 512 packed: 20 → 22.5 GFLOP/s (weights in L2), 128 × 64: 15 → 20 (in L1).
+fn panels_vector(isa: Isa, x: &[f32], panels: &[f32], w: usize, out: &mut [f32]) {
+    if out.len() == VECTOR_PANELS * w {
+        match w {
+            8 => return panel_group_vector_8(isa, x, panels, out),
+            16 => return panel_group_vector_16(isa, x, panels, out),
+            32 => return panel_group_vector_32(isa, x, panels, out),
+            _ => {}
+        }
+    }
+    let k = x.len();
+    for (q, out) in out.chunks_mut(w).enumerate() {
+        let panel = panels.get(q * k * w..(q + 1) * k * w).unwrap_or_default();
+        panel_vector(isa, x, panel, w, out);
+    }
+}
+
+/// [`panels_vector`] on a whole group of panels `W` wide.
+#[inline(always)]
+fn panel_group_vector_w<const FMA: bool, const W: usize>(
+    x: &[f32],
+    panels: &[f32],
+    out: &mut [f32],
+) {
+    let k = x.len();
+    let (p01, p23) = panels.split_at(panels.len().min(2 * k * W));
+    let (p0, p1) = p01.split_at(p01.len().min(k * W));
+    let (p2, p3) = p23.split_at(p23.len().min(k * W));
+    let mut acc = [[0f32; W]; VECTOR_PANELS];
+    let rows = (p0.chunks_exact(W).zip(p1.chunks_exact(W)))
+        .zip(p2.chunks_exact(W).zip(p3.chunks_exact(W)));
+    for (&xv, ((r0, r1), (r2, r3))) in x.iter().zip(rows) {
+        for (a, r) in acc.iter_mut().zip([r0, r1, r2, r3]) {
+            for (c, &b) in a.iter_mut().zip(r) {
+                *c = arch::madd::<FMA>(xv, b, *c);
+            }
+        }
+    }
+    for (o, a) in out.chunks_exact_mut(W).zip(&acc) {
+        o.copy_from_slice(a);
+    }
+}
+
+multiversion! {
+    fn panel_group_vector_8<const FMA: bool>(x: &[f32], panels: &[f32], out: &mut [f32]) {
+        panel_group_vector_w::<FMA, 8>(x, panels, out)
+    }
+}
+
+multiversion! {
+    fn panel_group_vector_16<const FMA: bool>(x: &[f32], panels: &[f32], out: &mut [f32]) {
+        panel_group_vector_w::<FMA, 16>(x, panels, out)
+    }
+}
+
+multiversion! {
+    fn panel_group_vector_32<const FMA: bool>(x: &[f32], panels: &[f32], out: &mut [f32]) {
+        panel_group_vector_w::<FMA, 32>(x, panels, out)
     }
 }
 

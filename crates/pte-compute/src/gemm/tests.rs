@@ -243,9 +243,10 @@ fn products_match_the_reference() {
 #[test]
 fn one_row_products_split_their_columns_over_threads() {
     let pools = [ThreadPool::new(1).unwrap(), ThreadPool::new(2).unwrap()];
-    // Columns in whole groups of DOT_ROWS and a tail, depths in whole vectors and a
+    // Columns in whole groups of DOT_ROWS and a tail, in whole groups of panels (at
+    // every panel width up to 32) and single panels, depths in whole vectors and a
     // tail, over threads once B has enough values.
-    let n = 4 * VECTOR_COLUMNS + DOT_ROWS - 1;
+    let n = 9 * 32 + DOT_ROWS - 1;
     let k = (VECTOR_SPLIT_VALUES / n).next_multiple_of(16) + 13;
     let case = Case { m: 1, n, k };
     for isa in Isa::available() {

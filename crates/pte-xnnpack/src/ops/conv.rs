@@ -569,6 +569,10 @@ impl<T: Q8> Kernel for QuantConv<T> {
         if self.layer.as_ref().map(|(_, s)| *s) != Some([h, w]) {
             let layer = self.build(h, w)?;
             self.layer = Some((layer, [h, w]));
+            // Packed: as for float layers, the filter's pages go layer by layer.
+            if let Some(data) = &self.filter.data {
+                data.release_pages();
+            }
         }
         let (layer, _) = self.layer.as_ref().ok_or("no layer")?;
         let [oh, ow] = layer.output_size();
