@@ -1201,13 +1201,8 @@ const VECTOR_PANELS: usize = 4;
 /// of weights stream from memory, 7.3 → 5.5 ms (the four streams keep more of it in
 /// flight).
 fn panels_vector(isa: Isa, x: &[f32], panels: &[f32], w: usize, out: &mut [f32]) {
-    if out.len() == VECTOR_PANELS * w {
-        match w {
-            8 => return panel_group_vector_8(isa, x, panels, out),
-            16 => return panel_group_vector_16(isa, x, panels, out),
-            32 => return panel_group_vector_32(isa, x, panels, out),
-            _ => {}
-        }
+    if out.len() == VECTOR_PANELS * w && fixed_width_vector(isa, x, panels, w, true, out) {
+        return;
     }
     let k = x.len();
     for (q, out) in out.chunks_mut(w).enumerate() {
@@ -1242,31 +1237,11 @@ fn panel_group_vector_w<const FMA: bool, const W: usize>(
     }
 }
 
-multiversion! {
-    fn panel_group_vector_8<const FMA: bool>(x: &[f32], panels: &[f32], out: &mut [f32]) {
-        panel_group_vector_w::<FMA, 8>(x, panels, out)
-    }
-}
-
-multiversion! {
-    fn panel_group_vector_16<const FMA: bool>(x: &[f32], panels: &[f32], out: &mut [f32]) {
-        panel_group_vector_w::<FMA, 16>(x, panels, out)
-    }
-}
-
-multiversion! {
-    fn panel_group_vector_32<const FMA: bool>(x: &[f32], panels: &[f32], out: &mut [f32]) {
-        panel_group_vector_w::<FMA, 32>(x, panels, out)
-    }
-}
-
 /// `out[j] = Σₚ x[p] · panel[p·w + j]` for one packed panel of width `w` (`out` may
 /// be shorter: the last panel's padding columns are not stored).
 fn panel_vector(isa: Isa, x: &[f32], panel: &[f32], w: usize, out: &mut [f32]) {
-    match (w, out.len() == w) {
-        (16, true) => panel_vector_16(isa, x, panel, out),
-        (32, true) => panel_vector_32(isa, x, panel, out),
-        _ => panel_vector_any(isa, x, panel, w, out),
+    if out.len() != w || !fixed_width_vector(isa, x, panel, w, false, out) {
+        panel_vector_any(isa, x, panel, w, out);
     }
 }
 
@@ -1299,14 +1274,26 @@ fn panel_vector_w<const FMA: bool, const W: usize>(x: &[f32], panel: &[f32], out
 }
 
 multiversion! {
-    fn panel_vector_16<const FMA: bool>(x: &[f32], panel: &[f32], out: &mut [f32]) {
-        panel_vector_w::<FMA, 16>(x, panel, out)
-    }
-}
-
-multiversion! {
-    fn panel_vector_32<const FMA: bool>(x: &[f32], panel: &[f32], out: &mut [f32]) {
-        panel_vector_w::<FMA, 32>(x, panel, out)
+    /// The kernels compiled for fixed panel widths: [`panel_group_vector_w`] for a
+    /// whole group (`grouped`) at the micro-kernels' widths (NEON's 8, AVX2's and the
+    /// portable 16, AVX-512's 32), [`panel_vector_w`] for one whole panel 16 or 32
+    /// wide. False for any other width.
+    fn fixed_width_vector<const FMA: bool>(
+        x: &[f32],
+        panels: &[f32],
+        w: usize,
+        grouped: bool,
+        out: &mut [f32],
+    ) -> bool {
+        match (grouped, w) {
+            (true, 8) => panel_group_vector_w::<FMA, 8>(x, panels, out),
+            (true, 16) => panel_group_vector_w::<FMA, 16>(x, panels, out),
+            (true, 32) => panel_group_vector_w::<FMA, 32>(x, panels, out),
+            (false, 16) => panel_vector_w::<FMA, 16>(x, panels, out),
+            (false, 32) => panel_vector_w::<FMA, 32>(x, panels, out),
+            _ => return false,
+        }
+        true
     }
 }
 
