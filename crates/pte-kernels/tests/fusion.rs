@@ -496,6 +496,156 @@ fn a_deferred_call_no_fusion_takes_is_folded_after_the_fusions() {
     );
 }
 
+/// How [`expanded_product`] writes `bmm(x, expand_copy(W))`.
+#[derive(Clone, Copy, Debug, Default)]
+struct Expanded {
+    /// `W` is `[1, k, n]` rather than `[k, n]`.
+    lead_one: bool,
+    /// `bmm` reads the expansion through a view the exporter elided.
+    view: bool,
+    /// A `relu` of the product follows.
+    relu: bool,
+    /// The expansion is also a method output.
+    expansion_out: bool,
+    /// `W` is a method input rather than a constant.
+    variable: bool,
+}
+
+/// `bmm(x, expand_copy(W, [b, k, n]))` for `x` `[b, m, k]`, as `linear` on a tensor
+/// that is not contiguous exports (`nn.MultiheadAttention`'s input projection on a
+/// batch of sequences). Returns the program and `W`.
+fn expanded_product(e: Expanded) -> (Vec<u8>, Vec<f32>) {
+    let (batch, m, k, n) = (3usize, 5usize, 19usize, 37usize);
+    let weights: Vec<f32> = (0..k * n)
+        .map(|i| ((i * 5 % 29) as f32 - 14.0) / 8.0)
+        .collect();
+    let dims = |v: &[usize]| v.iter().map(|&d| d as i32).collect::<Vec<_>>();
+    let mut b = ProgramBuilder::new();
+    let x = b.tensor(Float, &dims(&[batch, m, k]), Memory::Planned);
+    let w_dims = if e.lead_one {
+        vec![1, k, n]
+    } else {
+        vec![k, n]
+    };
+    let w = if e.variable {
+        b.tensor(Float, &dims(&w_dims), Memory::Planned)
+    } else {
+        b.constant(Float, &dims(&w_dims), bytemuck::cast_slice(&weights))
+    };
+    let sizes = b.int_list(&[batch as i64, -1, -1]);
+    let implicit = b.bool(false);
+    let expanded = b.tensor(Float, &dims(&[batch, k, n]), Memory::Planned);
+    b.call(
+        "aten::expand_copy",
+        "out",
+        &[w, sizes, implicit, expanded, expanded],
+    );
+    let rhs = if e.view {
+        let at = b.place(expanded).unwrap();
+        b.tensor(Float, &dims(&[batch, k, n]), Memory::At(at))
+    } else {
+        expanded
+    };
+    let y = b.tensor(Float, &dims(&[batch, m, n]), Memory::Planned);
+    b.call("aten::bmm", "out", &[x, rhs, y, y]);
+    let mut out = y;
+    if e.relu {
+        out = b.tensor(Float, &dims(&[batch, m, n]), Memory::Planned);
+        b.call("aten::relu", "out", &[y, out, out]);
+    }
+    b.input(x);
+    if e.variable {
+        b.input(w);
+    }
+    b.output(out);
+    if e.expansion_out {
+        b.output(expanded);
+    }
+    (b.build(), weights)
+}
+
+#[test]
+fn a_constant_expanded_over_a_batch_is_one_product_and_never_repeated() {
+    let (k, n) = (19, 37);
+    for lead_one in [false, true] {
+        for view in [false, true] {
+            for relu in [false, true] {
+                let e = Expanded {
+                    lead_one,
+                    view,
+                    relu,
+                    ..Expanded::default()
+                };
+                let (bytes, w) = expanded_product(e);
+                let fused = run_with(&bytes, &pte_kernels::registry());
+                let name = format!("fused expand+bmm{}", if relu { "+activation" } else { "" });
+                assert_eq!(fused.ops, [name], "{e:?}");
+                let plain = run_with(&bytes, &with_fuser(NoFusion));
+                // Unfused, the expansion is folded into a repeated constant.
+                assert!(plain.ops.iter().any(|op| op == "aten::bmm.out"), "{e:?}");
+                // Every row of every matrix of x times W.
+                let x: Vec<f32> = bytemuck::pod_collect_to_vec(&fused.input);
+                for got in [&fused.outputs[0], &plain.outputs[0]] {
+                    let y: Vec<f32> = bytemuck::pod_collect_to_vec(got);
+                    assert_eq!(y.len(), x.len() / k * n, "{e:?}");
+                    for (r, row) in y.chunks(n).enumerate() {
+                        for (j, &got) in row.iter().enumerate() {
+                            let dot: f64 = (0..k)
+                                .map(|p| f64::from(x[r * k + p]) * f64::from(w[p * n + j]))
+                                .sum();
+                            let want = if relu { dot.max(0.0) } else { dot };
+                            assert!(
+                                (f64::from(got) - want).abs() < 1e-4,
+                                "{e:?} ({r}, {j}): {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn an_expansion_read_elsewhere_or_of_a_variable_is_not_fused() {
+    for e in [
+        Expanded {
+            expansion_out: true,
+            ..Expanded::default()
+        },
+        Expanded {
+            view: true,
+            expansion_out: true,
+            ..Expanded::default()
+        },
+        Expanded {
+            variable: true,
+            ..Expanded::default()
+        },
+    ] {
+        let (bytes, _) = expanded_product(e);
+        let ran = run_with(&bytes, &pte_kernels::registry());
+        assert_eq!(ran.ops, ["aten::bmm.out", "aten::expand_copy.out"], "{e:?}");
+        let inputs = e.variable.then(|| {
+            let m = Program::from_bytes(&bytes)
+                .unwrap()
+                .load_method_with(
+                    "forward",
+                    &pte_kernels::registry(),
+                    &BackendRegistry::new(),
+                    &LoadOptions::default(),
+                )
+                .unwrap();
+            m.meta().example_inputs(1 << 20).unwrap()
+        });
+        assert_eq!(
+            run_on(&bytes, &pte_kernels::registry(), inputs.clone()).outputs,
+            run_on(&bytes, &with_fuser(NoFusion), inputs).outputs,
+            "{e:?}"
+        );
+    }
+}
+
 /// `_softmax` over the last dim of x [3, 4, 5], then PyTorch's `_safe_softmax`
 /// decomposition as attention exports it; `masked_value` is the value `eq` compares
 /// with (-inf in the real pattern).

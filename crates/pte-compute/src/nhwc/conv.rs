@@ -880,13 +880,25 @@ impl ConvNhwc {
                         }
                         if let (Gather::Rows { width }, Some(b)) = (gather, weights.first()) {
                             // The tile's pixels in each output row it touches are a
-                            // fixed distance apart in the padded input.
+                            // fixed distance apart in the padded input. Output rows of
+                            // one pixel (a 1-d convolution along the height, as
+                            // XNNPACK programs write `conv1d`) all are: the tile is
+                            // not cut at each row.
                             let [ow, ch] = [self.out[1].max(1), p.in_channels];
-                            let (row, tap) = (p.stride[1] * ch, p.dilation[0] * width * ch);
+                            let row = if ow == 1 {
+                                p.stride[0] * width * ch
+                            } else {
+                                p.stride[1] * ch
+                            };
+                            let tap = p.dilation[0] * width * ch;
                             let mut i = 0;
                             while i < rows {
                                 let (oy, ox) = ((r0 + r + i) / ow, (r0 + r + i) % ow);
-                                let n = (rows - i).min(ow - ox);
+                                let n = if ow == 1 {
+                                    rows - i
+                                } else {
+                                    (rows - i).min(ow - ox)
+                                };
                                 let at = ((oy * p.stride[0] + t0 * p.dilation[0]) * width
                                     + ox * p.stride[1])
                                     * ch;

@@ -112,6 +112,32 @@ fn convolutions_match_a_direct_loop() {
             false,
         ),
         ([9, 8], [3, 3], [2, 2], [1, 1], [1, 0, 0, 1], 1, 3, 8, false),
+        // Images one pixel wide (`conv1d` along the height, as XNNPACK programs write
+        // it): tiles across many one-pixel output rows, causal (top only) padding,
+        // dilation, stride, and without padding (read in place).
+        (
+            [37, 1],
+            [3, 1],
+            [1, 1],
+            [4, 1],
+            [8, 0, 0, 0],
+            1,
+            9,
+            21,
+            false,
+        ),
+        (
+            [40, 1],
+            [3, 1],
+            [2, 1],
+            [1, 1],
+            [1, 0, 1, 0],
+            1,
+            16,
+            19,
+            false,
+        ),
+        ([29, 1], [5, 1], [1, 1], [2, 1], [0; 4], 1, 12, 8, false),
         // Stems read through strides: tiles inside and across output rows, a vertical
         // dilation, and more kernel rows than one micro-kernel call takes.
         (

@@ -54,8 +54,12 @@ impl Fuser for Patterns {
             .filter_map(|i| {
                 let rest = calls.get(i..)?;
                 let c = rest.first()?;
-                (c.op == "aten::permute_copy.out" && transposed_product(g, rest).is_some())
-                    .then_some(c.id)
+                let defer = match c.op {
+                    "aten::permute_copy.out" => transposed_product(g, rest).is_some(),
+                    "aten::expand_copy.out" => repeated_matrix(g, rest).is_some(),
+                    _ => false,
+                };
+                defer.then_some(c.id)
             })
             .collect()
     }
@@ -80,6 +84,7 @@ impl Fuser for Patterns {
                 | "aten::clone.out"
                 | "aten::alias_copy.out"
                 | "dim_order_ops::_clone_dim_order.out" => copy_chain(g, rest),
+                "aten::expand_copy.out" => broadcast_product(g, rest),
                 "aten::addmm.out" => product_chain(g, rest, Op::Addmm),
                 "aten::linear.out" => product_chain(g, rest, Op::Linear),
                 "aten::mm.out" => product_chain(g, rest, Op::Mm),
@@ -463,7 +468,73 @@ fn transposed_product(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
     if !(transpose && only_weight && matrix && is_const_f32(g, w, false) && is_f32(g, wt)) {
         return None;
     }
-    product_fusion(g, Some(t), p, rest, op, w)
+    product_fusion(g, Some(Before::Transpose(t)), p, rest, op, w)
+}
+
+/// The call a fused product reads its right operand through.
+#[derive(Clone, Copy)]
+enum Before<'c, 'a> {
+    /// `permute_copy` transposing a constant weight: packed from its stored layout.
+    Transpose(&'c Call<'a>),
+    /// `expand_copy` repeating a constant matrix over a batch: never materialized.
+    Expand(&'c Call<'a>),
+}
+
+impl<'c, 'a> Before<'c, 'a> {
+    fn call(self) -> &'c Call<'a> {
+        match self {
+            Before::Transpose(c) | Before::Expand(c) => c,
+        }
+    }
+}
+
+/// `expand_copy` repeating a constant matrix (`[k, n]`, or with leading ones) over a
+/// batch, read only by the `bmm` right after it as its right operand [→ activation]:
+/// one product of all the batch's rows (`Op::Broadcast`). `linear` on a tensor that is
+/// not contiguous exports this way (attention's input projection on a batch of
+/// sequences in `nn.MultiheadAttention`), repeating the weight once per row.
+fn broadcast_product(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
+    let (e, p, rest) = repeated_matrix(g, calls)?;
+    let w = arg(e, 0)?;
+    if !is_const_f32(g, w, false) {
+        return None;
+    }
+    product_fusion(g, Some(Before::Expand(e)), p, rest, Op::Broadcast, w)
+}
+
+/// The `expand_copy` of a matrix and the `bmm` reading it that start `calls` (see
+/// [`broadcast_product`]), and the calls after them; the matrix may not be constant
+/// yet (folding defers the expansion, or it would repeat the matrix in memory).
+fn repeated_matrix<'c, 'a>(
+    g: &Graph<'_>,
+    calls: &'c [Call<'a>],
+) -> Option<(&'c Call<'a>, &'c Call<'a>, &'c [Call<'a>])> {
+    let (e, rest) = calls.split_first()?;
+    let (p, rest) = rest.split_first()?;
+    if p.op != "aten::bmm.out" {
+        return None;
+    }
+    let (w, expanded, rhs) = (arg(e, 0)?, single_output(e)?, arg(p, 1)?);
+    let (wt, et, rt) = (g.tensor(w)?, g.tensor(expanded)?, g.tensor(rhs)?);
+    // The weight is one matrix, repeated whole: the expansion's and the product's
+    // right operand (the expansion or a view of it) end with the weight's two sizes.
+    let lead = wt.rank().checked_sub(2)?;
+    let (ones, matrix) = wt.sizes.split_at(lead);
+    let repeats =
+        |t: &pte_runtime::TensorInfo| t.rank() >= 2 && t.sizes.get(t.rank() - 2..) == Some(matrix);
+    let read_once = p.args.iter().filter(|&&a| a == rhs).count() == 1
+        && arg(p, 0) != Some(rhs)
+        && (rhs == expanded || (g.is_view_of(rhs, expanded) && et.numel() == rt.numel()));
+    let ok = ones.iter().all(|&d| d == 1)
+        && repeats(&et)
+        && repeats(&rt)
+        && rt.rank() == 3
+        && read_once
+        && g.uses(expanded) == if rhs == expanded { 2 } else { 1 }
+        && g.uses(rhs) == 1 + u32::from(rhs == expanded)
+        && is_f32(g, w)
+        && is_f32(g, expanded);
+    ok.then_some((e, p, rest))
 }
 
 /// The fused call of product `c` with `weight` as its right operand [read transposed,
@@ -472,12 +543,13 @@ fn transposed_product(g: &Graph<'_>, calls: &[Call<'_>]) -> Option<Fusion> {
 /// without a transpose one of them is required (a product alone needs no fusion).
 fn product_fusion(
     g: &Graph<'_>,
-    transpose: Option<&Call<'_>>,
+    before: Option<Before<'_, '_>>,
     c: &Call<'_>,
     rest: &[Call<'_>],
     op: Op,
     weight: u32,
 ) -> Option<Fusion> {
+    let transposed = matches!(before, Some(Before::Transpose(_)));
     let n_args = op.arguments();
     let v = single_output(c)?;
     if !is_f32(g, v) {
@@ -485,11 +557,15 @@ fn product_fusion(
     }
     let mut args: Vec<u32> = c.args.get(..n_args)?.to_vec();
     *args.get_mut(op.weight())? = weight;
-    let mut ids: Vec<_> = transpose.iter().map(|t| t.id).collect();
+    let mut ids: Vec<_> = before.iter().map(|b| b.call().id).collect();
     ids.push(c.id);
     let product_name = format!(
         "fused {}{}",
-        if transpose.is_some() { "permute+" } else { "" },
+        match before {
+            Some(Before::Transpose(_)) => "permute+",
+            Some(Before::Expand(_)) => "expand+",
+            None => "",
+        },
         c.op.trim_start_matches("aten::").trim_end_matches(".out"),
     );
     let (act, scalars, out, n) = match product_activation(g, rest, v, n_args) {
@@ -499,15 +575,15 @@ fn product_fusion(
                 ids: ids.clone(),
                 args: args.clone(),
                 op,
-                transposed: transpose.is_some(),
+                transposed,
                 out: v,
                 name: product_name.clone(),
             };
             if let Some(f) = super::pointwise::after_product(g, rest, product) {
                 return Some(f);
             }
-            // A product alone needs no fusion unless it reads a transpose.
-            transpose?;
+            // A product alone needs no fusion unless it reads through a call before it.
+            before?;
             (Act::None, Vec::new(), v, 0)
         }
     };
@@ -522,7 +598,7 @@ fn product_fusion(
             op,
             act,
             out: out_at,
-            transposed: transpose.is_some(),
+            transposed,
         }),
         args,
     })

@@ -25,6 +25,10 @@ pub(super) enum Op {
     Linear,
     /// `mm(x, w)`.
     Mm,
+    /// `x · w` for every matrix of `x` (`[.., m, k]`), `w` (`[k, n]`, or with leading
+    /// ones) the same for all: `bmm` of an operand broadcast over the batch, one
+    /// product of all the rows at once.
+    Broadcast,
 }
 
 impl Op {
@@ -48,7 +52,7 @@ impl Op {
         match self {
             Op::Addmm => (1, 2, 5),
             Op::Linear => (0, 1, 3),
-            Op::Mm => (0, 1, 2),
+            Op::Mm | Op::Broadcast => (0, 1, 2),
         }
     }
 }
@@ -160,6 +164,14 @@ fn matrix(sizes: &[usize]) -> Option<(usize, usize)> {
     }
 }
 
+/// `(rows, cols)` of a tensor that is one matrix: 2-d, or with leading ones.
+fn one_matrix(sizes: &[usize]) -> Option<(usize, usize)> {
+    let lead = sizes.len().checked_sub(2)?;
+    let (ones, last) = sizes.split_at(lead);
+    ones.iter().all(|&d| d == 1).then_some(())?;
+    matrix(last)
+}
+
 /// The product of a call site written to argument `out` with activation `act`.
 fn build(
     args: &Args<'_>,
@@ -203,7 +215,11 @@ fn product(args: &Args<'_>, op: Op, transposed: bool) -> KernelResult<Option<Pro
     let (Some(x), Some(w)) = (f32_tensor(args, xi)?, f32_tensor(args, wi)?) else {
         return Ok(None);
     };
-    let (Some(weights), Some((wr, wc))) = (constant_f32(args, wi)?, matrix(&w.sizes)) else {
+    let shape = match op {
+        Op::Broadcast => one_matrix(&w.sizes),
+        _ => matrix(&w.sizes),
+    };
+    let (Some(weights), Some((wr, wc))) = (constant_f32(args, wi)?, shape) else {
         return Ok(None);
     };
     // The weight as a k × n matrix (`linear` stores it n × k, as does a transposed one).
@@ -217,6 +233,7 @@ fn product(args: &Args<'_>, op: Op, transposed: bool) -> KernelResult<Option<Pro
     };
     let x_ok = match op {
         Op::Linear => x.sizes.last() == Some(&k),
+        Op::Broadcast => x.rank() >= 2 && x.sizes.last() == Some(&k),
         Op::Addmm | Op::Mm => matrix(&x.sizes).is_some_and(|(_, c)| c == k),
     };
     if !x_ok {
@@ -224,7 +241,7 @@ fn product(args: &Args<'_>, op: Op, transposed: bool) -> KernelResult<Option<Pro
     }
     let mut consumed: SmallVec<[usize; 2]> = SmallVec::from_slice(&[wi]);
     let bias = match op {
-        Op::Mm => None,
+        Op::Mm | Op::Broadcast => None,
         Op::Linear if args.is_none(2)? => None,
         Op::Linear => match (f32_tensor(args, 2)?, constant_f32(args, 2)?) {
             (Some(t), Some(b)) if t.rank() == 1 && b.len() == n => {
@@ -314,12 +331,12 @@ impl Product {
         let x = args.info(self.op.input())?;
         let (k, n) = self.b.weight.dims();
         let m = match self.op {
-            Op::Linear if x.sizes.last() == Some(&k) => x.numel() / k.max(1),
+            Op::Linear | Op::Broadcast if x.sizes.last() == Some(&k) => x.numel() / k.max(1),
             Op::Addmm | Op::Mm => match matrix(&x.sizes) {
                 Some((m, c)) if c == k => m,
                 _ => 0,
             },
-            Op::Linear => 0,
+            Op::Linear | Op::Broadcast => 0,
         };
         if m * k != x.numel() || (m == 0 && x.numel() != 0) {
             return Err(KernelError::invalid(format!(
