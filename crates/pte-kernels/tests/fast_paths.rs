@@ -1796,6 +1796,130 @@ fn one_dimensional_convolution_chains_run_channels_last() {
     }
 }
 
+impl Net {
+    /// `constant_pad_nd(x, pads, value)`: `pads` before and after each of the last
+    /// dimensions, the last first.
+    fn pad(&mut self, x: i32, xs: &[usize], pads: &[usize], value: f64) -> (i32, Vec<usize>) {
+        let mut ys = xs.to_vec();
+        for (i, p) in pads.chunks(2).enumerate() {
+            ys[xs.len() - 1 - i] += p[0] + p[1];
+        }
+        let list = self
+            .b
+            .int_list(&pads.iter().map(|&p| p as i64).collect::<Vec<_>>());
+        let value = self.b.double(value);
+        let y = self.tensor(&ys);
+        self.b
+            .call("aten::constant_pad_nd", "out", &[x, list, value, y, y]);
+        (y, ys)
+    }
+}
+
+/// TCN-like: causal dilated 1-d convolutions (zeros padded on the left, none of their
+/// own) with residual additions; the last padding is by `last_value`. Then, as
+/// TensorFlow's "same" padding exports a stride-2 convolution, zeros after the length
+/// (with `rank_2`: after the width and the height of a 2-d image).
+fn padded_network(
+    batch: usize,
+    length: usize,
+    last_value: f64,
+    rank_2: bool,
+) -> (Vec<u8>, Vec<Vec<usize>>) {
+    let mut n = Net::new();
+    let xs = if rank_2 {
+        vec![batch, 8, length, length + 3]
+    } else {
+        vec![batch, 8, length]
+    };
+    let x = n.tensor(&xs);
+    n.b.input(x);
+    let (mut y, ys) = if rank_2 {
+        n.conv(x, &xs, 16, 1, 1, 1, false)
+    } else {
+        conv1d(&mut n, x, &xs, 16, [1, 1, 1, 0, 1], false)
+    };
+    let axes = ys.len() - 2;
+    for (i, d) in [1usize, 2, 4].into_iter().enumerate() {
+        let value = if i == 2 { last_value } else { 0.0 };
+        let pads = if rank_2 {
+            vec![2 * d, 0, 2 * d, 0]
+        } else {
+            vec![2 * d, 0]
+        };
+        let (p, ps) = n.pad(y, &ys, &pads, value);
+        let (c, cs) = if rank_2 {
+            let scale = 1.0 / ((16 * 9) as f32).sqrt();
+            let weight = n.constant(&[16, 16, 3, 3], scale);
+            let bias = n.constant(&[16], 0.1);
+            let s = n.b.int_list(&[1, 1]);
+            let z = n.b.int_list(&[0, 0]);
+            let dl = n.b.int_list(&[d as i64, d as i64]);
+            let t = n.b.bool(false);
+            let op = n.b.int_list(&[0, 0]);
+            let g = n.b.int(1);
+            convolution_call(
+                &mut n,
+                [p, weight, bias, s, z, dl, t, op, g],
+                ys.clone(),
+                i == 1,
+            )
+        } else {
+            conv1d(&mut n, p, &ps, 16, [1, 3, 1, 0, d], i == 1)
+        };
+        let c = n.act(c, &cs, After::Relu);
+        y = n.binary("add", y, c, &ys);
+    }
+    let (p, ps) = n.pad(y, &ys, &[0, 1].repeat(axes), 0.0);
+    let k = 3;
+    let weight = n.constant(
+        &[12, 16]
+            .into_iter()
+            .chain(std::iter::repeat_n(k, axes))
+            .collect::<Vec<_>>(),
+        0.2,
+    );
+    let bias = n.constant(&[12], 0.1);
+    let s = n.b.int_list(&vec![2; axes]);
+    let z = n.b.int_list(&vec![0; axes]);
+    let one = n.b.int_list(&vec![1; axes]);
+    let t = n.b.bool(false);
+    let op = n.b.int_list(&vec![0; axes]);
+    let g = n.b.int(1);
+    let mut out_sizes = vec![batch, 12];
+    out_sizes.extend(ps[2..].iter().map(|&i| (i - k) / 2 + 1));
+    let (y, _) = convolution_call(
+        &mut n,
+        [p, weight, bias, s, z, one, t, op, g],
+        out_sizes,
+        false,
+    );
+    n.b.output(y);
+    (n.b.build(), vec![xs])
+}
+
+#[test]
+fn zeros_padded_before_a_convolution_are_its_own_padding() {
+    for (batch, length, rank_2) in [(1, 40, false), (2, 23, false), (1, 9, true), (2, 12, true)] {
+        for last_value in [0.0, 0.5] {
+            let (bytes, shapes) = padded_network(batch, length, last_value, rank_2);
+            let inputs = inputs_of(&shapes, 12);
+            let what = format!("batch {batch} length {length} 2-d {rank_2} value {last_value}");
+            let (want, _) = run(&bytes, &pte_kernels::reference_registry(), &inputs, 1);
+            for threads in [1, 2] {
+                let (got, ran) = run(&bytes, &pte_kernels::registry(), &inputs, threads);
+                assert_close(&got, &want, 400, &format!("{what}, {threads} threads"));
+                // Zeros join the convolution after them; another value is padded alone.
+                let pads = ran.iter().filter(|r| r.contains("constant_pad_nd")).count();
+                assert_eq!(pads, usize::from(last_value != 0.0), "{what}: {ran:?}");
+                if last_value == 0.0 {
+                    assert_eq!(ran.len(), 1, "{what}: not one region: {ran:?}");
+                    assert!(ran[0].contains("NHWC region"), "{what}: {ran:?}");
+                }
+            }
+        }
+    }
+}
+
 /// A transposed convolution of `x` (`[n, c, h, w]` or `[n, c, length]`) with
 /// `[groups, k, stride, pad, output_padding]`, then batch normalization if asked.
 fn deconv(

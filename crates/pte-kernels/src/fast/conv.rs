@@ -26,6 +26,9 @@ pub(super) struct Layout {
     pub act: Act,
     /// The output.
     pub out: usize,
+    /// `constant_pad_nd`'s list of pads, when the convolution reads its input through
+    /// zeros padded before it (a causal convolution's left padding): added to its own.
+    pub pad: Option<usize>,
 }
 
 impl Layout {
@@ -46,6 +49,7 @@ impl Layout {
         residual: None,
         act: Act::None,
         out: 9,
+        pad: None,
     };
 }
 
@@ -151,6 +155,10 @@ pub(super) fn key(args: &Args<'_>, l: &Layout) -> KernelResult<Key> {
     }
     k.push(args.int(c + 8)?);
     k.push(i64::from(args.bool(c + 6)?));
+    if let Some(pad) = l.pad {
+        k.push(-2);
+        k.extend(args.int_list(pad)?);
+    }
     if let Some(bn) = l.bn {
         k.push(args.double(bn + 4)?.to_bits() as i64);
     }
@@ -207,6 +215,17 @@ fn pair(list: &[i64], spatial: usize, flat: usize) -> Option<[usize; 2]> {
         (2, 2) => Some([v(0)?, v(1)?]),
         _ => None,
     }
+}
+
+/// `constant_pad_nd`'s pads (before and after each of the last dimensions, the last
+/// first) as a convolution's `[top, left, bottom, right]` over `spatial` axes; `None`
+/// when they crop or pad more than the spatial axes.
+pub(super) fn extra_padding(list: &[i64], spatial: usize) -> Option<[usize; 4]> {
+    if !list.len().is_multiple_of(2) || list.len() > 2 * spatial {
+        return None;
+    }
+    let at = |i: usize| list.get(i).map_or(Some(0), |&v| usize::try_from(v).ok());
+    Some([at(2)?, at(0)?, at(3)?, at(1)?])
 }
 
 /// A convolution ready to be prepared: geometry, weights and bias (batch
@@ -312,6 +331,21 @@ pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Sp
     ) else {
         return Ok(None);
     };
+    let extra = match l.pad {
+        Some(i) => extra_padding(&args.int_list(i)?, spatial),
+        None => Some([0; 4]),
+    };
+    let padding = extra.and_then(|[top, left, bottom, right]| {
+        Some([
+            pad[0].checked_add(top)?,
+            pad[1].checked_add(left)?,
+            pad[0].checked_add(bottom)?,
+            pad[1].checked_add(right)?,
+        ])
+    });
+    let Some(padding) = padding else {
+        return Ok(None);
+    };
     let p = Conv2dParams {
         in_channels: c_in,
         out_channels: c_out,
@@ -319,7 +353,7 @@ pub(super) fn spec<'a>(args: &'a Args<'_>, l: &Layout) -> KernelResult<Option<Sp
         input: [h, wd],
         kernel: [kh, kw],
         stride,
-        padding: [pad[0], pad[1], pad[0], pad[1]],
+        padding,
         dilation,
     };
     // An invalid geometry, or weights that do not fit it: the generic kernel says why.

@@ -1,9 +1,13 @@
 //! The fuser: groups of consecutive calls that one fast kernel runs as one call.
 //!
-//! - `convolution` [→ `_native_batch_norm_legit_no_training`] [→ activation |
-//!   → `add` (a residual) [→ activation]]: one convolution with the normalization folded
-//!   into its weights, the addition and activation in its epilogue;
+//! - [`constant_pad_nd` of zeros on the spatial axes →] `convolution` [→
+//!   `_native_batch_norm_legit_no_training`] [→ activation | → `add` (a residual) [→
+//!   activation]]: one convolution with the padding added to its own (a causal
+//!   convolution's), the normalization folded into its weights, the addition and
+//!   activation in its epilogue;
 //! - `addmm` / `linear` / `mm` with a constant weight → activation;
+//! - `expand_copy` of a constant matrix over a batch → `bmm` reading it [→
+//!   activation]: one product of all the batch's rows, the matrix never repeated;
 //! - `permute_copy` transposing a constant 2-d weight → `addmm` / `mm` reading it [→
 //!   activation]: the weight is packed from its stored layout, the transpose never
 //!   runs (folding defers it, see [`Fuser::defer_folding`]);
@@ -71,7 +75,7 @@ impl Fuser for Patterns {
         while let Some(c) = calls.get(i) {
             let rest = calls.get(i..).unwrap_or_default();
             let found = match c.op {
-                "aten::convolution.out" => {
+                "aten::convolution.out" | "aten::constant_pad_nd.out" => {
                     super::region::propose(g, rest).or_else(|| conv_chain(g, rest))
                 }
                 "aten::permute_copy.out" => {
@@ -289,8 +293,8 @@ fn same_shape(g: &Graph<'_>, a: u32, b: u32) -> bool {
     matches!((g.tensor(a), g.tensor(b)), (Some(x), Some(y)) if x.sizes == y.sizes)
 }
 
-/// A convolution chain matched at the start of some calls: `convolution [→ batch
-/// norm] [→ activation | → add [→ activation]]`.
+/// A convolution chain matched at the start of some calls: `[constant_pad_nd →]
+/// convolution [→ batch norm] [→ activation | → add [→ activation]]`.
 pub(super) struct ConvChain {
     /// Argument positions (in the arguments it was matched into).
     pub layout: Layout,
@@ -303,8 +307,9 @@ pub(super) struct ConvChain {
 }
 
 /// Matches a convolution chain at the start of `calls`, appending its arguments (the
-/// convolution's nine, batch normalization's five, the residual, the activation's
-/// scalars, the output) to `args`. With `transposed`, a transposed convolution, which
+/// convolution's nine, the pads of a `constant_pad_nd` of zeros before it that it
+/// alone reads, batch normalization's five, the residual, the activation's scalars,
+/// the output) to `args`. With `transposed`, a transposed convolution, which
 /// takes no residual (an addition after it is left to the caller).
 pub(super) fn match_conv(
     g: &Graph<'_>,
@@ -312,11 +317,36 @@ pub(super) fn match_conv(
     args: &mut Vec<u32>,
     transposed: bool,
 ) -> Option<ConvChain> {
+    let (pad, calls) = match calls.split_first() {
+        Some((p, rest)) if p.op == "aten::constant_pad_nd.out" && !transposed => (Some(p), rest),
+        _ => (None, calls),
+    };
     let c = calls.first()?;
     if c.op != "aten::convolution.out" {
         return None;
     }
-    let (x, w, b) = (arg(c, 0)?, arg(c, 1)?, arg(c, 2)?);
+    let (mut x, w, b) = (arg(c, 0)?, arg(c, 1)?, arg(c, 2)?);
+    // Zeros padded before the convolution and read by it alone: its own padding.
+    let padded = match pad {
+        Some(p) => {
+            let (src, pads, value) = (arg(p, 0)?, arg(p, 1)?, arg(p, 2)?);
+            let rank = g.tensor(x)?.rank();
+            let ok = single_output(p) == Some(x)
+                && g.uses(x) == 2
+                && !g.is_aliased(x)
+                && g.double(value) == Some(0.0)
+                && is_f32(g, src)
+                && g.tensor(src)?.rank() == rank
+                && g.int_list(pads)
+                    .is_some_and(|l| conv::extra_padding(&l, rank.saturating_sub(2)).is_some());
+            if !ok {
+                return None;
+            }
+            x = src;
+            Some((p.id, pads))
+        }
+        None => None,
+    };
     let rank = g.tensor(x)?.rank();
     let qualifies = is_f32(g, x)
         && matches!(rank, 3 | 4)
@@ -329,6 +359,7 @@ pub(super) fn match_conv(
     let mut v = arg(c, 9).filter(|&o| qualifies && is_f32(g, o))?;
     let start = args.len();
     args.extend_from_slice(c.args.get(..9)?);
+    *args.get_mut(start)? = x;
     let mut m = ConvChain {
         layout: Layout {
             conv: start,
@@ -336,6 +367,7 @@ pub(super) fn match_conv(
             residual: None,
             act: Act::None,
             out: 0,
+            pad: None,
         },
         ids: vec![c.id],
         names: vec!["convolution"],
@@ -343,6 +375,12 @@ pub(super) fn match_conv(
         residual: None,
         out: v,
     };
+    if let Some((id, pads)) = padded {
+        m.layout.pad = Some(args.len());
+        args.push(pads);
+        m.ids.insert(0, id);
+        m.names.insert(0, "pad");
+    }
     let mut at = 1;
     if let Some(bn) = calls
         .get(at)

@@ -11,9 +11,10 @@
 //! kernel.
 //!
 //! [`install`] also sets a [`pte_runtime::Fuser`] (`fuse.rs`) that merges, when the
-//! runtime finds it safe, a convolution with the batch normalization, residual
-//! addition and activation after it (batch normalization folded into the weights), a
-//! matrix product with its activation, a max pooling whose indices nothing reads, and
+//! runtime finds it safe, a convolution with the zero padding before it and the batch
+//! normalization, residual addition and activation after it (batch normalization
+//! folded into the weights), a matrix product with its activation, a `bmm` with a
+//! constant matrix expanded over its batch (one product), a max pooling whose indices nothing reads, and
 //! a softmax with the calls of PyTorch's `_safe_softmax` decomposition after it, a
 //! concatenation with the batch normalization and activation after it (pre-activation
 //! networks such as DenseNet), a chain of copies that only rearrange elements, and a

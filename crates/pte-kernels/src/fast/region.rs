@@ -523,8 +523,14 @@ impl Builder<'_, '_> {
         let g = self.g;
         let c = calls.first()?;
         match c.op {
-            "aten::convolution.out" => {
-                let transposed = g.bool(arg(c, 6)?)?;
+            "aten::convolution.out" | "aten::constant_pad_nd.out" => {
+                // A zero padding the convolution after it reads alone (`match_conv`).
+                let conv = if c.op == "aten::convolution.out" {
+                    c
+                } else {
+                    calls.get(1)?
+                };
+                let transposed = g.bool(arg(conv, 6)?)?;
                 let mut args = std::mem::take(&mut self.args);
                 let m = match_conv(g, calls, &mut args, transposed);
                 self.args = args;
