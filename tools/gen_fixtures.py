@@ -1666,7 +1666,205 @@ _bench_pair(
     lambda: (_Lstm().eval(), torch.randn(1, 32, 64)),
     "2-layer LSTM (64 -> 128, batch_first) and a linear head, random weights, 1x32x64",
 )
-EXTRA_OTHER = ["wav2letter", "edsr", "lstm"]
+class _MixerBlock(nn.Module):
+    def __init__(self, tokens, d):
+        super().__init__()
+        self.n1, self.n2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.t1, self.t2 = nn.Linear(tokens, 2 * tokens), nn.Linear(2 * tokens, tokens)
+        self.c1, self.c2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        x = x + self.t2(F.gelu(self.t1(self.n1(x).transpose(1, 2)))).transpose(1, 2)
+        return x + self.c2(F.gelu(self.c1(self.n2(x))))
+
+
+class _MlpMixer(nn.Module):
+    """MLP-Mixer-like (Tolstikhin et al., 2021): 16x16 patches, 8 blocks mixing the 196
+    tokens and the 256 channels in turn."""
+
+    def __init__(self, d=256, blocks=8):
+        super().__init__()
+        self.stem = nn.Conv2d(3, d, 16, 16)
+        self.blocks = nn.Sequential(*(_MixerBlock(196, d) for _ in range(blocks)))
+        self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, 1000)
+
+    def forward(self, x):
+        x = self.stem(x).flatten(2).transpose(1, 2)
+        return self.head(self.norm(self.blocks(x)).mean(1))
+
+
+class _ConformerBlock(nn.Module):
+    def __init__(self, d=256, heads=4, k=31):
+        super().__init__()
+
+        def ff():
+            return nn.Sequential(nn.LayerNorm(d), nn.Linear(d, 4 * d), nn.SiLU(), nn.Linear(4 * d, d))
+
+        self.ff1, self.ff2 = ff(), ff()
+        self.norm_att, self.att = nn.LayerNorm(d), nn.MultiheadAttention(d, heads, batch_first=True)
+        self.norm_conv, self.pw1 = nn.LayerNorm(d), nn.Conv1d(d, 2 * d, 1)
+        self.dw, self.bn = nn.Conv1d(d, d, k, padding=k // 2, groups=d), nn.BatchNorm1d(d)
+        self.pw2, self.norm_out = nn.Conv1d(d, d, 1), nn.LayerNorm(d)
+
+    def forward(self, x):
+        x = x + 0.5 * self.ff1(x)
+        y = self.norm_att(x)
+        x = x + self.att(y, y, y, need_weights=False)[0]
+        y = F.glu(self.pw1(self.norm_conv(x).transpose(1, 2)), dim=1)
+        x = x + self.pw2(F.silu(self.bn(self.dw(y)))).transpose(1, 2)
+        return self.norm_out(x + 0.5 * self.ff2(x))
+
+
+class _Conformer(nn.Module):
+    """Conformer-like speech encoder (Gulati et al., 2020): two strided 3x3 convolutions
+    over 80 mel bins, then 4 blocks (feed-forward halves, attention, a GLU and a
+    depthwise 1-d convolution of 31 taps)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sub = nn.Sequential(nn.Conv2d(1, 64, 3, 2), nn.ReLU(), nn.Conv2d(64, 64, 3, 2), nn.ReLU())
+        self.proj = nn.Linear(64 * 19, 256)
+        self.blocks = nn.Sequential(*(_ConformerBlock() for _ in range(4)))
+
+    def forward(self, x):
+        y = self.sub(x)
+        b, c, t, f = y.shape
+        return self.blocks(self.proj(y.transpose(1, 2).reshape(b, t, c * f)))
+
+
+class _Gru(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gru = nn.GRU(80, 256, num_layers=2, batch_first=True)
+        self.head = nn.Linear(256, 30)
+
+    def forward(self, x):
+        return self.head(self.gru(x)[0])
+
+
+class _Tcn(nn.Module):
+    """Temporal convolutional network (Bai et al., 2018): causal 1-d convolutions (zeros
+    padded on the left), dilations 1, 2, 4, 8 twice, residual additions."""
+
+    def __init__(self, c=128, blocks=8):
+        super().__init__()
+        self.inp = nn.Conv1d(40, c, 1)
+        self.convs = nn.ModuleList(nn.Conv1d(c, c, 3, dilation=2 ** (i % 4)) for i in range(blocks))
+        self.out = nn.Conv1d(c, 10, 1)
+
+    def forward(self, x):
+        x = self.inp(x)
+        for i, conv in enumerate(self.convs):
+            x = x + F.relu(conv(F.pad(x, (2 * 2 ** (i % 4), 0))))
+        return self.out(x)
+
+
+class _UNet(nn.Module):
+    """UNet (Ronneberger et al., 2015) of three levels, 32 channels at the top: 3x3
+    convolutions with batch normalization, max pooling down, 2x2 transposed
+    convolutions up, the encoder's maps concatenated in."""
+
+    def __init__(self, c=32):
+        super().__init__()
+
+        def block(i, o):
+            return nn.Sequential(
+                nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(),
+                nn.Conv2d(o, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(),
+            )
+
+        self.e1, self.e2, self.e3, self.mid = block(3, c), block(c, 2 * c), block(2 * c, 4 * c), block(4 * c, 8 * c)
+        self.u3, self.d3 = nn.ConvTranspose2d(8 * c, 4 * c, 2, 2), block(8 * c, 4 * c)
+        self.u2, self.d2 = nn.ConvTranspose2d(4 * c, 2 * c, 2, 2), block(4 * c, 2 * c)
+        self.u1, self.d1 = nn.ConvTranspose2d(2 * c, c, 2, 2), block(2 * c, c)
+        self.out = nn.Conv2d(c, 2, 1)
+
+    def forward(self, x):
+        a = self.e1(x)
+        b = self.e2(F.max_pool2d(a, 2))
+        c = self.e3(F.max_pool2d(b, 2))
+        m = self.mid(F.max_pool2d(c, 2))
+        c = self.d3(torch.cat([self.u3(m), c], 1))
+        b = self.d2(torch.cat([self.u2(c), b], 1))
+        return self.out(self.d1(torch.cat([self.u1(b), a], 1)))
+
+
+class _MobileVitBlock(nn.Module):
+    def __init__(self, c, d, layers, p=2):
+        super().__init__()
+        self.p = p
+        self.local1, self.local2 = nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, d, 1)
+        layer = nn.TransformerEncoderLayer(d, 4, 2 * d, batch_first=True, activation="gelu", norm_first=True)
+        self.transformer = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.fuse1, self.fuse2 = nn.Conv2d(d, c, 1), nn.Conv2d(2 * c, c, 3, padding=1)
+
+    def forward(self, x):
+        y = self.local2(F.silu(self.local1(x)))
+        b, d, h, w = y.shape
+        p = self.p
+        # Patches of p x p: the transformer runs over the p*p pixel positions as a batch.
+        y = y.reshape(b, d, h // p, p, w // p, p).permute(0, 3, 5, 2, 4, 1).reshape(b * p * p, -1, d)
+        y = self.transformer(y)
+        y = y.reshape(b, p, p, h // p, w // p, d).permute(0, 5, 3, 1, 4, 2).reshape(b, d, h, w)
+        return self.fuse2(torch.cat([x, F.silu(self.fuse1(y))], 1))
+
+
+class _MobileVit(nn.Module):
+    """MobileViT-like (Mehta and Rastegari, 2022): a convolutional stem, then two blocks
+    that run transformers over 2x2-patch positions (a batch of 4 sequences)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 32, 3, 2, 1), nn.SiLU(), nn.Conv2d(32, 64, 3, 2, 1), nn.SiLU(),
+            nn.Conv2d(64, 96, 3, 2, 1), nn.SiLU(),
+        )
+        self.vit1 = _MobileVitBlock(96, 144, 2)
+        self.down = nn.Sequential(nn.Conv2d(96, 128, 3, 2, 1), nn.SiLU())
+        self.vit2 = _MobileVitBlock(128, 192, 4)
+        self.head = nn.Linear(128, 1000)
+
+    def forward(self, x):
+        return self.head(self.vit2(self.down(self.vit1(self.stem(x)))).mean((2, 3)))
+
+
+class _GptPrefill(nn.Module):
+    """GPT-like prompt processing: 4 pre-norm layers (d=512, 8 heads, causal mask) over 128
+    tokens, the next-token logits of the last one (vocabulary 8000)."""
+
+    def __init__(self, d=512, heads=8, layers=4, vocab=8000, t=128):
+        super().__init__()
+        self.emb, self.pos = nn.Embedding(vocab, d), nn.Parameter(torch.randn(t, d) * 0.02)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(d, heads, 4 * d, batch_first=True, activation="gelu", norm_first=True)
+            for _ in range(layers)
+        )
+        self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+        self.register_buffer("mask", torch.triu(torch.full((t, t), float("-inf")), 1))
+
+    def forward(self, tokens):
+        x = self.emb(tokens) + self.pos
+        for layer in self.layers:
+            x = layer(x, src_mask=self.mask)
+        return self.head(self.norm(x[:, -1]))
+
+
+_bench_pair("mlp_mixer", lambda: (_MlpMixer().eval(), torch.randn(1, 3, 224, 224)),
+            "MLP-Mixer-like (8 blocks, d=256, 196 tokens), random weights, 1x3x224x224")
+_bench_pair("conformer", lambda: (_Conformer().eval(), torch.randn(1, 1, 400, 80)),
+            "Conformer-like encoder (4 blocks, d=256), random weights, 1x1x400x80 (mel bins last)")
+_bench_pair("gru", lambda: (_Gru().eval(), torch.randn(1, 50, 80)),
+            "2-layer GRU (80 -> 256, batch_first) and a linear head, random weights, 1x50x80")
+_bench_pair("tcn", lambda: (_Tcn().eval(), torch.randn(1, 40, 1000)),
+            "TCN (8 causal dilated blocks of 128 channels), random weights, 1x40x1000")
+_bench_pair("unet", lambda: (_UNet().eval(), torch.randn(1, 3, 128, 128)),
+            "UNet of three levels (32-256 channels), random weights, eval, 1x3x128x128")
+_bench_pair("mobilevit", lambda: (_MobileVit().eval(), torch.randn(1, 3, 256, 256)),
+            "MobileViT-like (conv stem, two transformer blocks over 2x2 patches), random weights, 1x3x256x256")
+_bench_pair("gpt_prefill", lambda: (_GptPrefill().eval(), torch.randint(0, 8000, (1, 128))),
+            "GPT-like prompt of 128 tokens (4 layers, d=512, causal), random weights, logits of the last")
+EXTRA_OTHER = ["wav2letter", "edsr", "lstm", "mlp_mixer", "conformer", "gru", "tcn", "unet", "mobilevit",
+               "gpt_prefill"]
 
 EXTRA_BENCH = EXTRA_CLASSIFIERS + EXTRA_SEGMENTATION + EXTRA_OTHER
 
