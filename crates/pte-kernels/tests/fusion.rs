@@ -107,15 +107,7 @@ fn run_with(bytes: &[u8], kernels: &KernelRegistry) -> Ran {
 
 /// A run on `inputs`, or on the method's example inputs.
 fn run_on(bytes: &[u8], kernels: &KernelRegistry, inputs: Option<Vec<EValue>>) -> Ran {
-    let mut m = Program::from_bytes(bytes)
-        .unwrap()
-        .load_method_with(
-            "forward",
-            kernels,
-            &BackendRegistry::new(),
-            &LoadOptions::default(),
-        )
-        .unwrap();
+    let mut m = load(bytes, kernels);
     m.set_profiling(true);
     let inputs = inputs.unwrap_or_else(|| m.meta().example_inputs(1 << 20).unwrap());
     m.set_inputs(&inputs).unwrap();
@@ -132,6 +124,19 @@ fn run_on(bytes: &[u8], kernels: &KernelRegistry, inputs: Option<Vec<EValue>>) -
         outputs,
         ops,
     }
+}
+
+/// The method `forward` of a program.
+fn load(bytes: &[u8], kernels: &KernelRegistry) -> pte_runtime::Method {
+    Program::from_bytes(bytes)
+        .unwrap()
+        .load_method_with(
+            "forward",
+            kernels,
+            &BackendRegistry::new(),
+            &LoadOptions::default(),
+        )
+        .unwrap()
 }
 
 /// The outputs with the add+relu fuser, and the names of the operators that ran.
@@ -456,20 +461,37 @@ fn a_transposed_weight_is_packed_as_stored_and_the_transpose_never_runs() {
         );
         assert_eq!(fused.outputs, plain.outputs, "addmm {addmm}, relu {relu}");
         // What the product is: y = x · Wᵀ + bias.
+        let what = format!("addmm {addmm}, relu {relu}");
         let x: Vec<f32> = bytemuck::pod_collect_to_vec(&fused.input);
-        let y: Vec<f32> = bytemuck::pod_collect_to_vec(&fused.outputs[0]);
-        for (i, row) in y.chunks(n).enumerate() {
-            for (j, &got) in row.iter().enumerate() {
-                let dot: f64 = (0..k)
-                    .map(|p| f64::from(x[i * k + p]) * f64::from(w[j * k + p]))
-                    .sum::<f64>()
-                    + f64::from(bias[j]);
-                let want = if relu { dot.max(0.0) } else { dot };
-                assert!(
-                    (f64::from(got) - want).abs() < 1e-4,
-                    "({i}, {j}): {got} vs {want}"
-                );
-            }
+        let wt = |p: usize, j: usize| w[j * k + p];
+        assert_product(&x, &fused.outputs[0], (k, n), wt, &bias, relu, &what);
+    }
+}
+
+/// Checks `y` (rows of `n` values) against the rows of `x` (`k` values) times the
+/// `k × n` weight `w(p, j)`, plus `bias`, [then ReLU].
+fn assert_product(
+    x: &[f32],
+    y: &[u8],
+    (k, n): (usize, usize),
+    w: impl Fn(usize, usize) -> f32,
+    bias: &[f32],
+    relu: bool,
+    what: &str,
+) {
+    let y: Vec<f32> = bytemuck::pod_collect_to_vec(y);
+    assert_eq!(y.len(), x.len() / k * n, "{what}");
+    for (i, row) in y.chunks(n).enumerate() {
+        for (j, &got) in row.iter().enumerate() {
+            let dot: f64 = (0..k)
+                .map(|p| f64::from(x[i * k + p]) * f64::from(w(p, j)))
+                .sum::<f64>()
+                + f64::from(bias[j]);
+            let want = if relu { dot.max(0.0) } else { dot };
+            assert!(
+                (f64::from(got) - want).abs() < 1e-4,
+                "{what} ({i}, {j}): {got} vs {want}"
+            );
         }
     }
 }
@@ -585,21 +607,10 @@ fn a_constant_expanded_over_a_batch_is_one_product_and_never_repeated() {
                 assert!(plain.ops.iter().any(|op| op == "aten::bmm.out"), "{e:?}");
                 // Every row of every matrix of x times W.
                 let x: Vec<f32> = bytemuck::pod_collect_to_vec(&fused.input);
+                let what = format!("{e:?}");
                 for got in [&fused.outputs[0], &plain.outputs[0]] {
-                    let y: Vec<f32> = bytemuck::pod_collect_to_vec(got);
-                    assert_eq!(y.len(), x.len() / k * n, "{e:?}");
-                    for (r, row) in y.chunks(n).enumerate() {
-                        for (j, &got) in row.iter().enumerate() {
-                            let dot: f64 = (0..k)
-                                .map(|p| f64::from(x[r * k + p]) * f64::from(w[p * n + j]))
-                                .sum();
-                            let want = if relu { dot.max(0.0) } else { dot };
-                            assert!(
-                                (f64::from(got) - want).abs() < 1e-4,
-                                "{e:?} ({r}, {j}): {got} vs {want}"
-                            );
-                        }
-                    }
+                    let wt = |p: usize, j: usize| w[p * n + j];
+                    assert_product(&x, got, (k, n), wt, &vec![0.0; n], relu, &what);
                 }
             }
         }
@@ -627,15 +638,7 @@ fn an_expansion_read_elsewhere_or_of_a_variable_is_not_fused() {
         let ran = run_with(&bytes, &pte_kernels::registry());
         assert_eq!(ran.ops, ["aten::bmm.out", "aten::expand_copy.out"], "{e:?}");
         let inputs = e.variable.then(|| {
-            let m = Program::from_bytes(&bytes)
-                .unwrap()
-                .load_method_with(
-                    "forward",
-                    &pte_kernels::registry(),
-                    &BackendRegistry::new(),
-                    &LoadOptions::default(),
-                )
-                .unwrap();
+            let m = load(&bytes, &pte_kernels::registry());
             m.meta().example_inputs(1 << 20).unwrap()
         });
         assert_eq!(
