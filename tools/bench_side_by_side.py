@@ -9,8 +9,8 @@
 
 `--only` also takes the other architectures of `gen_fixtures.EXTRA_BENCH` (mobilenet_v3,
 regnet, squeezenet, ..., the segmentation networks lraspp, deeplabv3 and fcn, and
-wav2letter, edsr and lstm) once
-generated with `gen_fixtures.py --bench DIR --only ...`.
+wav2letter, edsr, lstm, mlp_mixer, conformer, gru, tcn, unet, mobilevit and gpt_prefill)
+once generated with `gen_fixtures.py --bench DIR --only NAME_portable,NAME_xnnpack`.
 
 For every model and thread count, in each round and in a rotating order, one fresh process
 each times: `pte bench` on the plain (portable) `.pte`; upstream's runtime on the
