@@ -309,6 +309,20 @@ pub(crate) fn scaled(w: f32, factor: Option<f64>) -> f32 {
     factor.map_or(w, |s| (f64::from(w) * s) as f32)
 }
 
+/// Whether every value is finite. Block by block, with no exit inside a block, so
+/// that the scan vectorizes: stopping at the first value that is not (`all`) ran
+/// one value per cycle, 4 ms of mobilenet_v2's 34 ms load.
+pub(crate) fn all_finite(values: &[f32]) -> bool {
+    const EXPONENT: u32 = 0x7f80_0000;
+    values.chunks(1024).all(|block| {
+        block
+            .iter()
+            .map(|v| v.to_bits() & EXPONENT)
+            .fold(0, u32::max)
+            < EXPONENT
+    })
+}
+
 /// A bias of `channels` values (zeros when there is none), checked.
 pub(crate) fn bias_or_zeros(bias: Option<&[f32]>, channels: usize) -> Result<Vec<f32>> {
     match bias {

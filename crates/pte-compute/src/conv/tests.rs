@@ -490,3 +490,19 @@ fn scaled_weights_equal_weights_scaled_beforehand() {
         assert!(refused(ConvWeights::ohwi(&w)), "case {i}");
     }
 }
+
+#[test]
+fn all_finite_finds_any_non_finite_value_in_any_block() {
+    let edges = [f32::MAX, f32::MIN, f32::MIN_POSITIVE, 1e-45, -0.0];
+    let mut v: Vec<f32> = (0..3000).map(|i| edges[i % edges.len()]).collect();
+    assert!(super::all_finite(&v));
+    assert!(super::all_finite(&[]));
+    for at in [0, 1023, 1024, 2999] {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -f32::NAN] {
+            let kept = v[at];
+            v[at] = bad;
+            assert!(!super::all_finite(&v), "{bad} at {at}");
+            v[at] = kept;
+        }
+    }
+}

@@ -55,7 +55,7 @@ pub(crate) fn trim_padding_taps(
     let runs = || (0..outer).flat_map(move |o| (0..taps).map(move |t| (t, (o * taps + t) * inner)));
     if runs().filter(|&(t, _)| !is_kept(t)).any(|(_, at)| {
         data.get(at..at + inner)
-            .is_none_or(|r| r.iter().any(|v| !v.is_finite()))
+            .is_none_or(|r| !super::all_finite(r))
     }) {
         return Ok(None);
     }

@@ -176,7 +176,7 @@ impl ConvNhwc {
             bias,
             activation,
             zero: vec![0.0; if depthwise { p.in_channels } else { cig }],
-            finite: weights.data().iter().all(|v| v.is_finite()),
+            finite: crate::conv::all_finite(weights.data()),
         })
     }
 
