@@ -65,10 +65,12 @@ pub struct ConvNhwc {
     /// A row of zeros (one group's input channels, all channels for a depthwise
     /// convolution): what taps in the padding read.
     zero: Vec<f32>,
-    /// Every weight is finite: a tap that reads only padding adds zeros and may be
-    /// skipped (else PyTorch's zero times infinity gives NaN). The weights as given,
-    /// before a folded per-channel factor: PyTorch applies batch normalization to
-    /// the sum, after the padding was multiplied.
+    /// The indirect kernel may skip a tap that reads only padding: the convolution
+    /// is padded and every weight is finite (else PyTorch's zero times infinity
+    /// gives NaN). The weights as given, before a folded per-channel factor: PyTorch
+    /// applies batch normalization to the sum, after the padding was multiplied.
+    /// Not scanned for the other algorithms, which never skip a tap (reading all a
+    /// network's weights once more from memory took 2-4 ms of a load).
     finite: bool,
 }
 
@@ -168,6 +170,14 @@ impl ConvNhwc {
                 }
             }
         };
+        let finite = matches!(
+            algo,
+            Algo::Gemm {
+                pointwise: false,
+                ..
+            } | Algo::Rows { .. }
+        ) && p.padding != [0; 4]
+            && crate::conv::all_finite(weights.data());
         Ok(Self {
             p,
             out,
@@ -176,7 +186,7 @@ impl ConvNhwc {
             bias,
             activation,
             zero: vec![0.0; if depthwise { p.in_channels } else { cig }],
-            finite: crate::conv::all_finite(weights.data()),
+            finite,
         })
     }
 
