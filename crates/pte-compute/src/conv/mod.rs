@@ -311,7 +311,7 @@ pub(crate) fn scaled(w: f32, factor: Option<f64>) -> f32 {
 
 /// Whether every value is finite. Block by block, with no exit inside a block, so
 /// that the scan vectorizes: stopping at the first value that is not (`all`) ran
-/// one value per cycle, 4 ms of mobilenet_v2's 34 ms load.
+/// value by value, about 4 ms of mobilenet_v2's 34 ms load in a profile.
 pub(crate) fn all_finite(values: &[f32]) -> bool {
     const EXPONENT: u32 = 0x7f80_0000;
     values.chunks(1024).all(|block| {
