@@ -2,20 +2,11 @@
 //! at every execution.
 
 use pte_format::schema::executorch_flatbuffer::ScalarType::Float;
-use pte_runtime::{BackendRegistry, EValue, KernelRegistry, LoadOptions, Method, Program};
+use pte_runtime::{EValue, KernelRegistry, Method};
 use pte_testkit::program::{Memory, ProgramBuilder};
 
-fn load(bytes: &[u8], kernels: &KernelRegistry) -> Method {
-    Program::from_bytes(bytes)
-        .unwrap()
-        .load_method_with(
-            "forward",
-            kernels,
-            &BackendRegistry::new(),
-            &LoadOptions::default(),
-        )
-        .unwrap()
-}
+mod common;
+use common::load;
 
 /// The same kernels, none of them marked pure: nothing folds.
 fn unfolded() -> KernelRegistry {

@@ -10,6 +10,9 @@ use pte_runtime::{
 };
 use pte_testkit::program::{Memory, ProgramBuilder};
 
+mod common;
+use common::load;
+
 /// `relu(a + b)` in one call: arguments `[a, b, out]`.
 struct AddRelu;
 
@@ -124,19 +127,6 @@ fn run_on(bytes: &[u8], kernels: &KernelRegistry, inputs: Option<Vec<EValue>>) -
         outputs,
         ops,
     }
-}
-
-/// The method `forward` of a program.
-fn load(bytes: &[u8], kernels: &KernelRegistry) -> pte_runtime::Method {
-    Program::from_bytes(bytes)
-        .unwrap()
-        .load_method_with(
-            "forward",
-            kernels,
-            &BackendRegistry::new(),
-            &LoadOptions::default(),
-        )
-        .unwrap()
 }
 
 /// The outputs with the add+relu fuser, and the names of the operators that ran.
