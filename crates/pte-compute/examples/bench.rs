@@ -946,6 +946,7 @@ fn bench_nhwc(o: &Opts) {
             ConvWeights::oihw(&w),
             Some(&bias),
             Activation::RELU,
+            &mut |_| {},
         )
         .unwrap();
         let (xl, yl) = conv.io_len(1).unwrap();
@@ -997,6 +998,7 @@ fn bench_chain(o: &Opts) {
             ConvWeights::oihw(&w),
             Some(&bias),
             act,
+            &mut |_| {},
         )
         .unwrap()
     };
@@ -1110,6 +1112,7 @@ fn bench_cold(o: &Opts) {
                     weights,
                     Some(&bias),
                     Activation::RELU,
+                    &mut |_| {},
                 )
                 .unwrap()
             })
@@ -1400,6 +1403,7 @@ fn main() {
                         pte_compute::nhwc::ConvWeights::oihw(&w),
                         None,
                         Activation::RELU,
+                        &mut |_| {},
                     )
                     .unwrap()
                 })

@@ -162,7 +162,7 @@ pub use conv::{
 };
 pub use elementwise::Activation;
 pub use error::{Error, Result};
-pub use gemm::{BatchMut, BatchRef, Bias, Epilogue, Gemm, Lhs, PackedA, PackedB, Rhs};
+pub use gemm::{BatchMut, BatchRef, Bias, Epilogue, Gemm, Lhs, PackedA, PackedB, Rhs, SlabsB};
 pub use mat::{MatMut, MatRef};
 pub use pool::ThreadPool;
 pub use pte_alloc::{Staged, Staging};

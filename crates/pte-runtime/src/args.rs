@@ -530,7 +530,28 @@ impl<'a> Args<'a> {
     /// Does nothing for any other argument, nor for a file read into memory.
     pub fn release_pages(&self, a: impl Into<Arg>) {
         if let Ok(access) = self.access(a.into()) {
-            self.memory.release_pages(access);
+            self.memory.release_pages(access, 0..access.nbytes);
+        }
+    }
+
+    /// [`Self::release_pages`] for `part` of constant tensor `a` alone (a view into
+    /// its bytes, such as the slab of a weight packed so far), for a kernel that
+    /// gives a large weight's pages back while it packs the rest. Does nothing when
+    /// `part` is not a view into `a`'s bytes.
+    pub fn release_part(&self, a: impl Into<Arg>, part: &[u8]) {
+        let a = a.into();
+        let Ok(access) = self.access(a) else {
+            return;
+        };
+        let Ok(bytes) = self.memory.read(access) else {
+            return;
+        };
+        let start = (part.as_ptr() as usize).checked_sub(bytes.as_ptr() as usize);
+        if let Some(range) = start
+            .and_then(|s| Some(s..s.checked_add(part.len())?))
+            .filter(|r| r.end <= bytes.len())
+        {
+            self.memory.release_pages(access, range);
         }
     }
 

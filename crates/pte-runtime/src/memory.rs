@@ -258,10 +258,14 @@ impl Memory {
         Ok(SharedBytes::within(source, self.read(a)?))
     }
 
-    /// Gives the pages of a tensor stored in a mapped program or data file back to the
-    /// system (see [`pte_format::FileBytes::release_pages`]); a later read maps them
-    /// again. Any other storage is left as it is.
-    pub(crate) fn release_pages(&self, a: Access) {
+    /// Gives the pages of bytes `within` a tensor stored in a mapped program or data
+    /// file back to the system (see [`pte_format::FileBytes::release_pages`]); a later
+    /// read maps them again. Any other storage is left as it is.
+    pub(crate) fn release_pages(&self, a: Access, within: std::ops::Range<usize>) {
+        let end = within.end.min(a.nbytes);
+        if within.start >= end {
+            return;
+        }
         let (source, offset) = match a.storage {
             Storage::Program { offset } => (&self.program, offset),
             Storage::External { file, offset } => match self.external.get(file as usize) {
@@ -270,7 +274,7 @@ impl Memory {
             },
             _ => return,
         };
-        source.release_pages(offset..offset.saturating_add(a.nbytes));
+        source.release_pages(offset.saturating_add(within.start)..offset.saturating_add(end));
     }
 
     /// Read-only bytes of one storage place.

@@ -187,6 +187,21 @@ impl Constant {
         }
     }
 
+    /// [`Self::release_pages`] for `part` of the bytes alone (a view into them, such
+    /// as the slab of a weight packed so far); nothing when `part` is not one.
+    pub fn release_part(&self, part: &[u8]) {
+        let (Some(b), bytes) = (&self.bytes, self.bytes()) else {
+            return;
+        };
+        let start = (part.as_ptr() as usize).checked_sub(bytes.as_ptr() as usize);
+        if let Some(s) =
+            start.filter(|&s| s.checked_add(part.len()).is_some_and(|e| e <= bytes.len()))
+        {
+            let from = self.range.start.saturating_add(s);
+            b.release_pages(from..from.saturating_add(part.len()));
+        }
+    }
+
     /// True when empty.
     pub fn is_empty(&self) -> bool {
         self.range.is_empty()

@@ -366,6 +366,7 @@ fn nhwc_convolutions_match_the_reference() {
                 crate::nhwc::ConvWeights::oihw(&w),
                 Some(&bias),
                 act,
+                &mut |_| {},
             )
             .unwrap();
             let (x_len, y_len) = conv.io_len(batch).unwrap();

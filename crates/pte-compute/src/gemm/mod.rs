@@ -36,6 +36,7 @@ use crate::elementwise::{self, Activation};
 use crate::error::{self, Error, Result};
 use crate::mat::{MatMut, MatRef, MAX_PARTS};
 use crate::pool::ThreadPool;
+use std::ops::Range;
 
 /// Depth of a block (the k extent of packed panels held in cache).
 const KC: usize = 256;
@@ -54,6 +55,9 @@ const GEMV_ROWS: usize = 4;
 const PARALLEL_WORK: usize = 1 << 17;
 /// Packed elements from which packing is split between threads (256 KiB).
 const PARALLEL_PACK: usize = 1 << 16;
+/// Bytes of B packed per slab by [`SlabsB`]: a temporary of this size stays in the
+/// second-level cache, and a mapped weight gives back its pages this many at a time.
+const SLAB_BYTES: usize = 1 << 20;
 /// Alignment (in f32) of packed buffers: a cache line.
 const ALIGN: usize = 16;
 
@@ -110,31 +114,53 @@ impl Panels {
     /// Packs `src`, split between the threads of `pool` when it is large: packing
     /// writes fresh memory, and the page faults of a large weight scale with threads.
     fn new(isa: Isa, src: &MatRef<'_>, w: usize, pool: Option<&ThreadPool>) -> Result<Self> {
-        let (lines, depth) = (src.rows(), src.cols());
-        let mut packed = Self::zeroed(isa, lines, depth, w)?;
-        let (len, panel) = (packed.buf.len(), depth * w);
-        if let Some(dst) = Some(&mut packed.buf[..]).filter(|_| panel > 0) {
-            let pack_panels = |first: usize, dst: &mut [f32]| {
-                let l0 = first * w;
-                let count = (dst.len() / panel * w).min(lines.saturating_sub(l0));
-                src.pack(isa, l0, count, 0, depth, w, dst);
-            };
-            match pool.filter(|p| p.threads() > 1 && len >= PARALLEL_PACK) {
-                Some(pool) => {
-                    let per_task = (len / panel).div_ceil(pool.threads() * 4).max(1);
-                    pool.parallel_groups(
-                        dst,
-                        panel,
-                        per_task,
-                        &mut [0u8; 0],
-                        0,
-                        |first, group, _| pack_panels(first, group),
-                    )?;
-                }
-                None => pack_panels(0, dst),
-            }
-        }
+        let mut packed = Self::zeroed(isa, src.rows(), src.cols(), w)?;
+        packed.fill(0, src, pool)?;
         Ok(packed)
+    }
+
+    /// Packs the lines of `src` as lines `at..` of these panels (`at` a multiple of
+    /// the panel width; `src` as deep as the panels).
+    fn fill(&mut self, at: usize, src: &MatRef<'_>, pool: Option<&ThreadPool>) -> Result {
+        let (lines, depth, w, isa) = (src.rows(), self.depth, self.w, self.isa);
+        let panel = depth * w;
+        let fits = w > 0
+            && at.is_multiple_of(w)
+            && src.cols() == depth
+            && at.checked_add(lines).is_some_and(|end| end <= self.lines);
+        // Within the buffer: `zeroed` sized it for `self.lines` lines.
+        let dst = fits
+            .then(|| {
+                self.buf
+                    .get_mut(at / w * panel..(at + lines).div_ceil(w) * panel)
+            })
+            .flatten()
+            .ok_or_else(|| Error::ShapeMismatch {
+                what: format!(
+                    "{lines} lines of depth {} packed from line {at} into {} of depth {depth}",
+                    src.cols(),
+                    self.lines
+                ),
+            })?;
+        // No depth: nothing to pack.
+        let Some(panels) = dst.len().checked_div(panel) else {
+            return Ok(());
+        };
+        let pack_panels = |first: usize, dst: &mut [f32]| {
+            let l0 = first * w;
+            let count = (dst.len() / panel * w).min(lines.saturating_sub(l0));
+            src.pack(isa, l0, count, 0, depth, w, dst);
+        };
+        match pool.filter(|p| p.threads() > 1 && dst.len() >= PARALLEL_PACK) {
+            Some(pool) => {
+                let per_task = panels.div_ceil(pool.threads() * 4).max(1);
+                pool.parallel_groups(dst, panel, per_task, &mut [0u8; 0], 0, |first, group, _| {
+                    pack_panels(first, group)
+                })?;
+            }
+            None => pack_panels(0, dst),
+        }
+        Ok(())
     }
 
     /// Zeroed panels of `w` lines for `lines × depth`, for a caller that writes them.
@@ -276,6 +302,50 @@ impl PackedB {
     }
 }
 
+/// A right operand being packed a slab of columns at a time, in order, for a caller
+/// that rearranges its weights slab by slab (a convolution's, through a temporary
+/// of one slab instead of one of the whole weight) or gives back their memory as it
+/// goes (see [`Gemm::pack_bt_on`]).
+pub struct SlabsB<'p> {
+    panels: Panels,
+    pool: &'p ThreadPool,
+    /// The first column not packed yet.
+    next: usize,
+    /// Columns per slab: whole panels.
+    per: usize,
+}
+
+impl SlabsB<'_> {
+    /// The columns of B the next slab holds; `None` once every column is packed.
+    pub fn next_columns(&self) -> Option<Range<usize>> {
+        let n = self.panels.lines;
+        (self.next < n).then(|| self.next..n.min(self.next.saturating_add(self.per)))
+    }
+
+    /// Packs the next slab: `bt` holds its columns of B as rows (columns × k).
+    pub fn pack(&mut self, bt: MatRef<'_>) -> Result {
+        let cols = self.next_columns().unwrap_or_default();
+        if bt.rows() != cols.len() {
+            return Err(Error::ShapeMismatch {
+                what: format!("a slab of {} columns for columns {cols:?}", bt.rows()),
+            });
+        }
+        self.panels.fill(cols.start, &bt, Some(self.pool))?;
+        self.next = cols.end;
+        Ok(())
+    }
+
+    /// The packed operand, once every slab is packed.
+    pub fn finish(self) -> Result<PackedB> {
+        match self.next_columns() {
+            None => Ok(PackedB(self.panels)),
+            Some(cols) => Err(Error::ShapeMismatch {
+                what: format!("columns {cols:?} of a packed operand never packed"),
+            }),
+        }
+    }
+}
+
 /// The left operand of a product.
 #[derive(Clone, Copy, Debug)]
 pub enum Lhs<'a> {
@@ -405,6 +475,50 @@ impl Gemm {
     /// [`Self::pack_b`] on the threads of `pool`.
     pub fn pack_b_on(&self, pool: &ThreadPool, b: MatRef<'_>) -> Result<PackedB> {
         Panels::new(self.isa, &b.t(), self.nr, Some(pool)).map(PackedB)
+    }
+
+    /// Packs B (`k × n`) from `bt`, its transpose stored row-major (each column of B
+    /// one run of `k` values, as a linear layer's `[n, k]` weight is stored), a slab of
+    /// columns at a time (see [`SlabsB`]), and hands each slab's values of `bt` to
+    /// `consumed` once they are packed: a caller whose weight lies in a mapped file
+    /// gives those pages back as it goes, so that no part of a large weight is resident
+    /// twice (in the file's pages and packed) for longer than its slab.
+    pub fn pack_bt_on(
+        &self,
+        pool: &ThreadPool,
+        bt: &[f32],
+        n: usize,
+        k: usize,
+        consumed: &mut dyn FnMut(&[f32]),
+    ) -> Result<PackedB> {
+        let mut slabs = self.slabs_b(pool, k, n)?;
+        while let Some(cols) = slabs.next_columns() {
+            let part = error::mul(cols.start, k, "slab")
+                .ok()
+                .zip(error::mul(cols.end, k, "slab").ok())
+                .and_then(|(a, b)| bt.get(a..b))
+                .ok_or_else(|| Error::ShapeMismatch {
+                    what: format!("{} values for a {n} × {k} transposed operand", bt.len()),
+                })?;
+            slabs.pack(MatRef::row_major(part, cols.len(), k)?)?;
+            consumed(part);
+        }
+        slabs.finish()
+    }
+
+    /// An empty `k × n` right operand to be packed a slab of columns at a time, in
+    /// order, on the threads of `pool` (see [`SlabsB`]).
+    pub fn slabs_b<'p>(&self, pool: &'p ThreadPool, k: usize, n: usize) -> Result<SlabsB<'p>> {
+        let panels = Panels::zeroed(self.isa, n, k, self.nr)?;
+        // Whole panels, about SLAB_BYTES of B each, at least one panel.
+        let w = self.nr.max(1);
+        let per = (SLAB_BYTES / 4 / k.max(1) / w).max(1).saturating_mul(w);
+        Ok(SlabsB {
+            panels,
+            pool,
+            next: 0,
+            per,
+        })
     }
 
     /// A zeroed `k × n` right operand in this product's panels, for a caller that

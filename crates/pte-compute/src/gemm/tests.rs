@@ -373,3 +373,84 @@ fn products_split_over_fewer_tasks_than_threads() {
         }
     }
 }
+
+/// Packing slab by slab gives the panels of packing at once, for widths and depths
+/// below, at and above a slab and a panel, on 1 and 2 threads, and reports each
+/// value of the transposed operand once, in order, slab by slab.
+#[test]
+fn slab_by_slab_packing_equals_packing_at_once() {
+    for isa in Isa::available() {
+        let gemm = Gemm::with_isa(isa).unwrap();
+        for threads in [1, 2] {
+            let pool = ThreadPool::new(threads).unwrap();
+            for (n, k) in [
+                (1, 1),
+                (5, 3),
+                (17, 40),
+                (300, 1000),
+                (1000, 1280),
+                (70, 5000),
+            ] {
+                let bt = values(n * k, (n + k) as u32);
+                let at_once = gemm
+                    .pack_b_on(&pool, MatRef::row_major(&bt, n, k).unwrap().t())
+                    .unwrap();
+                let mut parts = Vec::new();
+                let slabs = gemm
+                    .pack_bt_on(&pool, &bt, n, k, &mut |part| {
+                        let at = (part.as_ptr() as usize - bt.as_ptr() as usize) / 4;
+                        parts.push(at..at + part.len());
+                    })
+                    .unwrap();
+                let case = format!("{isa:?} n {n} k {k} ({threads} threads)");
+                let same = at_once.panels().data().iter().map(|v| v.to_bits());
+                assert!(
+                    same.eq(slabs.panels().data().iter().map(|v| v.to_bits())),
+                    "{case}"
+                );
+                // Slabs of whole panels of B's columns, at most 1 MiB unless one panel
+                // is more.
+                let mut next = 0;
+                for part in &parts {
+                    assert_eq!(part.start, next, "{case}: {parts:?}");
+                    assert!(part.start / k % gemm.nr == 0, "{case}: {parts:?}");
+                    assert!(part.len() * 4 <= (1 << 20).max(gemm.nr * k * 4), "{case}");
+                    next = part.end;
+                }
+                assert_eq!(next, bt.len(), "{case}: {parts:?}");
+                if n * k * 4 > 1 << 21 {
+                    assert!(parts.len() > 1, "{case}: {parts:?}");
+                }
+            }
+        }
+    }
+}
+
+/// A slab of the wrong width, or an operand finished before its last slab, is an
+/// error.
+#[test]
+fn slabs_out_of_turn_are_errors() {
+    let gemm = Gemm::new();
+    let pool = ThreadPool::new(1).unwrap();
+    let bt = values(40 * 8, 1);
+    let mut slabs = gemm.slabs_b(&pool, 8, 40).unwrap();
+    let cols = slabs.next_columns().unwrap();
+    assert_eq!(cols, 0..40);
+    let short = MatRef::row_major(&bt[..39 * 8], 39, 8).unwrap();
+    assert!(matches!(
+        slabs.pack(short),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    let shallow = MatRef::row_major(&bt[..40 * 7], 40, 7).unwrap();
+    assert!(matches!(
+        slabs.pack(shallow),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    assert!(matches!(
+        gemm.slabs_b(&pool, 8, 40).unwrap().finish(),
+        Err(Error::ShapeMismatch { .. })
+    ));
+    slabs.pack(MatRef::row_major(&bt, 40, 8).unwrap()).unwrap();
+    assert_eq!(slabs.next_columns(), None);
+    slabs.finish().unwrap();
+}

@@ -87,7 +87,11 @@ impl ConvNhwc {
     /// Prepares a convolution of geometry `p` with `weights`, an optional bias per
     /// output channel, and an activation applied after the bias (and residual); large
     /// weights are packed on the threads of `pool`, rearranged first in temporaries
-    /// from `staging`.
+    /// from `staging`. Runs of `weights.data()` whose values are packed are handed to
+    /// `consumed` as soon as they are (a slab of output channels at a time, for the
+    /// layers packed for a product), so that a caller reading them from a mapped file
+    /// can give their pages back before the rest is packed.
+    #[allow(clippy::too_many_arguments)] // the layer, and what preparing it may use
     pub fn new(
         pool: &ThreadPool,
         staging: &Staging,
@@ -96,8 +100,24 @@ impl ConvNhwc {
         weights: ConvWeights<'_>,
         bias: Option<&[f32]>,
         activation: Activation,
+        consumed: &mut dyn FnMut(&[f32]),
     ) -> Result<Self> {
         let trimmed = crate::conv::trim_padding_taps(&p, &weights)?;
+        // Whether the weights are finite matters to padded layers alone (see
+        // `finite`), checked slab by slab as they are packed: read again afterwards, a
+        // large weight given back slab by slab would be mapped in whole once more.
+        let padded = p.padding != [0; 4];
+        let (mut scanned, mut finite) = (0, true);
+        let mut report = |part: &[f32]| {
+            if padded {
+                finite &= crate::conv::all_finite(part);
+                scanned += part.len();
+            }
+            // Values of a trimmed copy are not the caller's.
+            if trimmed.is_none() {
+                consumed(part);
+            }
+        };
         let (p, weights) = match &trimmed {
             Some((q, kept)) => (*q, weights.with_data(kept)),
             None => (p, weights),
@@ -131,15 +151,27 @@ impl ConvNhwc {
                     weights.channel_runs(g * cog, cog, k, taps),
                     weights.layout(),
                 ) {
-                    (Some(runs), _) => {
-                        gemm.pack_b_on(pool, MatRef::row_major(runs, cog, k)?.t())?
-                    }
+                    (Some(runs), _) => gemm.pack_bt_on(pool, runs, cog, k, &mut report)?,
                     (None, WeightLayout::Oihw) => {
-                        // Each output channel's [cig][taps] to [taps][cig]: runs again.
+                        // Each output channel's [cig][taps] to [taps][cig] (runs again),
+                        // a slab of channels at a time.
                         let stored = weights.data().get(group).unwrap_or_default();
-                        let mut reordered = error::staged(staging, cog * k, "reordered weights")?;
-                        crate::layout::transpose(pool, stored, cog, cig, taps, &mut reordered)?;
-                        gemm.pack_b_on(pool, MatRef::row_major(&reordered, cog, k)?.t())?
+                        let mut slabs = gemm.slabs_b(pool, k, cog)?;
+                        let most = slabs.next_columns().map_or(0, |c| c.len() * k);
+                        let mut reordered = error::staged(staging, most, "reordered weights")?;
+                        while let Some(cols) = slabs.next_columns() {
+                            let part = stored.get(cols.start * k..cols.end * k);
+                            let temp = reordered.get_mut(..cols.len() * k);
+                            let (Some(part), Some(temp)) = (part, temp) else {
+                                return Err(Error::ShapeMismatch {
+                                    what: format!("{} weights for {cog} × {k}", stored.len()),
+                                });
+                            };
+                            crate::layout::transpose(pool, part, cols.len(), cig, taps, temp)?;
+                            slabs.pack(MatRef::row_major(temp, cols.len(), k)?)?;
+                            report(part);
+                        }
+                        slabs.finish()?
                     }
                     (None, _) => {
                         let mut reordered = error::staged(staging, k * cog, "reordered weights")?;
@@ -176,8 +208,12 @@ impl ConvNhwc {
                 pointwise: false,
                 ..
             } | Algo::Rows { .. }
-        ) && p.padding != [0; 4]
-            && crate::conv::all_finite(weights.data());
+        ) && padded
+            && if scanned == weights.data().len() {
+                finite
+            } else {
+                crate::conv::all_finite(weights.data())
+            };
         Ok(Self {
             p,
             out,

@@ -549,8 +549,17 @@ fn convolutions_match_a_direct_loop() {
                         ConvWeights::ohwi(&w)
                     };
                     let p = g.conv2d(groups * cig, groups * cog, groups);
-                    let conv =
-                        ConvNhwc::new(&pool, &STAGING, gemm, p, weights, Some(&b), act).unwrap();
+                    let conv = ConvNhwc::new(
+                        &pool,
+                        &STAGING,
+                        gemm,
+                        p,
+                        weights,
+                        Some(&b),
+                        act,
+                        &mut |_| {},
+                    )
+                    .unwrap();
                     let [oh, ow] = conv.output_size();
                     let y_len = batch * oh * ow * groups * cog;
                     // Without and with a residual (the clamp fused in the stores, or
@@ -851,8 +860,17 @@ fn few_output_channels_per_group_take_the_interleaved_kernel() {
             let w = data(groups * cog * 9 * cig, 2);
             let p = g.conv2d(groups * cig, groups * cog, groups);
             let act = crate::Activation::Identity;
-            let conv =
-                ConvNhwc::new(&pool, &STAGING, gemm, p, ConvWeights::ohwi(&w), None, act).unwrap();
+            let conv = ConvNhwc::new(
+                &pool,
+                &STAGING,
+                gemm,
+                p,
+                ConvWeights::ohwi(&w),
+                None,
+                act,
+                &mut |_| {},
+            )
+            .unwrap();
             // A vector of outputs holds whole groups.
             let lanes = match isa {
                 Isa::Avx512 => 16,
@@ -902,8 +920,17 @@ fn one_group_per_vector_reads_large_inputs_in_place() {
             let w = data(2 * lanes * 9 * lanes, 2);
             let p = g.conv2d(2 * lanes, 2 * lanes, 2);
             let act = crate::Activation::Identity;
-            let conv =
-                ConvNhwc::new(&pool, &STAGING, gemm, p, ConvWeights::ohwi(&w), None, act).unwrap();
+            let conv = ConvNhwc::new(
+                &pool,
+                &STAGING,
+                gemm,
+                p,
+                ConvWeights::ohwi(&w),
+                None,
+                act,
+                &mut |_| {},
+            )
+            .unwrap();
             assert_eq!(
                 conv.algorithm(),
                 want,
@@ -976,6 +1003,7 @@ fn winograd_matches_a_direct_loop() {
                     ConvWeights::ohwi(&w),
                     Some(&b),
                     act,
+                    &mut |_| {},
                 )
                 .unwrap();
                 assert_eq!(conv.algorithm(), algorithm, "{g:?} {cin}->{cout}");
@@ -1072,6 +1100,7 @@ fn scaled_weights_equal_weights_scaled_beforehand() {
                 w,
                 Some(&bias),
                 crate::Activation::Identity,
+                &mut |_| {},
             )
             .unwrap();
             let (_, y_len) = conv.io_len(1).unwrap();
@@ -1099,7 +1128,8 @@ fn scaled_weights_equal_weights_scaled_beforehand() {
             p,
             weights(&w).scaled(&scale[1..]),
             None,
-            Default::default()
+            Default::default(),
+            &mut |_| {}
         )
         .is_err());
     }
@@ -1147,6 +1177,7 @@ fn nchw_inputs_match_their_channels_last_copy() {
                 ConvWeights::oihw(&w),
                 Some(&bias),
                 crate::Activation::Identity,
+                &mut |_| {},
             )
             .unwrap();
             let y_len = conv.io_len(batch).unwrap().1;
@@ -1228,6 +1259,7 @@ fn depthwise_chains_match_their_layers_run_in_turn() {
                     ConvWeights::ohwi(&w),
                     Some(&b),
                     act,
+                    &mut |_| {},
                 )
                 .unwrap()
             };
@@ -1250,6 +1282,7 @@ fn depthwise_chains_match_their_layers_run_in_turn() {
                 ConvWeights::hwo(&w),
                 Some(&b),
                 silu,
+                &mut |_| {},
             )
             .unwrap();
             let q = pointwise(
@@ -1320,6 +1353,7 @@ fn depthwise_chains_match_their_layers_run_in_turn() {
         ConvWeights::hwo(&w),
         None,
         crate::Activation::Identity,
+        &mut |_| {},
     )
     .unwrap();
     assert!(DepthwiseChain::new(None, &d, None).is_none());
@@ -1339,33 +1373,123 @@ fn taps_reading_only_padding_multiply_infinite_weights() {
         dilation: [12, 12],
         padding: [12; 4],
     };
-    let (cin, cout) = (8, 4);
-    let p = g.conv2d(cin, cout, 1);
-    let mut w = data(cout * 9 * cin, 2);
-    w[0] = f32::INFINITY;
-    let x: Vec<f32> = data(14 * 14 * cin, 1)
-        .iter()
-        .map(|v| v.abs() + 0.5)
-        .collect();
-    for isa in Isa::available() {
-        let pool = ThreadPool::new(1).unwrap();
-        let gemm = Gemm::with_isa(isa).unwrap();
-        let weights = ConvWeights::ohwi(&w);
-        let act = crate::Activation::Identity;
-        let conv = ConvNhwc::new(&pool, &STAGING, gemm, p, weights, None, act).unwrap();
-        let mut y = vec![0.0; 14 * 14 * cout];
-        let mut scratch = vec![0.0; conv.scratch_len(1).unwrap()];
-        conv.run(&pool, &x, 1, None, &mut y, &mut scratch).unwrap();
-        for (i, pixel) in y.chunks_exact(cout).enumerate() {
-            let (oy, ox) = (i / 14, i % 14);
-            let reads = oy >= 12 && ox >= 12;
-            let ok = if reads {
-                pixel[0] == f32::INFINITY
-            } else {
-                pixel[0].is_nan()
+    // The infinite weight in the first output channel, and in the last one of weights
+    // packed in two slabs (checked for infinities slab by slab as they are packed).
+    for (cin, cout, at) in [(8, 4, 0), (128, 300, 299)] {
+        let p = g.conv2d(cin, cout, 1);
+        let mut w = data(cout * 9 * cin, 2);
+        w[at * 9 * cin] = f32::INFINITY;
+        let x: Vec<f32> = data(14 * 14 * cin, 1)
+            .iter()
+            .map(|v| v.abs() + 0.5)
+            .collect();
+        for isa in Isa::available() {
+            let pool = ThreadPool::new(1).unwrap();
+            let gemm = Gemm::with_isa(isa).unwrap();
+            let weights = ConvWeights::ohwi(&w);
+            let act = crate::Activation::Identity;
+            let conv =
+                ConvNhwc::new(&pool, &STAGING, gemm, p, weights, None, act, &mut |_| {}).unwrap();
+            let mut y = vec![0.0; 14 * 14 * cout];
+            let mut scratch = vec![0.0; conv.scratch_len(1).unwrap()];
+            conv.run(&pool, &x, 1, None, &mut y, &mut scratch).unwrap();
+            for (i, pixel) in y.chunks_exact(cout).enumerate() {
+                let (oy, ox) = (i / 14, i % 14);
+                let reads = oy >= 12 && ox >= 12;
+                let ok = if reads {
+                    pixel[at] == f32::INFINITY
+                } else {
+                    pixel[at].is_nan()
+                };
+                assert!(ok, "{isa:?} {cout} channels ({oy}, {ox}): {}", pixel[at]);
+                let others = pixel.iter().enumerate().filter(|&(c, _)| c != at);
+                assert!(others.into_iter().all(|(_, v)| v.is_finite()));
+            }
+        }
+    }
+}
+
+/// Weights larger than a slab of packing (1 MiB) are packed a slab of output channels
+/// at a time — 3 × 3 ones rearranged from OIHW through a temporary of one slab,
+/// pointwise ones straight from the stored runs — and each value of the caller's
+/// weights is reported as packed exactly once, in order, so that a caller can give
+/// their pages back as it goes. The layers still match the direct loop.
+#[test]
+fn large_weights_pack_slab_by_slab_and_report_every_value_once() {
+    let gemm = Gemm::new();
+    // (kernel, stride, padding, input channels, output channels): 2, 2 and 3 slabs.
+    let cases = [
+        ([3, 3], [2, 2], [1, 1, 1, 1], 160, 300),
+        ([1, 1], [1, 1], [0; 4], 512, 600),
+        ([3, 1], [1, 2], [0, 0, 0, 0], 700, 400),
+    ];
+    for threads in [1, 2] {
+        let pool = ThreadPool::new(threads).unwrap();
+        for (i, &(kernel, stride, padding, cin, cout)) in cases.iter().enumerate() {
+            let g = Geometry {
+                input: [7, 6],
+                kernel,
+                stride,
+                dilation: [1, 1],
+                padding,
             };
-            assert!(ok, "{isa:?} ({oy}, {ox}): {}", pixel[0]);
-            assert!(pixel[1..].iter().all(|v| v.is_finite()));
+            let taps = kernel[0] * kernel[1];
+            let oihw = data(cout * cin * taps, 10 + i as u32);
+            let bias = data(cout, 20 + i as u32);
+            let x = data(g.input[0] * g.input[1] * cin, 30 + i as u32);
+            let mut parts = Vec::new();
+            let conv = ConvNhwc::new(
+                &pool,
+                &STAGING,
+                gemm,
+                g.conv2d(cin, cout, 1),
+                ConvWeights::oihw(&oihw),
+                Some(&bias),
+                crate::Activation::Identity,
+                &mut |part| {
+                    let at = (part.as_ptr() as usize - oihw.as_ptr() as usize) / 4;
+                    parts.push(at..at + part.len());
+                },
+            )
+            .unwrap();
+            let case = format!("case {i}, {} ({threads} threads)", conv.algorithm());
+            assert!(parts.len() >= 2, "{case}: {parts:?}");
+            let mut next = 0;
+            for part in &parts {
+                assert_eq!(part.start, next, "{case}: {parts:?}");
+                next = part.end;
+            }
+            assert_eq!(next, oihw.len(), "{case}: {parts:?}");
+
+            let mut ohwi = vec![0.0; oihw.len()];
+            for (o, channel) in oihw.chunks(cin * taps).enumerate() {
+                for (v, &w) in channel.iter().enumerate() {
+                    let (c, t) = (v / taps, v % taps);
+                    ohwi[(o * taps + t) * cin + c] = w;
+                }
+            }
+            let want = reference(
+                &g,
+                1,
+                cin,
+                cout,
+                false,
+                1,
+                &x,
+                &ohwi,
+                &bias,
+                f32::NEG_INFINITY,
+                f32::INFINITY,
+            );
+            let mut y = vec![f32::NAN; want.len()];
+            let mut scratch = vec![0.0; conv.scratch_len(threads).unwrap()];
+            conv.run(&pool, &x, 1, None, &mut y, &mut scratch).unwrap();
+            for (j, (a, e)) in y.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - e).abs() <= 1e-4 * (1.0 + e.abs()),
+                    "{case} at {j}: {a} vs {e}"
+                );
+            }
         }
     }
 }

@@ -292,6 +292,14 @@ fn product(args: &Args<'_>, op: Op, transposed: bool) -> KernelResult<Option<Pro
         let mut held = charge(args, packing * 4 * 2, "packed weights")?;
         let weight = match shared {
             Some(bytes) => Weight::InPlace { bytes, k, n },
+            // Stored n × k: packed a slab at a time, the file's pages of each slab given
+            // back once it is.
+            None if stored_transposed => Weight::Packed(
+                gemm.pack_bt_on(args.pool(), weights, n, k, &mut |part| {
+                    args.release_part(wi, bytemuck::cast_slice(part))
+                })
+                .map_err(compute)?,
+            ),
             None => Weight::Packed(gemm.pack_b_on(args.pool(), w_view).map_err(compute)?),
         };
         let packed_bytes = match &weight {

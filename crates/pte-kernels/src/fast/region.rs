@@ -955,6 +955,7 @@ fn build_layer(args: &Args<'_>, layout: &Layout, held: &mut Charge) -> KernelRes
         spec.weights(),
         spec.bias.as_deref(),
         spec.activation,
+        &mut |part| args.release_part(layout.conv + 1, bytemuck::cast_slice(part)),
     )
     .map_err(compute)?;
     let bytes = conv.bytes();

@@ -177,6 +177,11 @@ impl FloatConv {
             weights,
             bias.as_deref(),
             activation(self.min, self.max, self.fused),
+            &mut |part| {
+                if let Some(data) = &self.filter.data {
+                    data.release_part(bytemuck::cast_slice(part));
+                }
+            },
         )
         .map_err(|e| e.to_string())
     }

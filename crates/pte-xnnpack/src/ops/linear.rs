@@ -228,14 +228,16 @@ fn float_fc(cx: &NodeCx<'_>, transpose: bool) -> PResult<Prepared> {
             // Panels padded to whole tiles.
             let charge = charge(cx, n.saturating_add(32).saturating_mul(k).saturating_mul(4))?;
             let v = float_filter(w, transpose)?;
-            let m = if transpose {
-                MatRef::row_major(&v, k, n)
+            let b = if transpose {
+                MatRef::row_major(&v, k, n).and_then(|m| gemm.pack_b_on(cx.pool, m))
             } else {
-                MatRef::row_major(&v, n, k).map(MatRef::t)
+                // Stored n × k: packed a slab at a time, the file's pages of each slab
+                // given back once it is.
+                gemm.pack_bt_on(cx.pool, &v, n, k, &mut |part| {
+                    c.release_part(bytemuck::cast_slice(part))
+                })
             };
-            let b = gemm
-                .pack_b_on(cx.pool, m.map_err(|e| e.to_string())?)
-                .map_err(|e| e.to_string())?;
+            let b = b.map_err(|e| e.to_string())?;
             Ok(PackedFilter { b, _charge: charge })
         };
         captured.push(1);
