@@ -35,6 +35,16 @@ impl AlignedBuf {
         })
     }
 
+    /// A zeroed buffer of `len` bytes whose pages the system backs only as they are
+    /// first touched, in ordinary pages (see `pte_alloc::Zeroed::try_sparse`): for
+    /// memory of which only a part may ever be used.
+    pub fn try_sparse(len: usize) -> Result<Self, AllocError> {
+        Ok(AlignedBuf {
+            bytes: pte_alloc::Zeroed::try_sparse(len).ok_or(AllocError { bytes: len })?,
+            len,
+        })
+    }
+
     /// A copy of `bytes`.
     pub fn try_from_bytes(bytes: &[u8]) -> Result<Self, AllocError> {
         let mut b = Self::try_zeroed(bytes.len())?;

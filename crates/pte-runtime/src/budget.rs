@@ -114,6 +114,15 @@ impl MemoryBudget {
         b.resize(len)?;
         Ok(b)
     }
+
+    /// A zeroed buffer of `len` bytes charged to this budget, whose pages are resident
+    /// only once touched (see [`AlignedBuf::try_sparse`]): for a memory plan, part of
+    /// which holds values that fused kernels never write.
+    pub fn sparse_buffer(&self, len: usize) -> Result<Buffer, MemoryError> {
+        let mut b = Buffer::new(self);
+        b.reset_sparse(len)?;
+        Ok(b)
+    }
 }
 
 /// Bytes charged to a budget, given back when dropped.
@@ -197,6 +206,25 @@ impl Buffer {
             let _ = self.buf.try_resize(len);
         }
         Ok(())
+    }
+
+    /// Replaces the buffer with `len` zeroed bytes whose pages are resident only once
+    /// touched (see [`AlignedBuf::try_sparse`]), charged to the budget first.
+    pub fn reset_sparse(&mut self, len: usize) -> Result<(), MemoryError> {
+        self.release();
+        self.charge.grow(len as u64)?;
+        match AlignedBuf::try_sparse(len) {
+            Ok(buf) => {
+                self.buf = buf;
+                Ok(())
+            }
+            Err(e) => {
+                self.charge.shrink(0);
+                Err(MemoryError::AllocFailed {
+                    requested: e.bytes as u64,
+                })
+            }
+        }
     }
 
     /// Gives the allocation back to the system and the budget; the buffer becomes empty.

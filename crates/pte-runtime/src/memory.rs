@@ -207,7 +207,7 @@ impl Memory {
         let planned = planned_sizes
             .iter()
             .enumerate()
-            .map(|(i, &size)| budget.buffer(size).map_err(|e| (i + 1, e)))
+            .map(|(i, &size)| budget.sparse_buffer(size).map_err(|e| (i + 1, e)))
             .collect::<Result<_, _>>()?;
         Ok(Memory {
             heap: (0..values).map(|_| Buffer::new(&budget)).collect(),
@@ -240,7 +240,7 @@ impl Memory {
         let index = u32::try_from(self.planned.len()).map_err(|_| MemoryError::AllocFailed {
             requested: len as u64,
         })?;
-        self.planned.push(self.budget.buffer(len)?);
+        self.planned.push(self.budget.sparse_buffer(len)?);
         Ok(index)
     }
 

@@ -35,11 +35,19 @@ impl Workspace {
 
     /// Grows the buffers to at least `arena` and `scratch` bytes. Contents are
     /// discarded when a buffer grows (nothing is copied: the new memory is untouched
-    /// until a call writes it).
+    /// until a call writes it). Their pages are resident only once touched: the
+    /// scratch is sized for the hungriest node, and the arena gives room to values that
+    /// fused nodes never write (XNNPACK mobilenet_v2: a 3.7 MiB scratch held 4 MiB in
+    /// huge pages, 0.6 MiB in ordinary ones).
     pub fn reserve(&self, arena: usize, scratch: usize) -> Result<(), MemoryError> {
-        let mut w = self.lock();
-        grow(&mut w.arena, arena)?;
-        grow(&mut w.scratch, scratch)
+        let mut guard = self.lock();
+        let w = &mut *guard;
+        for (b, len) in [(&mut w.arena, arena), (&mut w.scratch, scratch)] {
+            if len > b.len() {
+                b.reset_sparse(len)?;
+            }
+        }
+        Ok(())
     }
 
     /// The buffers, for one call. A call never holds them while another runs; a kernel
@@ -50,14 +58,6 @@ impl Workspace {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
-}
-
-fn grow(b: &mut Buffer, len: usize) -> Result<(), MemoryError> {
-    if len > b.len() {
-        b.release();
-        b.resize(len)?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]
