@@ -644,6 +644,7 @@ impl Method {
             .unwrap_or(0);
         // As upstream, every input must be set before the first execution.
         let input_set = vec![false; inputs.len()];
+        pte_alloc::trim_shared();
         Ok(Method {
             meta,
             values,
