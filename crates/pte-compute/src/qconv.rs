@@ -74,7 +74,7 @@ enum Algo {
     /// Per group, panels of [`Q8_NR`] output channels: `[panel][tap][kq][NR][4]`; for
     /// [`Gather::Interleaved`], per block of groups one panel `[tap][kq][16][4]`.
     Gemm {
-        panels: Vec<Vec<i8>>,
+        panels: Vec<pte_alloc::Zeroed<i8>>,
         gather: Gather,
     },
     /// Weights `[tap][output channel]`, widened.
@@ -251,7 +251,15 @@ impl QConvNhwc {
             let panels_per_set = (per_set * cog).div_ceil(nr);
             let mut groups = Vec::with_capacity(sets);
             for set in 0..sets {
-                let mut packed = vec![0i8; error::mul(panel, panels_per_set, "packed weights")?];
+                // Cut from memory shared with other weights (in huge pages where the
+                // system has them): faulted in 4 KiB at a time, the 8-bit transformer
+                // encoder's panels took a fifth of its load.
+                let len = error::mul(panel, panels_per_set, "packed weights")?;
+                let mut packed =
+                    pte_alloc::Zeroed::<i8>::try_shared(len).ok_or(Error::OutOfMemory {
+                        what: "packed 8-bit weights",
+                        len,
+                    })?;
                 // Output channel `oc` of the set's group `gs`, column `o` of that group.
                 let channel = |gs: usize, o: usize| (set * per_set + gs) * cog + o;
                 for (gs, o) in (0..per_set).flat_map(|gs| (0..cog).map(move |o| (gs, o))) {
@@ -268,6 +276,9 @@ impl QConvNhwc {
                     Some(qi) => (q * qi + j % qi, j / qi),
                     None => (0, q * nr + j),
                 };
+                // Where depth step `u` of column `j` lies in a group of four depth steps.
+                let pairs = kernel.widens();
+                let lane = |j: usize, u: usize| arch::q8_lane(j, u, nr, pairs);
                 if dup == 1 {
                     // Copied as they are (zw = 0 here), four depth steps of a column at a
                     // time, in the order they are stored. Column by column, packing took
@@ -283,22 +294,35 @@ impl QConvNhwc {
                                 })
                                 .flatten()
                         });
-                        let mut cells = dst.chunks_exact_mut(4);
-                        for t in 0..taps {
-                            for p4 in 0..kq {
-                                let (from, to) =
-                                    (t * cig + p4 * 4, (t * cig + cig).min(t * cig + p4 * 4 + 4));
-                                for row in rows.iter().take(nr) {
-                                    let Some(cell) = cells.next() else { break };
-                                    // Whole groups as one 4-byte move, not a memcpy call.
-                                    let Some(src) = row.and_then(|r| r.get(from..to)) else {
-                                        continue;
-                                    };
-                                    match <[i8; 4]>::try_from(src) {
-                                        Ok(four) => cell.copy_from_slice(&four),
-                                        Err(_) => {
-                                            if let Some(c) = cell.get_mut(..src.len()) {
-                                                c.copy_from_slice(src);
+                        // Group `tq` holds depth steps 4p.. of tap t, tq = t · kq + p.
+                        for (tq, group) in dst.chunks_exact_mut(4 * nr).enumerate() {
+                            let (t, p4) = (tq / kq, tq % kq);
+                            let (from, to) =
+                                (t * cig + p4 * 4, (t * cig + cig).min(t * cig + p4 * 4 + 4));
+                            for (j, row) in rows.iter().take(nr).enumerate() {
+                                let Some(src) = row.and_then(|r| r.get(from..to)) else {
+                                    continue;
+                                };
+                                // Whole groups as 2- or 4-byte moves, not memcpy calls.
+                                match (<[i8; 4]>::try_from(src), pairs) {
+                                    (Ok([a, b, c, d]), true) => {
+                                        for (at, two) in
+                                            [(lane(j, 0), [a, b]), (lane(j, 2), [c, d])]
+                                        {
+                                            if let Some(cell) = group.get_mut(at..at + 2) {
+                                                cell.copy_from_slice(&two);
+                                            }
+                                        }
+                                    }
+                                    (Ok(four), false) => {
+                                        if let Some(cell) = group.get_mut(4 * j..4 * j + 4) {
+                                            cell.copy_from_slice(&four);
+                                        }
+                                    }
+                                    _ => {
+                                        for (u, &v) in src.iter().enumerate() {
+                                            if let Some(cell) = group.get_mut(lane(j, u)) {
+                                                *cell = v;
                                             }
                                         }
                                     }
@@ -324,7 +348,7 @@ impl QConvNhwc {
                                 let part = rest.clamp(-128, 127);
                                 rest -= part;
                                 let d = i * dup + u;
-                                let at = q * panel + ((t * kq + d / 4) * nr + j) * 4 + d % 4;
+                                let at = q * panel + (t * kq + d / 4) * nr * 4 + lane(j, d % 4);
                                 if let Some(slot) = packed.get_mut(at) {
                                     *slot = part as i8;
                                 }
@@ -333,9 +357,6 @@ impl QConvNhwc {
                     }
                 }
                 groups.push(packed);
-            }
-            if kernel.widens() {
-                groups.iter_mut().for_each(|g| arch::to_pairs(g));
             }
             let gather = if pointwise {
                 Gather::Pixel
@@ -392,7 +413,7 @@ impl QConvNhwc {
     /// Heap bytes held (for memory budgets).
     pub fn bytes(&self) -> usize {
         let w = match &self.algo {
-            Algo::Gemm { panels, .. } => panels.iter().map(Vec::len).sum(),
+            Algo::Gemm { panels, .. } => panels.iter().map(|p| p.len()).sum(),
             Algo::Depthwise { weights } => weights.len() * 4,
         };
         w + self.bias.len() * 8 + self.pad_row.len() + self.tap_offsets.len() * 8
@@ -712,7 +733,7 @@ impl QConvNhwc {
     fn run_gemm(
         &self,
         pool: &ThreadPool,
-        panels: &[Vec<i8>],
+        panels: &[pte_alloc::Zeroed<i8>],
         gather: Gather,
         x: &[u8],
         batch: usize,
@@ -741,7 +762,7 @@ impl QConvNhwc {
     /// Output pixels `r0..` into `yc` (whole pixels).
     fn gemm_rows(
         &self,
-        panels: &[Vec<i8>],
+        panels: &[pte_alloc::Zeroed<i8>],
         gather: Gather,
         x: &[u8],
         r0: usize,

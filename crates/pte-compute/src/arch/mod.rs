@@ -41,7 +41,7 @@ pub(crate) use indirect::{
 };
 pub use q8::Q8Kernel;
 pub(crate) use q8::{
-    input_column, q8_depthwise_row, q8_microkernel, to_pairs, widen_bytes, widen_upper_half,
+    input_column, q8_depthwise_row, q8_lane, q8_microkernel, widen_bytes, widen_upper_half,
     Q8DwRow, Q8Panels, Q8Post, Q8_INTERLEAVES, Q8_LANES, Q8_MR, Q8_NR,
 };
 pub use q8::{requantize, round_small};

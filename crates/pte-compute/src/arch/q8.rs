@@ -13,7 +13,7 @@
 //! (`vpmaddwd`). Its rows are the activations widened to 16 bits beforehand (little
 //! endian, `8 · kq` bytes), and each group of four depth steps of its panels holds
 //! two pairs: `b[((t · kq + p) · 2 + h) · NR · 2 + 2j + u]` is depth step `4p + 2h +
-//! u` ([`to_pairs`] rearranges the groups). A row's pair is then one 32-bit
+//! u` (see [`q8_lane`]). A row's pair is then one 32-bit
 //! broadcast and a pair of columns one sum, where widening bytes in the kernel took
 //! two shuffles per row and depth group and a horizontal add per store (32-bit
 //! sums of 12 rows × 32 columns: 42 → 57 multiply-adds per ns, in cache).
@@ -110,19 +110,14 @@ pub fn round_small(x: f32) -> i32 {
     (x + MAGIC).to_bits() as i32 - MAGIC.to_bits() as i32
 }
 
-/// Panels of groups of four depth steps (`[..][NR][4]`) rearranged in place into
-/// pairs (`[..][2][NR][2]`), the layout of a kernel that [`Q8Kernel::widens`].
-pub(crate) fn to_pairs(panels: &mut [i8]) {
-    for group in panels.chunks_exact_mut(4 * Q8_NR) {
-        let mut pairs = [0i8; 4 * Q8_NR];
-        for (j, quad) in group.chunks_exact(4).enumerate() {
-            for (u, &w) in quad.iter().enumerate() {
-                if let Some(slot) = pairs.get_mut((u / 2) * 2 * Q8_NR + 2 * j + u % 2) {
-                    *slot = w;
-                }
-            }
-        }
-        group.copy_from_slice(&pairs);
+/// Where depth step `u` (of four) of column `j` lies in a panel's group of four depth
+/// steps of `nr` columns: `4j + u`, or in pairs (`[2][nr][2]`) for a kernel that
+/// [`Q8Kernel::widens`].
+pub(crate) fn q8_lane(j: usize, u: usize, nr: usize, pairs: bool) -> usize {
+    if pairs {
+        (u / 2) * 2 * nr + 2 * j + u % 2
+    } else {
+        4 * j + u
     }
 }
 

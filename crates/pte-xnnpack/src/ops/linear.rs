@@ -396,6 +396,11 @@ fn quant_fc<T: Q8>(cx: &NodeCx<'_>, transpose: bool) -> PResult<Prepared> {
         dilation: [1, 1],
     };
     let layer = QConvNhwc::new(p, false, &wq, &q).map_err(|e| e.to_string())?;
+    // Packed: as for convolutions, the filter's pages go node by node, not all at the
+    // end of the delegate's load.
+    if let Some(data) = &w.data {
+        data.release_pages();
+    }
     Prepared::capturing(
         QuantFc {
             layer,
