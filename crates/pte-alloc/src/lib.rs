@@ -106,21 +106,7 @@ impl<T: bytemuck::Pod> Default for Zeroed<T> {
 impl<T: bytemuck::Pod> Zeroed<T> {
     /// A buffer of its own, or `None` when the system refuses the memory.
     pub fn try_new(len: usize) -> Option<Self> {
-        let bytes = Self::bytes_for(len)?;
-        let store = if bytes == 0 {
-            Store::Empty
-        } else if bytes >= MAP_FROM {
-            match map(bytes, true) {
-                Some(m) => {
-                    m.fault_in(0..bytes);
-                    Store::Mapped(m)
-                }
-                None => heap(bytes)?,
-            }
-        } else {
-            heap(bytes)?
-        };
-        Some(Self::with(store, len))
+        Self::own(len, true)
     }
 
     /// A buffer of its own whose pages the system backs only as they are first
@@ -130,12 +116,22 @@ impl<T: bytemuck::Pod> Zeroed<T> {
     /// write: a 2 MiB page would make all of its neighbourhood resident (mobilenet_v2's
     /// 9.5 MiB plan: 8 MiB resident in huge pages, 2.6 MiB in ordinary ones).
     pub fn try_sparse(len: usize) -> Option<Self> {
+        Self::own(len, false)
+    }
+
+    /// A buffer of its own: from [`MAP_FROM`] bytes on a mapping, faulted in now in
+    /// huge pages when `huge` asks for them.
+    fn own(len: usize, huge: bool) -> Option<Self> {
         let bytes = Self::bytes_for(len)?;
         let store = if bytes == 0 {
             Store::Empty
         } else if bytes >= MAP_FROM {
-            match map(bytes, false) {
-                Some(m) => Store::Mapped(m),
+            match map(bytes, huge) {
+                Some(m) => {
+                    // Touches nothing in a mapping that asked for no huge pages.
+                    m.fault_in(0..bytes);
+                    Store::Mapped(m)
+                }
                 None => heap(bytes)?,
             }
         } else {

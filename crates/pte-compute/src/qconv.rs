@@ -284,7 +284,8 @@ impl QConvNhwc {
                     // time, in the order they are stored. Column by column, packing took
                     // 3.6 ms of the 8-bit transformer encoder's 11 ms load; in this order
                     // the load is about 2 ms shorter.
-                    for (q, dst) in packed.chunks_exact_mut(panel).enumerate() {
+                    // `max(1)`: no depth (no input channels) leaves no panel to fill.
+                    for (q, dst) in packed.chunks_exact_mut(panel.max(1)).enumerate() {
                         let rows: [Option<&[i8]>; Q8_NR] = std::array::from_fn(|j| {
                             let (gs, o) = column(q, j);
                             (j < nr && gs < per_set && o < cog)

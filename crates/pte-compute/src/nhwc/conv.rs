@@ -208,7 +208,7 @@ impl ConvNhwc {
                 pointwise: false,
                 ..
             } | Algo::Rows { .. }
-        ) && padded
+        ) && p.padding != [0; 4]
             && if scanned == weights.data().len() {
                 finite
             } else {
