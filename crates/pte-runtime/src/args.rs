@@ -546,11 +546,7 @@ impl<'a> Args<'a> {
         let Ok(bytes) = self.memory.read(access) else {
             return;
         };
-        let start = (part.as_ptr() as usize).checked_sub(bytes.as_ptr() as usize);
-        if let Some(range) = start
-            .and_then(|s| Some(s..s.checked_add(part.len())?))
-            .filter(|r| r.end <= bytes.len())
-        {
+        if let Some(range) = crate::memory::range_within(bytes, part) {
             self.memory.release_pages(access, range);
         }
     }

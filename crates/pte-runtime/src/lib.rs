@@ -67,7 +67,7 @@ pub use budget::{default_memory_limit, Buffer, Charge, MemoryBudget, MemoryError
 pub use dtype::{DType, Element};
 pub use error::{KernelError, KernelResult, Result, RuntimeError};
 pub use fuse::{Alias, Call, CallId, Fuser, Fusion, Graph};
-pub use memory::{SharedBytes, SourceBytes};
+pub use memory::{range_within, SharedBytes, SourceBytes};
 pub use method::{
     CancelHandle, LoadOptions, Method, ProfileEntry, MAX_INSTRUCTIONS, MIN_LOOP_ITERATIONS,
 };

@@ -35,6 +35,13 @@ impl std::ops::Deref for SourceBytes {
     }
 }
 
+/// Where `part`, a view into `outer`, lies in it; `None` when it is not one.
+pub fn range_within(outer: &[u8], part: &[u8]) -> Option<std::ops::Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(outer.as_ptr() as usize)?;
+    let end = start.checked_add(part.len())?;
+    (end <= outer.len()).then_some(start..end)
+}
+
 /// Bytes inside a loaded program or data file, shared instead of copied: whoever holds
 /// them keeps the file's bytes alive (a delegate keeping its weights, say).
 #[derive(Clone)]
@@ -47,12 +54,11 @@ pub struct SharedBytes {
 impl SharedBytes {
     /// `part`, a view into `source`'s bytes, as shared bytes; `None` if it is not one.
     pub(crate) fn within(source: &Arc<SourceBytes>, part: &[u8]) -> Option<Self> {
-        let start = (part.as_ptr() as usize).checked_sub(source.as_ptr() as usize)?;
-        let end = start.checked_add(part.len())?;
-        (end <= source.len()).then(|| SharedBytes {
+        let range = range_within(source, part)?;
+        Some(SharedBytes {
             source: source.clone(),
-            start,
-            len: part.len(),
+            start: range.start,
+            len: range.len(),
         })
     }
 
@@ -523,6 +529,17 @@ impl Memory {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ranges_within_are_found_and_other_slices_refused() {
+        let outer = [0u8; 32];
+        assert_eq!(range_within(&outer, &outer[5..9]), Some(5..9));
+        assert_eq!(range_within(&outer, &outer[32..]), Some(32..32));
+        assert_eq!(range_within(&outer[..16], &outer[10..20]), None);
+        assert_eq!(range_within(&outer[8..], &outer[..4]), None);
+        let other = [0u8; 4];
+        assert_eq!(range_within(&outer, &other), None);
+    }
 
     fn memory() -> Memory {
         let program = Arc::new(SourceBytes::Aligned(

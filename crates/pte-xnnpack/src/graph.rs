@@ -193,12 +193,9 @@ impl Constant {
         let (Some(b), bytes) = (&self.bytes, self.bytes()) else {
             return;
         };
-        let start = (part.as_ptr() as usize).checked_sub(bytes.as_ptr() as usize);
-        if let Some(s) =
-            start.filter(|&s| s.checked_add(part.len()).is_some_and(|e| e <= bytes.len()))
-        {
-            let from = self.range.start.saturating_add(s);
-            b.release_pages(from..from.saturating_add(part.len()));
+        if let Some(r) = pte_runtime::range_within(bytes, part) {
+            let at = self.range.start;
+            b.release_pages(at.saturating_add(r.start)..at.saturating_add(r.end));
         }
     }
 
