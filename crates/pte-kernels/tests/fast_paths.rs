@@ -1406,6 +1406,25 @@ impl Net {
         self.b.call("aten::mean", "out", &[x, dl, k, none, y, y]);
         (y, ys)
     }
+
+    /// `x` (shape `xs`) times its squeeze-and-excitation gate: the mean, a 1×1
+    /// convolution to `squeezed` channels, `inner`, one back to the channels of `x`,
+    /// `gate`.
+    fn squeeze_excite(
+        &mut self,
+        x: i32,
+        xs: &[usize],
+        squeezed: usize,
+        inner: After,
+        gate: After,
+    ) -> i32 {
+        let (s, ss) = self.mean(x, xs, true);
+        let (s, ss) = self.conv(s, &ss, squeezed, 1, 1, 1, false);
+        let s = self.act(s, &ss, inner);
+        let (s, ss) = self.conv(s, &ss, xs[1], 1, 1, 1, false);
+        let s = self.act(s, &ss, gate);
+        self.binary("mul", x, s, xs)
+    }
 }
 
 /// A network with the blocks of resnet, mobilenet_v2, efficientnet, mobilenet_v3,
@@ -1452,24 +1471,14 @@ fn network(batch: usize, size: usize, leak: bool, external: bool) -> (Vec<u8>, V
     // squeeze and excitation with SiLU
     let (e, es) = n.conv(y, &ys, 32, 1, 1, 1, true);
     let e = n.act(e, &es, After::Silu);
-    let (s, ss) = n.mean(e, &es, true);
-    let (s, ss) = n.conv(s, &ss, 8, 1, 1, 1, false);
-    let s = n.act(s, &ss, After::Silu);
-    let (s, ss) = n.conv(s, &ss, 32, 1, 1, 1, false);
-    let s = n.act(s, &ss, After::Sigmoid);
-    let y = n.binary("mul", e, s, &es);
+    let y = n.squeeze_excite(e, &es, 8, After::Silu, After::Sigmoid);
     // mobilenet_v3's block, its activations as exporters decompose them: hardswish,
     // relu6 as two clamps, squeeze-and-excitation with hardsigmoid
     let (e, es) = n.conv(y, &es, 24, 1, 1, 1, true);
     let e = n.act(e, &es, After::HardSwish);
     let (e, es) = n.conv(e, &es, 24, 24, 3, 1, true);
     let e = n.act(e, &es, After::Relu6Pair);
-    let (s, ss) = n.mean(e, &es, true);
-    let (s, ss) = n.conv(s, &ss, 8, 1, 1, 1, false);
-    let s = n.act(s, &ss, After::Relu);
-    let (s, ss) = n.conv(s, &ss, 24, 1, 1, 1, false);
-    let s = n.act(s, &ss, After::HardSigmoid);
-    let y = n.binary("mul", e, s, &es);
+    let y = n.squeeze_excite(e, &es, 8, After::Relu, After::HardSigmoid);
     // squeezenet's fire module: two expansions of one squeeze, concatenated
     let (q, qs) = n.conv(y, &es, 8, 1, 1, 1, false);
     let q = n.act(q, &qs, After::Relu);
