@@ -117,7 +117,8 @@ impl<T: bytemuck::Pod> Zeroed<T> {
     }
 
     /// A buffer of its own whose pages the system backs only as they are first
-    /// touched, in ordinary 4 KiB pages; `None` when the system refuses the memory.
+    /// touched, in ordinary 4 KiB pages (below [`SPARSE_MAP_FROM`] bytes it comes from
+    /// the heap, cleared); `None` when the system refuses the memory.
     /// For memory of which a run may touch only a part, such as a program's memory
     /// plan, which gives room to values that the fused kernels of a method never
     /// write: a 2 MiB page would make all of its neighbourhood resident (mobilenet_v2's
