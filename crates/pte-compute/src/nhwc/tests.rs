@@ -6,6 +6,29 @@ use crate::Isa;
 /// Shared by every test: layers are built with temporaries other layers left behind.
 static STAGING: crate::Staging = crate::Staging::new();
 
+/// `ConvNhwc::new` with no activation, temporaries from `STAGING`, and the packed runs
+/// not reported.
+fn prepared(
+    pool: &ThreadPool,
+    gemm: Gemm,
+    p: Conv2dParams,
+    weights: ConvWeights<'_>,
+    bias: Option<&[f32]>,
+) -> ConvNhwc {
+    let identity = crate::Activation::Identity;
+    ConvNhwc::new(
+        pool,
+        &STAGING,
+        gemm,
+        p,
+        weights,
+        bias,
+        identity,
+        &mut |_| {},
+    )
+    .unwrap()
+}
+
 fn data(n: usize, seed: u32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
     (0..n)
@@ -859,18 +882,7 @@ fn few_output_channels_per_group_take_the_interleaved_kernel() {
         for (groups, cig, cog) in [(13, 8, 8), (6, 8, 8), (12, 5, 2), (3, 16, 16), (2, 8, 24)] {
             let w = data(groups * cog * 9 * cig, 2);
             let p = g.conv2d(groups * cig, groups * cog, groups);
-            let act = crate::Activation::Identity;
-            let conv = ConvNhwc::new(
-                &pool,
-                &STAGING,
-                gemm,
-                p,
-                ConvWeights::ohwi(&w),
-                None,
-                act,
-                &mut |_| {},
-            )
-            .unwrap();
+            let conv = prepared(&pool, gemm, p, ConvWeights::ohwi(&w), None);
             // A vector of outputs holds whole groups.
             let lanes = match isa {
                 Isa::Avx512 => 16,
@@ -919,18 +931,7 @@ fn one_group_per_vector_reads_large_inputs_in_place() {
             };
             let w = data(2 * lanes * 9 * lanes, 2);
             let p = g.conv2d(2 * lanes, 2 * lanes, 2);
-            let act = crate::Activation::Identity;
-            let conv = ConvNhwc::new(
-                &pool,
-                &STAGING,
-                gemm,
-                p,
-                ConvWeights::ohwi(&w),
-                None,
-                act,
-                &mut |_| {},
-            )
-            .unwrap();
+            let conv = prepared(&pool, gemm, p, ConvWeights::ohwi(&w), None);
             assert_eq!(
                 conv.algorithm(),
                 want,
@@ -1092,17 +1093,7 @@ fn scaled_weights_equal_weights_scaled_beforehand() {
         let x = data(input[0] * input[1] * groups * cig, 99);
         let bias = data(cout, 98);
         let run = |w: ConvWeights<'_>| {
-            let conv = ConvNhwc::new(
-                &pool,
-                &STAGING,
-                gemm,
-                p,
-                w,
-                Some(&bias),
-                crate::Activation::Identity,
-                &mut |_| {},
-            )
-            .unwrap();
+            let conv = prepared(&pool, gemm, p, w, Some(&bias));
             let (_, y_len) = conv.io_len(1).unwrap();
             let mut y = vec![f32::NAN; y_len];
             let mut scratch = vec![0.0; conv.scratch_len(1).unwrap()];
@@ -1169,17 +1160,7 @@ fn nchw_inputs_match_their_channels_last_copy() {
             }
         }
         for pool in &pools {
-            let conv = ConvNhwc::new(
-                pool,
-                &STAGING,
-                gemm,
-                p,
-                ConvWeights::oihw(&w),
-                Some(&bias),
-                crate::Activation::Identity,
-                &mut |_| {},
-            )
-            .unwrap();
+            let conv = prepared(pool, gemm, p, ConvWeights::oihw(&w), Some(&bias));
             let y_len = conv.io_len(batch).unwrap().1;
             let (mut want, mut got) = (vec![f32::NAN; y_len], vec![f32::NAN; y_len]);
             let threads = pool.threads();
@@ -1345,17 +1326,13 @@ fn depthwise_chains_match_their_layers_run_in_turn() {
         padding: [1; 4],
     };
     let w = data(9 * 8, 1);
-    let d = ConvNhwc::new(
+    let d = prepared(
         &pool,
-        &STAGING,
         Gemm::new(),
         g.conv2d(8, 8, 8),
         ConvWeights::hwo(&w),
         None,
-        crate::Activation::Identity,
-        &mut |_| {},
-    )
-    .unwrap();
+    );
     assert!(DepthwiseChain::new(None, &d, None).is_none());
     assert!(DepthwiseChain::new(Some(&d), &d, None).is_none());
 }
