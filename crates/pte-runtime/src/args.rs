@@ -610,14 +610,16 @@ impl<'a> Args<'a> {
         // Outputs that are not memory-planned get runtime-owned memory on first use.
         for &w in writes {
             let id = self.tensor_id(w)?;
-            let op = self.op;
-            let t = self.tensor_slot_mut(w)?;
+            let Some(Slot::Tensor(t)) = self.values.get_mut(id) else {
+                return Err(KernelError::invalid(format!("{w:?} is not a tensor")));
+            };
             match t.storage {
                 Storage::Null => t.storage = Storage::Heap { owner: id as u32 },
                 Storage::Heap { .. } | Storage::Planned { .. } => {}
                 Storage::Program { .. } | Storage::External { .. } | Storage::Folded { .. } => {
                     return Err(KernelError::invalid(format!(
-                        "{op}: a constant tensor cannot be written"
+                        "{}: a constant tensor cannot be written",
+                        self.op
                     )))
                 }
             }
@@ -626,13 +628,15 @@ impl<'a> Args<'a> {
                 self.memory.grow_heap(owner, nbytes)?;
             }
         }
-        let mut read_ids: SmallVec<[usize; R]> = SmallVec::new();
-        let mut write_ids: SmallVec<[usize; W]> = SmallVec::new();
+        // Each argument's metadata (lent to its view) and where its bytes are.
+        let values: &[Slot] = self.values;
+        let mut infos: SmallVec<[&TensorInfo; R]> = SmallVec::new();
+        let mut out_infos: SmallVec<[&TensorInfo; W]> = SmallVec::new();
         let mut read_accesses: SmallVec<[Access; R]> = SmallVec::new();
         let mut write_accesses: SmallVec<[Access; W]> = SmallVec::new();
         for (k, &a) in reads.iter().chain(writes).enumerate() {
             let id = self.tensor_id(a)?;
-            let Some(Slot::Tensor(t)) = self.values.get(id) else {
+            let Some(Slot::Tensor(t)) = values.get(id) else {
                 return Err(KernelError::invalid(format!("{a:?} is not a tensor")));
             };
             if contiguous && !t.info.is_contiguous() {
@@ -641,46 +645,29 @@ impl<'a> Args<'a> {
                     self.op, t.info.dim_order
                 )));
             }
-            let access = t.access();
             if k < reads.len() {
-                read_ids.push(id);
-                read_accesses.push(access);
+                infos.push(&t.info);
+                read_accesses.push(t.access());
             } else {
-                write_ids.push(id);
-                write_accesses.push(access);
+                out_infos.push(&t.info);
+                write_accesses.push(t.access());
             }
         }
-        // The views lend each tensor's metadata where its slot keeps it.
-        let values: &[Slot] = self.values;
-        let info = |id: usize| match values.get(id) {
-            Some(Slot::Tensor(t)) => Ok(&t.info),
-            _ => Err(KernelError::invalid(format!("value {id} is not a tensor"))),
-        };
         let borrowed = self
             .memory
             .borrow::<R, W>(&read_accesses, &write_accesses)?;
         let inputs = borrowed
             .reads
             .into_iter()
-            .zip(&read_ids)
-            .map(|(bytes, &id)| {
-                Ok(TensorData {
-                    info: info(id)?,
-                    bytes,
-                })
-            })
-            .collect::<KernelResult<_>>()?;
+            .zip(infos)
+            .map(|(bytes, info)| TensorData { info, bytes })
+            .collect();
         let outputs = borrowed
             .writes
             .into_iter()
-            .zip(&write_ids)
-            .map(|(bytes, &id)| {
-                Ok(TensorDataMut {
-                    info: info(id)?,
-                    bytes,
-                })
-            })
-            .collect::<KernelResult<_>>()?;
+            .zip(out_infos)
+            .map(|(bytes, info)| TensorDataMut { info, bytes })
+            .collect();
         Ok(Io {
             inputs,
             outputs,

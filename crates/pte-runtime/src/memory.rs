@@ -372,50 +372,61 @@ impl Memory {
         reads: &[Access],
         writes: &[Access],
     ) -> KernelResult<Borrowed<'_, R, W>> {
-        let write_places: SmallVec<[_; W]> = writes
-            .iter()
-            .map(|w| {
-                place(w)
-                    .ok_or_else(|| KernelError::invalid("output tensor is read-only or unbound"))
-            })
-            .collect::<KernelResult<_>>()?;
-        for (i, &a) in write_places.iter().enumerate() {
-            if write_places.iter().take(i).any(|&b| clash(a, b)) {
+        // Where each write goes; writes are checked against each other here and against
+        // their buffers' ends when the buffers are cut below.
+        let mut spans: SmallVec<[(Place, usize, usize); W]> = SmallVec::new();
+        let mut heap_used = false;
+        for w in writes {
+            let p = place(w)
+                .ok_or_else(|| KernelError::invalid("output tensor is read-only or unbound"))?;
+            if spans.iter().any(|&q| clash(p, q)) {
                 return Err(KernelError::invalid("output tensors overlap in memory"));
             }
+            if p.2 == 0 {
+                self.read(*w)?; // not cut below: bounds-checked here
+            }
+            heap_used |= matches!(p.0, Place::Heap(_));
+            spans.push(p);
         }
-        for w in writes {
-            self.read(*w)?; // bounds check
-        }
-        // Inputs that overlap an output are copied to scratch buffers first.
+        // Inputs that overlap an output are copied to scratch buffers first (an in-place
+        // call, or a plan that reuses memory): rare, so looked for before anything is
+        // set up for them.
+        let overlaps = |r: &Access| place(r).is_some_and(|p| spans.iter().any(|&w| clash(p, w)));
         let mut copied: SmallVec<[Option<usize>; R]> = SmallVec::new();
-        let mut scratch = std::mem::take(&mut self.scratch);
-        let mut used = 0;
-        for r in reads {
-            let src = self.read(*r)?;
-            let overlapped = place(r).is_some_and(|p| write_places.iter().any(|&w| clash(p, w)));
-            if !overlapped {
-                copied.push(None);
-                continue;
+        if reads.iter().any(overlaps) {
+            let mut scratch = std::mem::take(&mut self.scratch);
+            let mut used = 0;
+            for r in reads {
+                if !overlaps(r) {
+                    copied.push(None);
+                    continue;
+                }
+                let src = match self.read(*r) {
+                    Ok(src) => src,
+                    Err(e) => {
+                        self.scratch = scratch;
+                        return Err(e);
+                    }
+                };
+                if scratch.len() <= used {
+                    scratch.push(Buffer::new(&self.budget));
+                }
+                let Some(buf) = scratch.get_mut(used) else {
+                    continue;
+                };
+                if let Err(source) = buf.resize(src.len()) {
+                    self.scratch = scratch;
+                    return Err(KernelError::Memory {
+                        what: "a copy of an input that overlaps an output".into(),
+                        source,
+                    });
+                }
+                buf.as_mut_bytes().copy_from_slice(src);
+                copied.push(Some(used));
+                used += 1;
             }
-            if scratch.len() <= used {
-                scratch.push(Buffer::new(&self.budget));
-            }
-            let Some(buf) = scratch.get_mut(used) else {
-                continue;
-            };
-            if let Err(source) = buf.resize(src.len()) {
-                self.scratch = scratch;
-                return Err(KernelError::Memory {
-                    what: "a copy of an input that overlaps an output".into(),
-                    source,
-                });
-            }
-            buf.as_mut_bytes().copy_from_slice(src);
-            copied.push(Some(used));
-            used += 1;
+            self.scratch = scratch;
         }
-        self.scratch = scratch;
 
         let Memory {
             planned,
@@ -427,22 +438,22 @@ impl Memory {
             ..
         } = self;
         let mut outs: Writes<'_, W> = writes.iter().map(|_| Default::default()).collect();
-        // Pieces of planned buffers between outputs: (buffer, start offset, bytes).
-        let mut gaps: SmallVec<[(u32, usize, &[u8]); R]> = SmallVec::new();
+        // Each planned buffer cut around the outputs in it; the pieces between them
+        // (buffer, start offset, bytes) are what inputs read.
+        let mut gaps: SmallVec<[(u32, usize, &[u8]); 8]> = SmallVec::new();
         for (b, buf) in planned.iter_mut().enumerate() {
             let b = b as u32;
-            let mut cuts: SmallVec<[(usize, usize, usize); W]> = write_places
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| p.0 == Place::Planned(b) && p.2 > 0)
-                .map(|(k, p)| (p.1, p.2, k))
-                .collect();
+            let mut cuts: SmallVec<[(usize, usize, usize); W]> = SmallVec::new();
+            for (k, p) in spans.iter().enumerate() {
+                if p.0 == Place::Planned(b) && p.2 > 0 {
+                    cuts.push((p.1, p.2, k));
+                }
+            }
             cuts.sort_unstable();
             let mut rest: &mut [u8] = buf.as_mut_bytes();
             let mut at = 0;
             for (offset, len, k) in cuts {
-                // Writes were bounds-checked and do not overlap, so the cuts are ordered
-                // and inside the buffer.
+                // The cuts do not overlap, so sorted they come in order.
                 let (gap, tail) = std::mem::take(&mut rest)
                     .split_at_mut_checked(offset.saturating_sub(at))
                     .ok_or_else(|| outside("its planned buffer", offset, len, 0))?;
@@ -458,71 +469,87 @@ impl Memory {
             }
             gaps.push((b, at, rest));
         }
-        let mut owners: SmallVec<[u32; R]> = reads
-            .iter()
-            .chain(writes)
-            .filter_map(|a| match a.storage {
-                Storage::Heap { owner } | Storage::Folded { owner } => Some(owner),
-                _ => None,
-            })
-            .collect();
-        owners.sort_unstable();
-        owners.dedup();
-        let mut heap_shared: SmallVec<[(u32, &[u8]); R]> = SmallVec::new();
-        for (h, buf) in pick_mut(heap, &owners) {
-            let taker = write_places
-                .iter()
-                .position(|p| p.0 == Place::Heap(h) && p.2 > 0);
-            match taker {
-                Some(k) => {
-                    let n = writes.get(k).map_or(0, |w| w.nbytes);
-                    let bytes = buf.as_mut_bytes();
-                    let len = bytes.len();
-                    let out = bytes
-                        .get_mut(..n)
-                        .ok_or_else(|| outside("its buffer", 0, n, len))?;
-                    if let Some(o) = outs.get_mut(k) {
-                        *o = out;
+        // Heap buffers: an output takes its whole buffer, inputs share the others.
+        let mut heap_shared: SmallVec<[(u32, &[u8]); 4]> = SmallVec::new();
+        if heap_used || reads.iter().any(|r| heap_owner(r).is_some()) {
+            let mut owners: SmallVec<[u32; R]> =
+                reads.iter().chain(writes).filter_map(heap_owner).collect();
+            owners.sort_unstable();
+            owners.dedup();
+            for (h, buf) in pick_mut(heap, &owners) {
+                let taker = spans.iter().position(|p| p.0 == Place::Heap(h) && p.2 > 0);
+                match taker {
+                    Some(k) => {
+                        let n = writes.get(k).map_or(0, |w| w.nbytes);
+                        let bytes = buf.as_mut_bytes();
+                        let len = bytes.len();
+                        let out = bytes
+                            .get_mut(..n)
+                            .ok_or_else(|| outside("its buffer", 0, n, len))?;
+                        if let Some(o) = outs.get_mut(k) {
+                            *o = out;
+                        }
                     }
+                    None => heap_shared.push((h, buf.as_bytes())),
                 }
-                None => heap_shared.push((h, buf.as_bytes())),
             }
         }
         let mut ins: Reads<'_, R> = SmallVec::with_capacity(reads.len());
-        for (r, copy) in reads.iter().zip(&copied) {
+        for (i, r) in reads.iter().enumerate() {
             let n = r.nbytes;
-            let view: &[u8] = if let Some(s) = copy {
-                scratch.get(*s).map_or(&[][..], Buffer::as_bytes)
-            } else if n == 0 {
-                &[]
-            } else {
-                match r.storage {
-                    Storage::Planned { buffer, offset } => gaps
-                        .iter()
-                        .find(|(b, start, g)| {
-                            *b == buffer && *start <= offset && offset + n <= start + g.len()
-                        })
-                        .and_then(|(_, start, g)| g.get(offset - start..offset - start + n)),
-                    Storage::Heap { owner } | Storage::Folded { owner } => heap_shared
-                        .iter()
-                        .find(|(h, _)| *h == owner)
-                        .and_then(|(_, b)| b.get(..n)),
-                    Storage::Program { offset } => program.get(offset..offset.saturating_add(n)),
-                    Storage::External { file, offset } => external
-                        .get(file as usize)
-                        .and_then(|f| f.get(offset..offset.saturating_add(n))),
-                    Storage::Null => None,
+            let view: Option<&[u8]> = match (copied.get(i).copied().flatten(), r.storage) {
+                (Some(s), _) => scratch.get(s).map(Buffer::as_bytes),
+                (None, Storage::Null) if n == 0 => Some(&[]),
+                (None, Storage::Null) => {
+                    return Err(KernelError::invalid(
+                        "tensor has no data (an input that was not set, or a freed tensor)",
+                    ))
                 }
-                // Every read was bounds-checked above and overlaps no write.
-                .ok_or_else(|| KernelError::Failed("an input is not readable".into()))?
+                (None, Storage::Planned { buffer, offset }) => gaps
+                    .iter()
+                    .find(|(b, start, g)| {
+                        *b == buffer && *start <= offset && offset <= start + g.len()
+                    })
+                    .and_then(|(_, start, g)| {
+                        g.get(offset - start..(offset - start).checked_add(n)?)
+                    }),
+                (None, Storage::Heap { owner } | Storage::Folded { owner }) => heap_shared
+                    .iter()
+                    .find(|(h, _)| *h == owner)
+                    .and_then(|(_, b)| b.get(..n)),
+                (None, Storage::Program { offset }) => {
+                    program.get(offset..offset.saturating_add(n))
+                }
+                (None, Storage::External { file, offset }) => external
+                    .get(file as usize)
+                    .and_then(|f| f.get(offset..offset.saturating_add(n))),
             };
-            ins.push(view);
+            // A read that overlaps no write lies in one gap, unless it is out of bounds.
+            ins.push(view.ok_or_else(|| outside("its memory", offset_of(r), n, 0))?);
         }
         Ok(Borrowed {
             reads: ins,
             writes: outs,
             workspace,
         })
+    }
+}
+
+/// The value owning the heap buffer an access reads or writes, if it is one.
+fn heap_owner(a: &Access) -> Option<u32> {
+    match a.storage {
+        Storage::Heap { owner } | Storage::Folded { owner } => Some(owner),
+        _ => None,
+    }
+}
+
+/// Where an access starts in its storage, for messages.
+fn offset_of(a: &Access) -> usize {
+    match a.storage {
+        Storage::Planned { offset, .. }
+        | Storage::Program { offset }
+        | Storage::External { offset, .. } => offset,
+        _ => 0,
     }
 }
 
