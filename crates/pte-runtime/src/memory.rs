@@ -438,6 +438,9 @@ impl Memory {
             ..
         } = self;
         let mut outs: Writes<'_, W> = writes.iter().map(|_| Default::default()).collect();
+        // Non-empty writes given their bytes below; any left over names a buffer that
+        // does not exist.
+        let mut placed = 0;
         // Each planned buffer cut around the outputs in it; the pieces between them
         // (buffer, start offset, bytes) are what inputs read.
         let mut gaps: SmallVec<[(u32, usize, &[u8]); 8]> = SmallVec::new();
@@ -463,6 +466,7 @@ impl Memory {
                 gaps.push((b, at, gap));
                 if let Some(o) = outs.get_mut(k) {
                     *o = out;
+                    placed += 1;
                 }
                 rest = tail;
                 at = offset + len;
@@ -488,11 +492,17 @@ impl Memory {
                             .ok_or_else(|| outside("its buffer", 0, n, len))?;
                         if let Some(o) = outs.get_mut(k) {
                             *o = out;
+                            placed += 1;
                         }
                     }
                     None => heap_shared.push((h, buf.as_bytes())),
                 }
             }
+        }
+        if placed < spans.iter().filter(|p| p.2 > 0).count() {
+            return Err(KernelError::invalid(
+                "an output tensor's buffer does not exist",
+            ));
         }
         let mut ins: Reads<'_, R> = SmallVec::with_capacity(reads.len());
         for (i, r) in reads.iter().enumerate() {
@@ -655,6 +665,16 @@ mod tests {
             m.borrow::<8, 4>(&[constant], &[]).unwrap().reads[0],
             &[9; 4]
         );
+        // Outputs in buffers that do not exist.
+        let nowhere = Access {
+            storage: Storage::Planned {
+                buffer: 3,
+                offset: 0,
+            },
+            nbytes: 4,
+        };
+        assert!(m.borrow::<8, 4>(&[], &[nowhere]).is_err());
+        assert!(m.borrow::<8, 4>(&[], &[heap(99, 4)]).is_err());
         // Zero-byte writes inside another write are harmless.
         assert!(m
             .borrow::<8, 4>(&[], &[planned(0, 8), planned(4, 0)])
