@@ -37,6 +37,8 @@ use crate::error::{self, Error, Result};
 use crate::mat::{MatMut, MatRef, MAX_PARTS};
 use crate::pool::ThreadPool;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Depth of a block (the k extent of packed panels held in cache).
 const KC: usize = 256;
@@ -756,8 +758,9 @@ impl Gemm {
 
     /// `c (1 × n) = a (1 × k) · b`: a sum of scaled rows of B when its rows are
     /// contiguous or it is packed, else one dot product per column; columns split over
-    /// the pool's threads when B is large enough to pay for the hand-off. (The tile
-    /// kernel would compute a whole tile of rows for the one row of C.)
+    /// the pool's threads when B is large enough to pay for the hand-off and recent
+    /// splits paid ([`ThreadPool::split_pays`]). (The tile kernel would compute a whole
+    /// tile of rows for the one row of C.)
     fn vector_matrix(
         &self,
         pool: &ThreadPool,
@@ -773,9 +776,16 @@ impl Gemm {
             Bias::None => {}
         }
         let threads = pool.threads();
-        if threads < 2 || k.saturating_mul(n) < VECTOR_SPLIT_VALUES || n < 2 * VECTOR_COLUMNS {
+        if threads < 2
+            || k.saturating_mul(n) < VECTOR_SPLIT_VALUES
+            || n < 2 * VECTOR_COLUMNS
+            || !pool.split_pays()
+        {
             return self.vector_columns(c, a, b, 0, epi);
         }
+        let started = Instant::now();
+        // Nanoseconds the caller's own range took (task 0 is the caller's first).
+        let own = AtomicU64::new(0);
         let tasks = threads.min(MAX_PARTS).min(n / VECTOR_COLUMNS);
         // Parts start at a panel's first column.
         let unit = match b {
@@ -785,12 +795,20 @@ impl Gemm {
         let step = n.div_ceil(tasks.max(1)).next_multiple_of(unit);
         let parts = c.into_parts(true, step);
         let failed = crate::pool::FirstError::default();
-        pool.parallel_for(n.div_ceil(step), |t, _| {
+        pool.parallel_for(n.div_ceil(step), |t, thread| {
+            let mine = (t == 0 && thread == 0).then(Instant::now);
             if let Some(part) = parts.take(t) {
                 let j0 = t * step;
                 failed.keep(self.vector_columns(part, a, b, j0, &epi.at(0, j0)));
             }
+            if let Some(from) = mine {
+                own.store(from.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            }
         });
+        pool.record_split(
+            Duration::from_nanos(own.load(Ordering::Relaxed)),
+            started.elapsed(),
+        );
         failed.into_result()
     }
 
