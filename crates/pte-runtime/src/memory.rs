@@ -509,7 +509,8 @@ impl Memory {
             let n = r.nbytes;
             let view: Option<&[u8]> = match (copied.get(i).copied().flatten(), r.storage) {
                 (Some(s), _) => scratch.get(s).map(Buffer::as_bytes),
-                (None, Storage::Null) if n == 0 => Some(&[]),
+                // No bytes to read, wherever the plan put them (inside an output too).
+                (None, _) if n == 0 => Some(&[]),
                 (None, Storage::Null) => {
                     return Err(KernelError::invalid(
                         "tensor has no data (an input that was not set, or a freed tensor)",
@@ -675,6 +676,12 @@ mod tests {
         };
         assert!(m.borrow::<8, 4>(&[], &[nowhere]).is_err());
         assert!(m.borrow::<8, 4>(&[], &[heap(99, 4)]).is_err());
+        // A zero-byte read inside an output's bytes reads nothing from them.
+        let b = m
+            .borrow::<8, 4>(&[planned(20, 0)], &[planned(16, 8)])
+            .unwrap();
+        assert!(b.reads[0].is_empty());
+        drop(b);
         // Zero-byte writes inside another write are harmless.
         assert!(m
             .borrow::<8, 4>(&[], &[planned(0, 8), planned(4, 0)])
