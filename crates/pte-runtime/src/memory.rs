@@ -454,15 +454,16 @@ impl Memory {
             }
             cuts.sort_unstable();
             let mut rest: &mut [u8] = buf.as_mut_bytes();
+            let whole = rest.len();
             let mut at = 0;
             for (offset, len, k) in cuts {
                 // The cuts do not overlap, so sorted they come in order.
                 let (gap, tail) = std::mem::take(&mut rest)
                     .split_at_mut_checked(offset.saturating_sub(at))
-                    .ok_or_else(|| outside("its planned buffer", offset, len, 0))?;
+                    .ok_or_else(|| outside("its planned buffer", offset, len, whole))?;
                 let (out, tail) = tail
                     .split_at_mut_checked(len)
-                    .ok_or_else(|| outside("its planned buffer", offset, len, 0))?;
+                    .ok_or_else(|| outside("its planned buffer", offset, len, whole))?;
                 gaps.push((b, at, gap));
                 if let Some(o) = outs.get_mut(k) {
                     *o = out;
@@ -536,7 +537,12 @@ impl Memory {
                     .and_then(|f| f.get(offset..offset.saturating_add(n))),
             };
             // A read that overlaps no write lies in one gap, unless it is out of bounds.
-            ins.push(view.ok_or_else(|| outside("its memory", offset_of(r), n, 0))?);
+            ins.push(view.ok_or_else(|| {
+                KernelError::Failed(format!(
+                    "tensor bytes {}..+{n} lie outside its memory",
+                    offset_of(r)
+                ))
+            })?);
         }
         Ok(Borrowed {
             reads: ins,
