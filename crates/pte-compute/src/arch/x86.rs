@@ -179,9 +179,12 @@ pub(crate) struct DwRow {
 /// Generates the depthwise row kernel over `$v` vectors of `$l` lanes in a module of
 /// its own (one source for every vector width).
 macro_rules! depthwise_rows {
-    ($module:ident, $feat:literal, $v:ty, $l:literal, $load:ident, $store:ident,
-     $fmadd:ident, $set1:ident, $zero:ident, $min:ident, $max:ident, $add:ident) => {
+    ($module:ident, $feat:literal, $v:ty, $l:literal, $register_taps:literal, $load:path,
+     $store:path, $fmadd:path, $set1:path, $zero:path, $min:path, $max:path,
+     $add:path) => {
         pub(crate) mod $module {
+            // The paired kernel names its operations by path, using none of these.
+            #[allow(unused_imports)]
             use std::arch::x86_64::*;
 
             use super::DwRow;
@@ -244,7 +247,7 @@ macro_rules! depthwise_rows {
                             bias: $load(bias.add(c0)),
                             y: y.add(c0),
                         };
-                        if K == 3 {
+                        if K <= $register_taps {
                             let taps: [[$v; K]; K] = std::array::from_fn(|ky| {
                                 std::array::from_fn(|kx| $load(w.add((ky * K + kx) * g.c + c0)))
                             });
@@ -496,6 +499,7 @@ depthwise_rows!(
     "avx2,fma",
     __m256,
     8,
+    3,
     _mm256_loadu_ps,
     _mm256_storeu_ps,
     _mm256_fmadd_ps,
@@ -510,6 +514,7 @@ depthwise_rows!(
     "avx512f,avx2,fma",
     __m512,
     16,
+    3,
     _mm512_loadu_ps,
     _mm512_storeu_ps,
     _mm512_fmadd_ps,
@@ -518,6 +523,89 @@ depthwise_rows!(
     _mm512_min_ps,
     _mm512_max_ps,
     _mm512_add_ps
+);
+
+/// Sixteen channels as two AVX2 vectors, for [`dw256x2`]: each cache line of a pixel's
+/// channels is read whole by one block of channels, where blocks of eight read each
+/// line twice, a whole band of rows apart (out of L1 by then).
+mod pair {
+    use std::arch::x86_64::*;
+
+    pub(crate) type Pair = [__m256; 2];
+
+    /// # Safety
+    /// AVX2 is available; `p` points to 16 floats.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn load(p: *const f32) -> Pair {
+        // SAFETY: forwarded contract.
+        unsafe { [_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))] }
+    }
+
+    /// # Safety
+    /// AVX2 is available; `p` points to 16 writable floats.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) unsafe fn store(p: *mut f32, [a, b]: Pair) {
+        // SAFETY: forwarded contract.
+        unsafe {
+            _mm256_storeu_ps(p, a);
+            _mm256_storeu_ps(p.add(8), b);
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn fmadd([a0, a1]: Pair, [b0, b1]: Pair, [c0, c1]: Pair) -> Pair {
+        [_mm256_fmadd_ps(a0, b0, c0), _mm256_fmadd_ps(a1, b1, c1)]
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn set1(v: f32) -> Pair {
+        [_mm256_set1_ps(v); 2]
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn zero() -> Pair {
+        [_mm256_setzero_ps(); 2]
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn min([a0, a1]: Pair, [b0, b1]: Pair) -> Pair {
+        [_mm256_min_ps(a0, b0), _mm256_min_ps(a1, b1)]
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn max([a0, a1]: Pair, [b0, b1]: Pair) -> Pair {
+        [_mm256_max_ps(a0, b0), _mm256_max_ps(a1, b1)]
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    pub(crate) fn add([a0, a1]: Pair, [b0, b1]: Pair) -> Pair {
+        [_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1)]
+    }
+}
+
+// Taps read from L1 at every size: eighteen vectors of a 3×3 window would spill.
+depthwise_rows!(
+    dw256x2,
+    "avx2,fma",
+    super::pair::Pair,
+    16,
+    0,
+    super::pair::load,
+    super::pair::store,
+    super::pair::fmadd,
+    super::pair::set1,
+    super::pair::zero,
+    super::pair::min,
+    super::pair::max,
+    super::pair::add
 );
 
 /// `dst[j·ds + i] = src[i·ss + j]` for `i < rows`, `j < cols` (32-bit values, bits

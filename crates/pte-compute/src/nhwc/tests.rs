@@ -464,7 +464,8 @@ fn convolutions_match_a_direct_loop() {
         ([7, 8], [5, 5], [1, 1], [1, 1], [2, 2, 2, 2], 48, 1, 1, true),
         ([5, 4], [5, 5], [2, 2], [1, 1], [2, 2, 2, 2], 16, 1, 1, true),
         ([4, 3], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 16, 1, 1, true),
-        // 72 channels: four blocks of 16 at an edge pixel on AVX-512, then 8 on AVX2.
+        // 72 channels: four blocks of 16 at an edge pixel (one AVX-512 vector or two
+        // AVX2 vectors each), then one block of 8.
         ([6, 9], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 72, 1, 1, true),
         ([7, 7], [5, 5], [1, 1], [1, 1], [2, 2, 2, 2], 72, 1, 1, true),
         // A 1×1 product whose weights take several blocks of panels, the last panel
