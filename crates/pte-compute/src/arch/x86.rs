@@ -191,9 +191,10 @@ macro_rules! depthwise_rows {
 
             /// Depthwise K×K convolution (K = 3 or 5) of one output row, channels `c_lo..c_hi`.
             ///
-            /// One block of channels (one vector) at a time, sliding along the row: the
-            /// block's row pointers and bias (and a 3×3 block's nine weight vectors) stay in
-            /// registers while pixels go by groups of up to four whose taps all lie inside
+            /// One block of channels (one `$v`) at a time, sliding along the row: the
+            /// block's row pointers and bias (and, for kernels of at most `$register_taps`
+            /// rows, the window's weight vectors) stay in registers while pixels go by
+            /// groups of up to four whose taps all lie inside
             /// the row (independent accumulators; at stride 1 or 2 without dilation each
             /// input vector is loaded once and feeds every accumulator that reads it), the
             /// pixels near the ends one at a time with their taps checked; rows in the
