@@ -474,18 +474,23 @@ macro_rules! depthwise_rows {
                 ox: usize,
             ) -> $v {
                 let mut acc = [$zero(); K];
+                // The taps inside the row, kx in lo..hi: input column ox·s + kx·d - pad
+                // in 0..w_in (found once, not tap by tap).
+                let (x0, d) = (ox * st.stride(), st.dilation().max(1));
+                let lo = g.pad.saturating_sub(x0).div_ceil(d).min(K);
+                let hi = (g.w_in + g.pad)
+                    .checked_sub(x0)
+                    .map_or(0, |room| room.div_ceil(d))
+                    .clamp(lo, K);
                 for ((ky, &row), a) in b.rows.iter().enumerate().zip(acc.iter_mut()) {
                     if row.is_null() {
                         continue;
                     }
-                    for kx in 0..K {
-                        let Some(ix) = (ox * st.stride() + kx * st.dilation())
-                            .checked_sub(g.pad)
-                            .filter(|&ix| ix < g.w_in)
-                        else {
-                            continue;
-                        };
-                        // SAFETY: ix < w_in: inside the row; ky·K + kx < K·K.
+                    // All K taps, those outside lo..hi skipped: a loop of constant length,
+                    // unrolled (a loop over lo..hi made 3×3 rows 5-25% slower).
+                    for kx in (0..K).filter(|kx| (lo..hi).contains(kx)) {
+                        let ix = x0 + kx * d - g.pad;
+                        // SAFETY: lo..hi keeps ix in 0..w_in: inside the row; ky·K + kx < K·K.
                         unsafe { *a = $fmadd($load(row.add(ix * g.c)), taps.tap(ky, kx), *a) };
                     }
                 }
