@@ -349,8 +349,8 @@ impl<'a> PanelRun<'a> {
 /// Where the rows of one tile of an indirect product are.
 #[derive(Clone, Copy)]
 enum Source<'a, T> {
-    /// Row `i` of tap `t` is `list[t · rows + i]`.
-    List(&'a [&'a [T]]),
+    /// Row `i` of tap `t` is `list[t · rows + i]`, from value `skip` on.
+    List { list: &'a [&'a [T]], skip: usize },
     /// Row `i` of tap `t` starts at `a[t · tap + i · row]`: a stem convolution's
     /// pixels in one output row, a fixed distance apart in its padded input.
     Strided { a: &'a [T], row: usize, tap: usize },
@@ -382,7 +382,7 @@ impl<'a, T> IndirectRows<'a, T> {
                 if taps <= MAX_ROW_TAPS && rows <= MAX_MR && a.iter().all(|r| r.len() >= kc) =>
             {
                 Ok(Self {
-                    source: Source::List(a),
+                    source: Source::List { list: a, skip: 0 },
                     rows,
                     taps,
                     kc,
@@ -457,10 +457,44 @@ impl<'a, T> IndirectRows<'a, T> {
         self.kc
     }
 
+    /// Values `from..from + kc` of every row (within the checked ones): the rows of a
+    /// block of groups, listed once, read group by group.
+    pub(crate) fn columns(&self, from: usize, kc: usize) -> Result<Self> {
+        if from.checked_add(kc).is_none_or(|end| end > self.kc) {
+            return Err(Error::InvalidParameter {
+                what: format!(
+                    "indirect rows: values {from}..{from}+{kc} of rows of depth {}",
+                    self.kc
+                ),
+            });
+        }
+        let source = match self.source {
+            Source::List { list, skip } => Source::List {
+                list,
+                skip: skip + from,
+            },
+            Source::Strided { a, row, tap } => Source::Strided {
+                a: a.get(from..).unwrap_or_default(),
+                row,
+                tap,
+            },
+            Source::Table { a, pixels, taps } => Source::Table {
+                a: a.get(from..).unwrap_or_default(),
+                pixels,
+                taps,
+            },
+        };
+        Ok(Self {
+            source,
+            kc,
+            ..*self
+        })
+    }
+
     /// Rows `r0..r0 + n` of a strip (clamped to its rows); a list is never split.
     fn rows_from(&self, r0: usize, n: usize) -> Self {
         let source = match self.source {
-            Source::List(a) => Source::List(a),
+            Source::List { list, skip } => Source::List { list, skip },
             Source::Strided { a, row, tap } => Source::Strided {
                 a: a.get(r0 * row..).unwrap_or_default(),
                 row,
@@ -482,7 +516,7 @@ impl<'a, T> IndirectRows<'a, T> {
     /// Row `i` of tap `t` (empty past the checked ones).
     pub(crate) fn row(&self, t: usize, i: usize) -> &'a [T] {
         match self.source {
-            Source::List(a) => a.get(t * self.rows + i).copied(),
+            Source::List { list, skip } => list.get(t * self.rows + i).and_then(|r| r.get(skip..)),
             Source::Strided { a, row, tap } => a.get(t * tap + i * row..),
             Source::Table { a, pixels, taps } => taps
                 .get(t)
@@ -503,7 +537,7 @@ impl<T: Copy + 'static> IndirectRows<'_, T> {
     #[cfg(target_arch = "x86_64")]
     pub(crate) fn ptrs(&self) -> Ptrs<T> {
         match self.source {
-            Source::List(a) => Ptrs::List(ListPtrs(a.as_ptr().cast())),
+            Source::List { list, skip } => Ptrs::List(ListPtrs(list.as_ptr().cast(), skip)),
             Source::Strided { a, row, tap } => Ptrs::Strided(StridedPtrs {
                 a: a.as_ptr(),
                 row,
@@ -536,17 +570,18 @@ pub(crate) trait RowPtrs<T>: Copy {
     unsafe fn row(self, t: usize, i: usize, rows: usize) -> *const T;
 }
 
-/// [`Source::List`]'s slices.
+/// [`Source::List`]'s slices and the values skipped at the start of each.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
-pub(crate) struct ListPtrs<T: 'static>(*const &'static [T]);
+pub(crate) struct ListPtrs<T: 'static>(*const &'static [T], usize);
 
 #[cfg(target_arch = "x86_64")]
 impl<T: Copy> RowPtrs<T> for ListPtrs<T> {
     #[inline(always)]
     unsafe fn row(self, t: usize, i: usize, rows: usize) -> *const T {
-        // SAFETY: the list holds `taps · rows` slices (the caller's contract).
-        unsafe { (*self.0.add(t * rows + i)).as_ptr() }
+        // SAFETY: the list holds `taps · rows` slices (the caller's contract), each
+        // longer than the values skipped (checked by `IndirectRows`).
+        unsafe { (*self.0.add(t * rows + i)).as_ptr().add(self.1) }
     }
 }
 
@@ -621,7 +656,7 @@ pub(crate) fn indirect_microkernel(
     // A list gives one tile's rows; strided and table sources may give a strip of
     // any length, taken tile by tile below after one check of the whole strip (the
     // checks cost as much as a short tile's multiplications).
-    let strip = !matches!(source, Source::List(_));
+    let strip = !matches!(source, Source::List { .. });
     let ok = rows >= 1
         && (strip || rows <= mr)
         && b_len.is_some_and(|l| b.data.len() >= l)
@@ -682,8 +717,8 @@ pub(crate) fn indirect_microkernel(
             // output rows as many below `cp` (inside the checked tile).
             unsafe {
                 match source {
-                    Source::List(a) => {
-                        let a = ListPtrs(a.as_ptr().cast());
+                    Source::List { list, skip } => {
+                        let a = ListPtrs(list.as_ptr().cast(), skip);
                         call(isa, (rows, taps, kc), a, panels, (cp, rs), accumulate, raw);
                     }
                     Source::Strided { a, row, tap } => {
@@ -807,6 +842,13 @@ mod tests {
             assert!(IndirectRows::new(&[&src[..4]], 2, 1, 1).is_err());
             let one = [&src[..4]];
             let r = IndirectRows::new(&one, 1, 1, 4).unwrap();
+            // A view of some of each row's values stays inside the checked ones.
+            assert_eq!(r.columns(1, 3).unwrap().row(0, 0), &src[1..4]);
+            assert_eq!(
+                r.columns(1, 2).unwrap().columns(1, 1).unwrap().row(0, 0),
+                &src[2..4]
+            );
+            assert!(r.columns(1, 4).is_err() && r.columns(usize::MAX, 2).is_err());
             let short = PanelRun {
                 data: &b[..3],
                 stride: 0,

@@ -62,8 +62,8 @@ pub struct ConvNhwc {
     algo: Algo,
     bias: Vec<f32>,
     activation: Activation,
-    /// A row of zeros (one group's input channels, all channels for a depthwise
-    /// convolution): what taps in the padding read.
+    /// A row of zeros as long as a pixel's channels: what taps in the padding read
+    /// (a block of groups' channels at once).
     zero: Vec<f32>,
     /// The indirect kernel may skip a tap that reads only padding: the convolution
     /// is padded and every weight is finite (else PyTorch's zero times infinity
@@ -221,7 +221,7 @@ impl ConvNhwc {
             algo,
             bias,
             activation,
-            zero: vec![0.0; if depthwise { p.in_channels } else { cig }],
+            zero: vec![0.0; p.in_channels],
             finite,
         })
     }
@@ -878,7 +878,6 @@ impl ConvNhwc {
             Gather::Rows { .. } => (p.kernel[0], p.kernel[1] * cig),
         };
         let rows_here = c.rows();
-        let zero = self.zero.get(..k).unwrap_or_default();
         // A row tile takes a block of groups whose weights stay in L2 together, so that
         // its gathering is done once for all of them and its input pixels are read
         // channel after channel. One group at a time, each over every tile, re-gathered
@@ -955,6 +954,26 @@ impl ConvNhwc {
                             }
                             continue;
                         }
+                        // This tile's rows for taps t0..t0 + seg: the channels of the
+                        // block's groups, listed once and read group by group (a
+                        // list per group of 16 channels took as long as its products).
+                        let span = (block_groups.len() - 1) * cig + k;
+                        let first_channel = block_groups.start * cig;
+                        let (mut pixels, mut offsets) = ([0; MAX_MR], [0; INDIRECT_TAPS]);
+                        let pixels = pixels.get_mut(..rows).unwrap_or_default();
+                        let offsets = offsets.get_mut(..seg).unwrap_or_default();
+                        if self.window_inside(r0 + r, (t0, seg), pixels, offsets) {
+                            // No tap reads padding: each row is a pixel's offset plus
+                            // a tap's, nothing to list.
+                            let a = x.get(first_channel..).unwrap_or_default();
+                            let table = IndirectRows::table(a, pixels, offsets, span)?;
+                            for g in block_groups.clone() {
+                                let Some(b) = weights.get(g) else { continue };
+                                let list = table.columns((g - block_groups.start) * cig, k)?;
+                                tile.run(&self.bias, b, &list, &mut c, (r, g * cog), whole)?;
+                            }
+                            continue;
+                        }
                         let (at, a) = lists.get_or_insert_with(|| {
                             let a: [&[f32]; INDIRECT_TAPS * MAX_MR] = [&[]; INDIRECT_TAPS * MAX_MR];
                             ([None; INDIRECT_TAPS * MAX_MR], a)
@@ -967,13 +986,14 @@ impl ConvNhwc {
                         let skip = self.finite
                             && seg == taps
                             && reading_runs(at, rows, seg).next().is_some();
+                        let zero = self.zero.get(..span).unwrap_or_default();
+                        for (slot, &o) in a.iter_mut().zip(at.iter()).take(seg * rows) {
+                            let o = o.map(|o: usize| o + first_channel);
+                            *slot = o.and_then(|o| x.get(o..o + span)).unwrap_or(zero);
+                        }
                         for g in block_groups.clone() {
                             let Some(b) = weights.get(g) else { continue };
-                            // This tile's rows for taps t0..t0 + seg, in group g.
-                            for (slot, &o) in a.iter_mut().zip(at.iter()).take(seg * rows) {
-                                let o = o.map(|o: usize| o + g * cig);
-                                *slot = o.and_then(|o| x.get(o..o + k)).unwrap_or(zero);
-                            }
+                            let from = (g - block_groups.start) * cig;
                             let product = |run: TapRun, c: &mut MatMut<'_>| {
                                 let first = (run.first - t0) * rows;
                                 let list = a.get(first..first + run.count * rows);
@@ -981,8 +1001,9 @@ impl ConvNhwc {
                                     list.unwrap_or_default(),
                                     rows,
                                     run.count,
-                                    k,
-                                )?;
+                                    span,
+                                )?
+                                .columns(from, k)?;
                                 tile.run(&self.bias, b, &list, c, (r, g * cog), run)
                             };
                             if !skip {
@@ -1021,6 +1042,52 @@ impl ConvNhwc {
             }
         }
         Ok(())
+    }
+
+    /// Whether every one of `pixels.len()` output pixels from `first` reads its whole
+    /// window inside the image; if so, `pixels[i]` is where pixel `i`'s window starts
+    /// in the input (its first channel) and `offsets[t]` how far tap `t0 + t` is from
+    /// there.
+    fn window_inside(
+        &self,
+        first: usize,
+        (t0, seg): (usize, usize),
+        pixels: &mut [usize],
+        offsets: &mut [usize],
+    ) -> bool {
+        let p = &self.p;
+        let ([oh, ow], [h, w], c) = (self.out, p.input, p.in_channels);
+        let [kh, kw] = p.kernel;
+        // The window's last row and column, from its first.
+        let reach_y = kh.saturating_sub(1) * p.dilation[0];
+        let reach_x = kw.saturating_sub(1) * p.dilation[1];
+        let (mut n, pix) = (first / (oh * ow).max(1), first % (oh * ow).max(1));
+        let (mut oy, mut ox) = (pix / ow.max(1), pix % ow.max(1));
+        for slot in pixels.iter_mut() {
+            let iy = (oy * p.stride[0])
+                .checked_sub(p.padding[0])
+                .filter(|&iy| iy + reach_y < h);
+            let ix = (ox * p.stride[1])
+                .checked_sub(p.padding[1])
+                .filter(|&ix| ix + reach_x < w);
+            let (Some(iy), Some(ix)) = (iy, ix) else {
+                return false;
+            };
+            *slot = ((n * h + iy) * w + ix) * c;
+            ox += 1;
+            if ox == ow {
+                ox = 0;
+                oy += 1;
+                if oy == oh {
+                    (oy, n) = (0, n + 1);
+                }
+            }
+        }
+        for (t, o) in (t0..t0 + seg).zip(offsets.iter_mut()) {
+            let (ky, kx) = (t / kw.max(1), t % kw.max(1));
+            *o = (ky * p.dilation[0] * w + kx * p.dilation[1]) * c;
+        }
+        true
     }
 
     /// Where each of `rows` output pixels from `first` reads its taps `t0..t0 + seg`

@@ -356,6 +356,32 @@ fn convolutions_match_a_direct_loop() {
             8,
             false,
         ),
+        // Tiles whose whole windows lie inside the image read their rows through a
+        // table of offsets, the others through a list: regnet_y's 16 channels per
+        // group, a block of groups sharing each tile's rows, and a dilated window
+        // with padding on one side only.
+        (
+            [11, 16],
+            [3, 3],
+            [1, 1],
+            [1, 1],
+            [1, 1, 1, 1],
+            4,
+            16,
+            16,
+            false,
+        ),
+        (
+            [12, 19],
+            [3, 3],
+            [1, 2],
+            [2, 2],
+            [2, 3, 0, 1],
+            3,
+            8,
+            16,
+            false,
+        ),
         ([7, 9], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], 37, 1, 1, true),
         ([8, 8], [3, 3], [2, 2], [1, 1], [0, 1, 1, 0], 20, 1, 1, true),
         ([6, 6], [5, 5], [1, 1], [2, 2], [4, 4, 4, 4], 5, 1, 1, true),
