@@ -298,6 +298,46 @@ def _inverted_residuals():
     )
 
 
+class DenseBlock(nn.Module):
+    """DenseNet's pattern: every layer reads the concatenation of all earlier outputs."""
+
+    def __init__(self, layers=6, growth=8, width=16):
+        super().__init__()
+        self.stem = nn.Conv2d(3, width, 3, padding=1)
+        self.layers = nn.ModuleList()
+        c = width
+        for _ in range(layers):
+            self.layers.append(
+                nn.Sequential(
+                    nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, 2 * growth, 1, bias=False),
+                    nn.BatchNorm2d(2 * growth), nn.ReLU(), nn.Conv2d(2 * growth, growth, 3, padding=1, bias=False),
+                )
+            )
+            c += growth
+        self.transition = nn.Sequential(nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, c // 2, 1), nn.AvgPool2d(2))
+
+    def forward(self, x):
+        features = [self.stem(x)]
+        for layer in self.layers:
+            features.append(layer(torch.cat(features, 1)))
+        return self.transition(torch.cat(features, 1))
+
+
+@fixture("dense_block")
+def _dense_block():
+    m = _calibrate_bn(DenseBlock()).eval()
+    methods, cases = single(m, torch.randn(1, 3, 16, 16))
+    return Spec(
+        "A DenseNet block: six layers (batch norm, ReLU, 1x1, batch norm, ReLU, 3x3), each "
+        "reading the concatenation of every earlier output, and a transition, input "
+        "1x3x16x16: a channels-last region with many inputs.",
+        methods,
+        cases,
+        rtol=1e-4,
+        atol=1e-5,
+    )
+
+
 class DynBatch(nn.Module):
     def __init__(self):
         super().__init__()

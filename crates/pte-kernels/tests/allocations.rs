@@ -2,9 +2,10 @@
 //! again (inputs set, execute) makes no heap allocation.
 //!
 //! Every portable fixture of the manifest runs here on its recorded inputs (the first case
-//! of each method; every case, in order, for sequential fixtures). Each kernel is wrapped
-//! so that allocations are attributed to the operator during whose call they happened
-//! (the runtime's `io` views included); what no kernel accounts for was allocated by the
+//! of each method; every case, in order, for sequential fixtures), with the fast paths
+//! and fusions `pte run` uses. Each kernel, fused ones included, is wrapped so that
+//! allocations are attributed to the operator during whose call they happened (the
+//! runtime's `io` views included); what no kernel accounts for was allocated by the
 //! runtime itself (`set_inputs`, the instruction loop).
 
 use std::collections::BTreeMap;
@@ -12,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use pte_runtime::{npy, Args, EValue, Kernel, KernelRegistry, KernelResult, PreparedKernel};
+use pte_runtime::{Alias, CallId, Fuser, Fusion, Graph};
 use pte_runtime::{Method, Program};
 use pte_testkit::Fixture;
 
@@ -63,9 +65,46 @@ impl PreparedKernel for CountedRun {
     }
 }
 
-/// Every kernel of the crate, wrapped to count into `tally`.
+/// The crate's fuser, its fused kernels wrapped to count into `tally` under the
+/// fusion's name.
+struct CountedFuser {
+    kernels: Arc<KernelRegistry>,
+    tally: Tally,
+}
+
+impl CountedFuser {
+    fn inner(&self) -> &dyn Fuser {
+        self.kernels
+            .fuser()
+            .expect("the crate's registry has a fuser")
+    }
+}
+
+impl Fuser for CountedFuser {
+    fn fuse(&self, graph: &Graph<'_>) -> Vec<Fusion> {
+        let mut fusions = self.inner().fuse(graph);
+        for f in &mut fusions {
+            f.kernel = Arc::new(Counted {
+                name: f.name.clone(),
+                inner: f.kernel.clone(),
+                tally: self.tally.clone(),
+            });
+        }
+        fusions
+    }
+
+    fn aliases(&self, graph: &Graph<'_>) -> Vec<Alias> {
+        self.inner().aliases(graph)
+    }
+
+    fn defer_folding(&self, graph: &Graph<'_>) -> Vec<CallId> {
+        self.inner().defer_folding(graph)
+    }
+}
+
+/// Every kernel of the crate and its fusions, wrapped to count into `tally`.
 fn counted_registry(tally: &Tally) -> KernelRegistry {
-    let kernels = pte_kernels::registry();
+    let kernels = Arc::new(pte_kernels::registry());
     let mut counted = KernelRegistry::new();
     for name in kernels.names() {
         let inner = kernels.get(name).expect("registered").clone();
@@ -77,7 +116,14 @@ fn counted_registry(tally: &Tally) -> KernelRegistry {
                 tally: tally.clone(),
             },
         );
+        if kernels.is_pure(name) {
+            counted.mark_pure(name);
+        }
     }
+    counted.set_fuser(CountedFuser {
+        kernels: kernels.clone(),
+        tally: tally.clone(),
+    });
     counted
 }
 

@@ -879,6 +879,7 @@ impl Kernel for RegionKernel {
             resamplings: Vec::new(),
             chains: Vec::new(),
             profile: StepTimes::default(),
+            scratch: ScratchPlan::default(),
             _charge: charge(args, 0, "NHWC region")?,
         };
         for s in &r.plan.steps {
@@ -1044,6 +1045,8 @@ struct Region {
     /// With profiling on, per step: the step alone, then as the first of a chain
     /// (`steps.len()` on), then the conversions of the inputs (last).
     profile: StepTimes,
+    /// The last execution's scratch layout, its lists' memory reused.
+    scratch: ScratchPlan,
     _charge: Charge,
 }
 
@@ -1167,13 +1170,16 @@ fn srcs_of(step: &Step) -> SmallVec<[Src; MAX_PARTS]> {
 }
 
 /// Scratch offsets (f32) of the converted entries, the exit buffer and the working
-/// memory of one execution, and the lengths of the slots after them.
+/// memory of one execution, and the lengths of the slots after them. Kept by the
+/// region and refilled at every execution: its lists keep their memory (a DenseNet
+/// block's region has dozens of entries).
+#[derive(Default)]
 struct ScratchPlan {
-    entries: SmallVec<[(usize, usize); 4]>,
+    entries: Vec<(usize, usize)>,
     exit: (usize, usize),
     work: (usize, usize),
     /// The length of each slot, the slots one after another past the working memory.
-    slots: SmallVec<[usize; 8]>,
+    slots: Vec<usize>,
 }
 
 impl ScratchPlan {
@@ -1371,8 +1377,8 @@ impl Region {
     }
 
     /// Gives every step's output its sizes for the current inputs (rebuilding a
-    /// convolution whose arguments changed) and plans the scratch memory.
-    fn shape(&mut self, args: &mut Args<'_>) -> KernelResult<ScratchPlan> {
+    /// convolution whose arguments changed) and plans the scratch memory into `sp`.
+    fn shape(&mut self, args: &mut Args<'_>, sp: &mut ScratchPlan) -> KernelResult {
         let mut layers = self.layers.iter_mut();
         let threads = args.pool().threads();
         let (mut work, mut exit) = (0usize, 0usize);
@@ -1477,27 +1483,23 @@ impl Region {
         for &(_, p) in &self.plan.late {
             exit = exit.max(args.info(p)?.numel());
         }
-        let mut entries = SmallVec::new();
+        sp.entries.clear();
         let mut at = 0usize;
         for &e in &self.plan.entries {
             let n = args.info(e)?.numel();
-            entries.push((at, n));
+            sp.entries.push((at, n));
             at += n;
         }
-        let mut slots = SmallVec::new();
+        sp.slots.clear();
         for held in &self.slots {
             let mut len = 0;
             for &p in held {
                 len = len.max(args.info(p)?.numel());
             }
-            slots.push(len);
+            sp.slots.push(len);
         }
-        Ok(ScratchPlan {
-            entries,
-            exit: (at, exit),
-            work: (at + exit, work),
-            slots,
-        })
+        (sp.exit, sp.work) = ((at, exit), (at + exit, work));
+        Ok(())
     }
 
     /// Moves each step output that the program's memory plan put over one of the
@@ -1698,12 +1700,15 @@ struct Views<'a> {
 
 impl PreparedKernel for Region {
     fn run(&mut self, args: &mut Args<'_>) -> KernelResult {
-        let mut sp = self.shape(args)?;
+        // Taken for the execution and put back after it (lost on an error: the next
+        // execution allocates it again).
+        let mut sp = std::mem::take(&mut self.scratch);
+        self.shape(args, &mut sp)?;
         if !self.placed {
             self.relocate(args)?;
             self.placed = true;
             // With the slots' sizes.
-            sp = self.shape(args)?;
+            self.shape(args, &mut sp)?;
         }
         let pool = args.pool();
         let isa = Isa::best();
@@ -1846,6 +1851,7 @@ impl PreparedKernel for Region {
             self.leave_late(args, &sp, i - 1..i)?;
             self.profile.record(i - 1, started);
         }
+        self.scratch = sp;
         Ok(())
     }
 
