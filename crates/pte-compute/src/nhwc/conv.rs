@@ -1056,14 +1056,12 @@ impl ConvNhwc {
         offsets: &mut [usize],
     ) -> bool {
         let p = &self.p;
-        let ([oh, ow], [h, w], c) = (self.out, p.input, p.in_channels);
+        let ([h, w], c) = (p.input, p.in_channels);
         let [kh, kw] = p.kernel;
         // The window's last row and column, from its first.
         let reach_y = kh.saturating_sub(1) * p.dilation[0];
         let reach_x = kw.saturating_sub(1) * p.dilation[1];
-        let (mut n, pix) = (first / (oh * ow).max(1), first % (oh * ow).max(1));
-        let (mut oy, mut ox) = (pix / ow.max(1), pix % ow.max(1));
-        for slot in pixels.iter_mut() {
+        for (slot, [n, oy, ox]) in pixels.iter_mut().zip(self.pixels_from(first)) {
             let iy = (oy * p.stride[0])
                 .checked_sub(p.padding[0])
                 .filter(|&iy| iy + reach_y < h);
@@ -1074,14 +1072,6 @@ impl ConvNhwc {
                 return false;
             };
             *slot = ((n * h + iy) * w + ix) * c;
-            ox += 1;
-            if ox == ow {
-                ox = 0;
-                oy += 1;
-                if oy == oh {
-                    (oy, n) = (0, n + 1);
-                }
-            }
         }
         for (t, o) in (t0..t0 + seg).zip(offsets.iter_mut()) {
             let (ky, kx) = (t / kw.max(1), t % kw.max(1));
@@ -1090,10 +1080,25 @@ impl ConvNhwc {
         true
     }
 
+    /// Output pixels `[image, row, column]` from pixel `first` on, counted through,
+    /// not divided out: the divisions cost more than the gathering.
+    fn pixels_from(&self, first: usize) -> impl Iterator<Item = [usize; 3]> {
+        let [oh, ow] = self.out.map(|v| v.max(1));
+        let (n, pix) = (first / (oh * ow), first % (oh * ow));
+        std::iter::successors(Some([n, pix / ow, pix % ow]), move |&[n, oy, ox]| {
+            Some(if ox + 1 < ow {
+                [n, oy, ox + 1]
+            } else if oy + 1 < oh {
+                [n, oy + 1, 0]
+            } else {
+                [n + 1, 0, 0]
+            })
+        })
+    }
+
     /// Where each of `rows` output pixels from `first` reads its taps `t0..t0 + seg`
     /// (`at[t * rows + i]`): the offset in the input of the first channel (of group
-    /// 0), `None` for padding. The pixels are counted through, not divided out: the
-    /// divisions cost more than the gathering.
+    /// 0), `None` for padding.
     fn gather_offsets(
         &self,
         gather: Gather,
@@ -1103,12 +1108,9 @@ impl ConvNhwc {
         at: &mut [Option<usize>],
     ) {
         let p = &self.p;
-        let [oh, ow] = self.out;
         let image = p.input[0] * p.input[1] * p.in_channels;
-        let (mut n, pix) = (first / (oh * ow).max(1), first % (oh * ow).max(1));
-        let (mut oy, mut ox) = (pix / ow.max(1), pix % ow.max(1));
         let kw = p.kernel[1].max(1);
-        for i in 0..rows {
+        for (i, [n, oy, ox]) in self.pixels_from(first).take(rows).enumerate() {
             let (mut ky, mut kx) = (t0 / kw, t0 % kw);
             for t in 0..seg {
                 let o = match gather {
@@ -1124,14 +1126,6 @@ impl ConvNhwc {
                 kx += 1;
                 if kx == kw {
                     (kx, ky) = (0, ky + 1);
-                }
-            }
-            ox += 1;
-            if ox == ow {
-                ox = 0;
-                oy += 1;
-                if oy == oh {
-                    (oy, n) = (0, n + 1);
                 }
             }
         }
