@@ -236,46 +236,65 @@ fn bench_gemm(o: &Opts) {
     println!();
 }
 
-/// The machine's f32 multiply-add peak on one thread: 12 independent chains of 256-bit
-/// FMAs (more than latency × throughput on any x86-64 core), GFLOP/s.
+/// The machine's f32 multiply-add peak on one thread, GFLOP/s: 12 independent chains of
+/// FMAs (more than latency × throughput on any x86-64 core), on 256-bit vectors and, where
+/// the CPU has AVX-512, on 512-bit ones.
 #[cfg(target_arch = "x86_64")]
-fn fma_peak(o: &Opts) -> Option<f64> {
+fn fma_peak(o: &Opts) -> Option<(f64, Option<f64>)> {
     use std::arch::x86_64::*;
-    #[target_feature(enable = "avx2,fma")]
-    fn chains(iters: usize) -> f32 {
-        let mut acc = [_mm256_setzero_ps(); 12];
-        let (a, b) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
-        for _ in 0..iters {
-            for x in acc.iter_mut() {
-                *x = _mm256_fmadd_ps(*x, a, b);
+    macro_rules! chains {
+        ($name:ident, $feat:literal, $v:ty, $lanes:literal, $zero:ident, $set1:ident, $fmadd:ident, $add:ident, $store:ident) => {
+            #[target_feature(enable = $feat)]
+            fn $name(iters: usize) -> f32 {
+                let mut acc = [$zero(); 12];
+                let (a, b) = ($set1(0.999_999), $set1(1e-7));
+                for _ in 0..iters {
+                    for x in acc.iter_mut() {
+                        *x = $fmadd(*x, a, b);
+                    }
+                }
+                let mut sum = $zero();
+                for x in acc {
+                    sum = $add(sum, x);
+                }
+                let mut out = [0f32; $lanes];
+                // SAFETY: `out` holds one vector of floats.
+                unsafe { $store(out.as_mut_ptr(), sum) };
+                out.iter().sum()
             }
-        }
-        let mut sum = _mm256_setzero_ps();
-        for x in acc {
-            sum = _mm256_add_ps(sum, x);
-        }
-        let mut out = [0f32; 8];
-        // SAFETY: `out` holds 8 floats.
-        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), sum) };
-        out.iter().sum()
+        };
     }
+    chains!(chains256, "avx2,fma", __m256, 8, _mm256_setzero_ps, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, _mm256_storeu_ps);
+    chains!(chains512, "avx512f", __m512, 16, _mm512_setzero_ps, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, _mm512_storeu_ps);
     if !Isa::Avx2.is_available() {
         return None;
     }
     let iters = 100_000;
+    let gflops = |lanes: usize, t: f64| (iters * 12 * lanes * 2) as f64 / t / 1e9;
     // SAFETY: AVX2 and FMA are available (checked above).
     let t = race(
         &mut [&mut || {
-            black_box(unsafe { chains(black_box(iters)) });
+            black_box(unsafe { chains256(black_box(iters)) });
         }],
         o.rounds,
         o.min,
     );
-    Some((iters * 12 * 8 * 2) as f64 / t[0] / 1e9)
+    let wide = Isa::Avx512.is_available().then(|| {
+        // SAFETY: AVX-512F is available (checked just above).
+        let t = race(
+            &mut [&mut || {
+                black_box(unsafe { chains512(black_box(iters)) });
+            }],
+            o.rounds,
+            o.min,
+        );
+        gflops(16, t[0])
+    });
+    Some((gflops(8, t[0]), wide))
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn fma_peak(_: &Opts) -> Option<f64> {
+fn fma_peak(_: &Opts) -> Option<(f64, Option<f64>)> {
     None
 }
 
@@ -1206,7 +1225,13 @@ fn main() {
     }
     if what == "peak" || what == "gemm" || what == "all" {
         match fma_peak(&o) {
-            Some(p) => println!("measured AVX2 FMA peak, 1 thread: {p:.1} GFLOP/s\n"),
+            Some((p, wide)) => {
+                println!("measured AVX2 FMA peak, 1 thread: {p:.1} GFLOP/s");
+                if let Some(w) = wide {
+                    println!("measured AVX-512 FMA peak, 1 thread: {w:.1} GFLOP/s");
+                }
+                println!();
+            }
             None => println!("no AVX2 FMA peak on this CPU\n"),
         }
     }

@@ -53,9 +53,14 @@ pub(super) mod x86 {
     use super::super::RawPost;
     use super::RowPtrs;
 
+    /// `$unroll` depth steps per turn of the loop. AVX2 takes four. On AVX-512, the
+    /// twelve-row tile unrolled four times had its 48 broadcasts hoisted ahead of the
+    /// multiply-adds and spilled to the stack with the accumulators (140 spills in the
+    /// strided instance, rustc 1.95): one step per turn ran 1×1 convolutions 1.2-2.2
+    /// times faster (384 → 64 channels at 14 × 14: 36-43 → 81-90 GFLOP/s, one thread).
     macro_rules! kernel {
         ($feat:literal, $name:ident, $dispatch:ident, $put:ident, $v:ty, $mr:expr, $nr:expr, $lanes:expr,
-         $zero:ident, $load:ident, $store:ident, $set1:ident, $fmadd:ident, $add:ident, $max:ident, $min:ident,
+         $unroll:literal, $zero:ident, $load:ident, $store:ident, $set1:ident, $fmadd:ident, $add:ident, $max:ident, $min:ident,
          $loadn:ident, $storen:ident, [$($r:literal)*]) => {
             /// # Safety
             /// The CPU has the features; `a` gives `R` rows of at least `kc` values
@@ -134,12 +139,11 @@ pub(super) mod x86 {
                         }
                     };
                     let mut p = 0;
-                    while p + 4 <= kc {
-                        step(p, &mut acc);
-                        step(p + 1, &mut acc);
-                        step(p + 2, &mut acc);
-                        step(p + 3, &mut acc);
-                        p += 4;
+                    while p + $unroll <= kc {
+                        for u in 0..$unroll {
+                            step(p + u, &mut acc);
+                        }
+                        p += $unroll;
                     }
                     while p < kc {
                         step(p, &mut acc);
@@ -192,14 +196,14 @@ pub(super) mod x86 {
     }
 
     kernel!(
-        "avx2,fma", avx2_tile, avx2, avx2_put, __m256, 6, 16, 8,
+        "avx2,fma", avx2_tile, avx2, avx2_put, __m256, 6, 16, 8, 4,
         _mm256_setzero_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_set1_ps,
         _mm256_fmadd_ps, _mm256_add_ps, _mm256_max_ps, _mm256_min_ps,
         avx2_load_first, avx2_store_first, [1 2 3 4 5]
     );
 
     kernel!(
-        "avx512f,avx2,fma", avx512_tile, avx512, avx512_put, __m512, 12, 32, 16,
+        "avx512f,avx2,fma", avx512_tile, avx512, avx512_put, __m512, 12, 32, 16, 1,
         _mm512_setzero_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_set1_ps,
         _mm512_fmadd_ps, _mm512_add_ps, _mm512_max_ps, _mm512_min_ps,
         avx512_load_first, avx512_store_first, [1 2 3 4 5 6 7 8 9 10 11]
