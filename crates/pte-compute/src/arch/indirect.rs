@@ -139,7 +139,7 @@ pub(super) mod x86 {
                         }
                     };
                     let mut p = 0;
-                    while p + $unroll <= kc {
+                    while kc - p >= $unroll {
                         for u in 0..$unroll {
                             step(p + u, &mut acc);
                         }
