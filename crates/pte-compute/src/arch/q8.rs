@@ -883,6 +883,30 @@ mod x86 {
         )
     }
 
+    /// Where tap `t` of output pixel `ox` of a depthwise row reads: its row and input
+    /// column, or None for padding, a row absent, and the filler past the K² taps that
+    /// completes the last pair. `inside`: every tap of the pixel lies inside the row
+    /// (the caller checked), so the column needs no check.
+    #[inline(always)]
+    fn tap_source<const K: usize>(
+        rows: &[*const u8; K],
+        ox: usize,
+        t: usize,
+        inside: bool,
+        (w_in, stride, dilation, pad): (usize, usize, usize, usize),
+    ) -> Option<(*const u8, usize)> {
+        let row = rows
+            .get(t / K)
+            .copied()
+            .filter(|r| t < K * K && !r.is_null())?;
+        let ix = if inside {
+            ox * stride + (t % K) * dilation - pad
+        } else {
+            super::input_column(ox, t % K, (w_in, stride, dilation, pad))?
+        };
+        Some((row, ix))
+    }
+
     /// [`super::q8_depthwise_row`]'s AVX2 kernel, 16 channels at a time: the taps go
     /// in pairs, each pair's differences `x - za` and weights interleaved as 16-bit
     /// values, so that one `vpmaddwd` adds both taps' products per channel (where a
@@ -918,8 +942,7 @@ mod x86 {
         let zav = _mm256_set1_epi16(za as i16);
         let (lo, hi) = (_mm256_set1_ps(post.lo), _mm256_set1_ps(post.hi));
         let zero = _mm256_set1_epi32(post.zero);
-        let column =
-            |ox: usize, kx: usize| super::input_column(ox, kx, (w_in, stride, dilation, pad));
+        let geometry = (w_in, stride, dilation, pad);
         // Pixels whose K taps lie inside the row: ox·s ≥ pad and ox·s + (K-1)·d - pad
         // < w_in.
         let first = pad.div_ceil(stride);
@@ -980,21 +1003,12 @@ mod x86 {
                 _mm256_sub_epi16(xv, zav)
             };
             // Tap t at pixel ox: checked, zero in the padding; or inside the row.
-            let checked = |ox: usize, t: usize| {
-                let row = rows.get(t / K).copied().unwrap_or(std::ptr::null());
-                match column(ox, t % K) {
-                    Some(ix) if t < taps && !row.is_null() => load(row, ix),
-                    _ => _mm256_setzero_si256(),
-                }
+            let tap = |ox: usize, t: usize, inside: bool| {
+                tap_source(&rows, ox, t, inside, geometry)
+                    .map_or(_mm256_setzero_si256(), |(row, ix)| load(row, ix))
             };
-            let inside = |ox: usize, t: usize| {
-                let row = rows.get(t / K).copied().unwrap_or(std::ptr::null());
-                if t < taps && !row.is_null() {
-                    load(row, ox * stride + (t % K) * dilation - pad)
-                } else {
-                    _mm256_setzero_si256()
-                }
-            };
+            let checked = |ox: usize, t: usize| tap(ox, t, false);
+            let inside = |ox: usize, t: usize| tap(ox, t, true);
             let put = |ox: usize, diff: &dyn Fn(usize, usize) -> __m256i| {
                 let (mut acc_lo, mut acc_hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                 for (p, [wl, wh]) in wp.iter().enumerate().take(pairs) {
@@ -1067,8 +1081,7 @@ mod x86 {
             _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27),
             _mm512_setr_epi32(4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31),
         ];
-        let column =
-            |ox: usize, kx: usize| super::input_column(ox, kx, (w_in, stride, dilation, pad));
+        let geometry = (w_in, stride, dilation, pad);
         // Pixels whose K taps lie inside the row: ox·s ≥ pad and ox·s + (K-1)·d - pad
         // < w_in.
         let first = pad.div_ceil(stride);
@@ -1127,21 +1140,12 @@ mod x86 {
                 _mm512_sub_epi16(xv, zav)
             };
             // Tap t at pixel ox: checked, zero in the padding; or inside the row.
-            let checked = |ox: usize, t: usize| {
-                let row = rows.get(t / K).copied().unwrap_or(std::ptr::null());
-                match column(ox, t % K) {
-                    Some(ix) if t < taps && !row.is_null() => load(row, ix),
-                    _ => _mm512_setzero_si512(),
-                }
+            let tap = |ox: usize, t: usize, inside: bool| {
+                tap_source(&rows, ox, t, inside, geometry)
+                    .map_or(_mm512_setzero_si512(), |(row, ix)| load(row, ix))
             };
-            let inside = |ox: usize, t: usize| {
-                let row = rows.get(t / K).copied().unwrap_or(std::ptr::null());
-                if t < taps && !row.is_null() {
-                    load(row, ox * stride + (t % K) * dilation - pad)
-                } else {
-                    _mm512_setzero_si512()
-                }
-            };
+            let checked = |ox: usize, t: usize| tap(ox, t, false);
+            let inside = |ox: usize, t: usize| tap(ox, t, true);
             // The sums of pixel ox, its taps read by `diff`.
             let sums = |ox: usize, diff: &dyn Fn(usize, usize) -> __m512i| {
                 let [mut acc_lo, mut acc_hi] = bias;
