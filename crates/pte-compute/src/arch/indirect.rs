@@ -57,7 +57,7 @@ pub(super) mod x86 {
     /// twelve-row tile unrolled four times had its 48 broadcasts hoisted ahead of the
     /// multiply-adds and spilled to the stack with the accumulators (140 spills in the
     /// strided instance, rustc 1.95): one step per turn ran 1×1 convolutions 1.2-2.2
-    /// times faster (384 → 64 channels at 14 × 14: 36-43 → 81-90 GFLOP/s, one thread).
+    /// times faster (384 → 64 channels at 14 × 14: 36-55 → 79-90 GFLOP/s, one thread).
     macro_rules! kernel {
         ($feat:literal, $name:ident, $dispatch:ident, $put:ident, $v:ty, $mr:expr, $nr:expr, $lanes:expr,
          $unroll:literal, $zero:ident, $load:ident, $store:ident, $set1:ident, $fmadd:ident, $add:ident, $max:ident, $min:ident,
